@@ -1,0 +1,19 @@
+# The two entry points of the README. Torch is pinned and installed first: a plain "torch"
+# requirement on a clean machine would resolve to the multi-GB CUDA build.
+PY ?= python
+
+.PHONY: setup setup-dev demo test
+
+setup:
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e .
+
+setup-dev:
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e ".[dev,plot]"
+
+demo: setup
+	longsparse demo
+
+test: setup-dev
+	$(PY) -m pytest -q

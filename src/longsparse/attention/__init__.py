@@ -1,0 +1,4 @@
+"""attention(q, k, v, ...) on (B, H, N, D) for every mapping, bias and mask."""
+from longsparse.attention.core import ADATEMP_POLY, MAPPINGS, adaptive_temperature_softmax, attention, map_scores
+
+__all__ = ["attention", "map_scores", "adaptive_temperature_softmax", "MAPPINGS", "ADATEMP_POLY"]

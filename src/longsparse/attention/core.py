@@ -1,0 +1,163 @@
+"""attention(q, k, v, ...): one function for every mapping, bias and mask.
+
+Logits z_ij = (q_i · s_i) · k_j · scale − m_h · (i − j) + mask, with s the per-query q-scale
+(SSMax / ASEntmax) and m the ALiBi slopes. Query i sits at absolute position Nk − Nq + i, so a
+short q against a long KV cache is decoding. Rows are independent, which makes the query-chunked
+path exact: it only bounds memory to O(chunk × Nk).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from longsparse.mappings import entmax
+from longsparse.mappings.entmax import AlphaLike
+
+MAPPINGS = ("softmax", "entmax", "sparsemax", "topk", "adatemp", "ssmax", "asentmax")
+# ssmax and asentmax are softmax and entmax whose length scaling arrives through q_scale.
+_ALIASES = {"ssmax": "softmax", "asentmax": "entmax"}
+
+# Polynomial of Veličković et al. (2024) for the adaptive temperature, highest power first.
+ADATEMP_POLY = {
+    "original": (-0.037, 0.481, -2.3, 4.917, -1.791),
+    "reversed": (-1.791, 4.917, -2.3, 0.481, -0.037),   # the coefficient order of the official [A] code
+}
+
+# Scores materialised at once by the automatic path (elements); above it queries are chunked.
+_AUTO_CHUNK_ELEMENTS = 1 << 24
+
+
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (B, H, N, D); got {tuple(t.shape)}")
+    B, H, Nq, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v must have the same number of heads; got {k.shape[1]} and {v.shape[1]}")
+    if H % k.shape[1]:
+        raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({k.shape[1]})")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must have the same length; got {k.shape[2]} and {v.shape[2]}")
+    if k.shape[3] != D:
+        raise ValueError(f"q and k head dims differ: {D} vs {k.shape[3]}")
+    if Nq > k.shape[2]:
+        raise ValueError(f"more queries ({Nq}) than keys ({k.shape[2]}): queries sit at the end of the keys")
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha: AlphaLike = 1.5,
+              is_causal: bool = True, scale: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
+              q_scale: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
+              chunk_size: Optional[int] = None, topk: int = 32, adatemp_order: str = "original") -> Tensor:
+    """Attention on (B, H, N, D) tensors with any mapping; returns (B, H, Nq, D).
+
+    mapping: softmax | entmax (α = ``alpha``: float or per-head tensor) | sparsemax | topk (softmax
+    over the ``topk`` largest logits) | adatemp (adaptive temperature, ``adatemp_order`` original or
+    reversed) | ssmax / asentmax (softmax / entmax; pass their scales as ``q_scale``).
+    alibi_slopes: (H,) slopes m, bias −m·(i − j). q_scale: (B, H, Nq) multiplier of q (not of the
+    bias). attn_mask: bool (True = attend) or additive, broadcastable to (B, H, Nq, Nk).
+    k/v may have fewer heads than q (GQA). Queries sit at the last Nq key positions.
+    A query that can attend to nothing gets a zero output.
+    chunk_size: process this many queries at a time (exact; memory O(chunk × Nk)); None = automatic.
+    """
+    _check_shapes(q, k, v)
+    name = _ALIASES.get(mapping, mapping)
+    if name not in ("softmax", "entmax", "sparsemax", "topk", "adatemp"):
+        raise ValueError(f"unknown mapping {mapping!r}; choose one of {', '.join(MAPPINGS)}")
+    if adatemp_order not in ADATEMP_POLY:
+        raise ValueError(f"adatemp_order must be one of {sorted(ADATEMP_POLY)}, got {adatemp_order!r}")
+    if name == "topk" and topk < 1:
+        raise ValueError(f"topk must be >= 1, got {topk}")
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    if alibi_slopes is not None and alibi_slopes.shape != (H,):
+        raise ValueError(f"alibi_slopes must have shape ({H},); got {tuple(alibi_slopes.shape)}")
+    if q_scale is not None and q_scale.shape != (B, H, Nq):
+        raise ValueError(f"q_scale must have shape ({B}, {H}, {Nq}); got {tuple(q_scale.shape)}")
+    if attn_mask is not None:
+        try:
+            torch.broadcast_shapes(attn_mask.shape, (B, H, Nq, Nk))
+        except RuntimeError:
+            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                             f"{(B, H, Nq, Nk)}") from None
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if k.shape[1] != H:   # GQA: each k/v head serves H // Hkv query heads
+        rep = H // k.shape[1]
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if chunk_size is None:
+        chunk_size = max(1, _AUTO_CHUNK_ELEMENTS // max(1, B * H * Nk))
+    opts = dict(name=name, alpha=alpha, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
+                topk=topk, adatemp_order=adatemp_order)
+    first_pos = Nk - Nq                       # absolute position of query row 0
+    outs = []
+    for s in range(0, Nq, chunk_size):
+        rows = slice(s, min(s + chunk_size, Nq))
+        mask = attn_mask
+        if mask is not None and mask.dim() >= 2 and mask.shape[-2] != 1:
+            mask = mask[..., rows, :]
+        outs.append(_attend_rows(q[:, :, rows], k, v, first_pos + s,
+                                 q_scale=None if q_scale is None else q_scale[:, :, rows],
+                                 attn_mask=mask, **opts))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+def _attend_rows(q: Tensor, k: Tensor, v: Tensor, first_pos: int, *, name: str, alpha: AlphaLike,
+                 is_causal: bool, scale: float, alibi_slopes: Optional[Tensor], q_scale: Optional[Tensor],
+                 attn_mask: Optional[Tensor], topk: int, adatemp_order: str) -> Tensor:
+    """Attention of the query rows q, the first at absolute position first_pos, over all of k/v.
+    With all rows at once this is the dense reference path."""
+    n, Nk = q.shape[2], k.shape[2]
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if q_scale is not None:
+        q = q * q_scale.unsqueeze(-1).to(q.dtype)
+    z = torch.matmul(q.to(cdt), k.to(cdt).transpose(-1, -2)).mul_(scale)
+    q_pos = torch.arange(first_pos, first_pos + n).unsqueeze(-1)
+    k_pos = torch.arange(Nk).unsqueeze(0)
+    if alibi_slopes is not None:
+        z = z - alibi_slopes.to(cdt).view(1, -1, 1, 1) * (q_pos - k_pos).to(cdt)
+    if attn_mask is not None:
+        z = z.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else z + attn_mask.to(cdt)
+    if is_causal:
+        z = z.masked_fill(k_pos > q_pos, float("-inf"))
+    p = map_scores(z, name, alpha=alpha, topk=topk, adatemp_order=adatemp_order)
+    return torch.matmul(p, v.to(cdt)).to(q.dtype)
+
+
+def map_scores(z: Tensor, name: str, *, alpha: AlphaLike = 1.5, topk: int = 32,
+               adatemp_order: str = "original") -> Tensor:
+    """Apply a mapping to logits z (…, Nk) along the last axis; −inf entries are masked."""
+    name = _ALIASES.get(name, name)
+    if name == "softmax":
+        return entmax(z, 1.0)
+    if name == "entmax":
+        return entmax(z, alpha)
+    if name == "sparsemax":
+        return entmax(z, 2.0)
+    if name == "topk":
+        kk = min(topk, z.shape[-1])
+        thresh = z.topk(kk, dim=-1).values[..., -1:]
+        return entmax(z.masked_fill(z < thresh, float("-inf")), 1.0)
+    if name == "adatemp":
+        return adaptive_temperature_softmax(z, adatemp_order)
+    raise ValueError(f"unknown mapping {name!r}")
+
+
+def adaptive_temperature_softmax(z: Tensor, order: str = "original") -> Tensor:
+    """softmax(θ·z), θ = max(1, P(H)) where the entropy H of softmax(z) exceeds 0.5, else 1
+    (Veličković et al., 2024). θ is treated as a constant for the gradient, as in the original."""
+    with torch.no_grad():
+        p = entmax(z, 1.0)
+        logp = torch.log_softmax(z, dim=-1)
+        h = -torch.where(p > 0, p * logp, torch.zeros((), dtype=p.dtype)).sum(-1, keepdim=True)
+        poly = torch.zeros_like(h)
+        for c in ADATEMP_POLY[order]:
+            poly = poly * h + c
+        theta = torch.where(h > 0.5, poly.clamp_min(1.0), torch.ones_like(h))
+    return entmax(z * theta, 1.0)

@@ -1,0 +1,15 @@
+"""Row-wise probability mappings (pure functions + autograd Functions, no module state)."""
+from longsparse.mappings.compat import Entmax15, EntmaxBisect, Sparsemax, entmax_bisect
+from longsparse.mappings.entmax import (
+    LearnedAlpha, bounded_alpha, entmax, entmax15, inverse_bounded_alpha, sparsemax,
+)
+from longsparse.mappings.losses import (
+    Entmax15Loss, EntmaxBisectLoss, SparsemaxLoss, entmax15_loss, entmax_bisect_loss, sparsemax_loss,
+    tsallis_entropy,
+)
+
+__all__ = [
+    "entmax", "entmax15", "sparsemax", "entmax_bisect", "Entmax15", "Sparsemax", "EntmaxBisect",
+    "entmax15_loss", "sparsemax_loss", "entmax_bisect_loss", "Entmax15Loss", "SparsemaxLoss",
+    "EntmaxBisectLoss", "tsallis_entropy", "bounded_alpha", "inverse_bounded_alpha", "LearnedAlpha",
+]

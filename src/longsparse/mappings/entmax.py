@@ -1,0 +1,337 @@
+"""The α-entmax family: p_j = [(α−1)·z_j − τ]₊^{1/(α−1)}, Σ p = 1.
+
+One threshold solver serves every α > 1 (α = 1 is softmax):
+
+* rows are shifted by their max and scaled by (α−1), so τ lies in [−1, −n^{1−α}] (SPEC §1);
+* a bracketed Newton iteration from τ₀ = −1 (monotone, no overshoot for 1 < α ≤ 2; for α > 2 a
+  step leaving the bracket is replaced by bisection) runs until τ stops moving;
+* α = 1.5 and α = 2 then finish in closed form on the found support (exact), other α renormalise
+  the output (removes the common-mode error of τ, leaving fp32 round-off).
+
+The solve runs in float32 (float64 for float64 input) and the result is cast back, so half-precision
+inputs give rows that sum to 1 in their own precision. Rows that are entirely −inf give zeros (as
+torch SDPA does), never NaN. The backward needs only the output p:
+    ∂L/∂z = u⊙g − u·(Σ u g)/(Σ u),  u = p^{2−α}.
+"""
+from __future__ import annotations
+
+import math
+from typing import Union
+
+import torch
+from torch import Tensor
+
+AlphaLike = Union[float, int, Tensor]
+
+_MAX_ITER = 50          # bisection alone would reach 2^-50 on the unit bracket
+_COMPILED_ITER = 24     # fixed count when traced by torch.compile (no data-dependent exit)
+
+
+# ----------------------------------------------------------------------------- input checks
+
+def _check_input(x: Tensor, dim: int) -> int:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"entmax needs a floating-point tensor, got dtype {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError("entmax needs at least one dimension (got a 0-d tensor)")
+    if not -x.dim() <= dim < x.dim():
+        raise IndexError(f"dim {dim} is out of range for a tensor with {x.dim()} dimensions")
+    return dim % x.dim()
+
+
+def _check_finite_rows(row_max: Tensor) -> None:
+    """NaN or +inf anywhere in a row shows up in its max (amax propagates NaN); checking the
+    row maxima costs one row-sized reduction instead of a pass over the scores."""
+    if torch.compiler.is_compiling():
+        return
+    if torch.isnan(row_max).any():
+        raise ValueError("entmax input contains NaN")
+    if torch.isposinf(row_max).any():
+        raise ValueError("entmax input contains +inf (use -inf to mask entries)")
+
+
+def _compute_dtype(dtype: torch.dtype, alpha: AlphaLike = 1.5) -> torch.dtype:
+    """float32, or float64 for float64 input and for α > 2, where p = d^{1/(α−1)} is so steep at the
+    support boundary that fp32 rounding of the scaled scores alone costs ~1e-5 in p."""
+    if dtype == torch.float64:
+        return torch.float64
+    if isinstance(alpha, Tensor):
+        if not torch.compiler.is_compiling() and bool((alpha > 2).any()):
+            return torch.float64
+    elif alpha > 2:
+        return torch.float64
+    return torch.float32
+
+
+def _alpha_view(alpha: Tensor, x: Tensor, dim: int) -> Tensor:
+    """Shape α to broadcast against x with the mapped axis kept as size 1.
+
+    Standard broadcasting applies, with one convenience: a 1-D α of length x.shape[1] is per-head
+    for (B, H, ...) inputs and is viewed as (1, H, 1, ...)."""
+    if not alpha.is_floating_point():
+        alpha = alpha.to(torch.get_default_dtype())
+    if alpha.dim() == 1 and alpha.numel() > 1 and x.dim() >= 2 and alpha.numel() == x.shape[1] and dim != 1:
+        alpha = alpha.view(1, -1, *([1] * (x.dim() - 2)))
+    row_shape = list(x.shape)
+    row_shape[dim] = 1
+    try:
+        torch.broadcast_shapes(alpha.shape, tuple(row_shape))
+    except RuntimeError:
+        raise ValueError(
+            f"alpha of shape {tuple(alpha.shape)} does not broadcast over the rows of x "
+            f"{tuple(x.shape)} (dim={dim}); use a float, shape (H,) for (B, H, ...) scores, or a "
+            f"shape broadcastable to {tuple(row_shape)}") from None
+    if alpha.dim() > x.dim():
+        raise ValueError(f"alpha has more dimensions ({alpha.dim()}) than x ({x.dim()})")
+    return alpha
+
+
+def _check_alpha_values(alpha: AlphaLike) -> None:
+    if isinstance(alpha, Tensor):
+        if torch.compiler.is_compiling():
+            return
+        if torch.isnan(alpha).any():
+            raise ValueError("alpha contains NaN")
+        if (alpha < 1).any():
+            raise ValueError(f"alpha must be >= 1 (1 is softmax); got min {alpha.min().item():.4g}")
+    else:
+        if not math.isfinite(alpha) or alpha < 1:
+            raise ValueError(f"alpha must be a finite number >= 1 (1 is softmax); got {alpha}")
+
+
+# ----------------------------------------------------------------------------- the solver
+
+def _safe_softmax(z: Tensor, dim: int) -> Tensor:
+    """softmax whose fully masked (all −inf) rows are zeros instead of NaN."""
+    row_max = z.amax(dim, keepdim=True)
+    p = torch.softmax(z, dim)
+    return torch.where(row_max == float("-inf"), torch.zeros((), dtype=p.dtype), p)
+
+
+def _shifted_scores(z: Tensor, am1: Union[float, Tensor], dim: int):
+    """X = (α−1)(z − max z) in the compute dtype; returns X and the fully-masked-row indicator."""
+    row_max = z.amax(dim, keepdim=True)
+    _check_finite_rows(row_max)
+    masked = row_max == float("-inf")
+    row_max = torch.where(masked, torch.zeros((), dtype=z.dtype), row_max)
+    return (z - row_max) * am1, masked
+
+
+def _newton_tau(X: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
+    """Bracketed Newton solve of Σ [X − τ]₊^{1/(α−1)} = 1 for τ (X has row max 0)."""
+    n = X.shape[dim]
+    am1 = alpha - 1
+    exponent = 1.0 / am1
+    shape = list(X.shape)
+    shape[dim] = 1
+    lo = torch.full(shape, -1.0, dtype=X.dtype)          # f(lo) ≥ 0
+    hi = -(torch.as_tensor(float(n), dtype=X.dtype) ** (-am1)) * torch.ones(shape, dtype=X.dtype)  # f(hi) ≤ 0
+    tau = lo.clone()
+    tol = 4 * torch.finfo(X.dtype).eps
+    compiling = torch.compiler.is_compiling()
+    iters = _COMPILED_ITER if compiling else _MAX_ITER
+    for _ in range(iters):
+        d = (X - tau).clamp_min_(0)
+        if isinstance(alpha, float) and alpha == 2.0:
+            f = d.sum(dim, keepdim=True) - 1
+            fprime = -(d > 0).sum(dim, keepdim=True).to(X.dtype)
+        elif isinstance(alpha, float) and alpha == 1.5:
+            f = (d * d).sum(dim, keepdim=True) - 1
+            fprime = -2 * d.sum(dim, keepdim=True)
+        else:
+            pe = d.pow(exponent)
+            f = pe.sum(dim, keepdim=True) - 1
+            fprime = -exponent * (pe / d.clamp_min(torch.finfo(X.dtype).tiny)).sum(dim, keepdim=True)
+        lo = torch.where(f > 0, tau, lo)
+        hi = torch.where(f < 0, tau, hi)
+        step = tau - f / fprime.clamp(max=-torch.finfo(X.dtype).tiny)
+        inside = (step >= lo) & (step <= hi)
+        new_tau = torch.where(inside, step, (lo + hi) / 2)
+        new_tau = torch.where(f == 0, tau, new_tau)
+        moved = (new_tau - tau).abs()
+        tau = new_tau
+        if not compiling and bool((moved <= tol).all()):
+            break
+    return tau
+
+
+def _finish_entmax15(X: Tensor, tau: Tensor, dim: int) -> Tensor:
+    """Exact τ for α = 1.5 on the support {X > τ}: Σ_S (X − τ)² = 1."""
+    support = X > tau
+    k = support.sum(dim, keepdim=True).clamp_min(1).to(X.dtype)
+    Xs = torch.where(support, X, torch.zeros((), dtype=X.dtype))
+    mean = Xs.sum(dim, keepdim=True) / k
+    ss = torch.where(support, (X - mean) ** 2, torch.zeros((), dtype=X.dtype)).sum(dim, keepdim=True)
+    tau = mean - ((1 - ss).clamp_min(0) / k).sqrt()
+    d = (X - tau).clamp_min_(0)
+    return d * d
+
+
+def _finish_sparsemax(X: Tensor, tau: Tensor, dim: int) -> Tensor:
+    """Exact τ for α = 2 on the support {X > τ}: Σ_S (X − τ) = 1."""
+    support = X > tau
+    k = support.sum(dim, keepdim=True).clamp_min(1).to(X.dtype)
+    tau = (torch.where(support, X, torch.zeros((), dtype=X.dtype)).sum(dim, keepdim=True) - 1) / k
+    return (X - tau).clamp_min_(0)
+
+
+def _finish_generic(X: Tensor, tau: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
+    p = (X - tau).clamp_min_(0).pow(1.0 / (alpha - 1))
+    return p / p.sum(dim, keepdim=True).clamp_min(torch.finfo(X.dtype).tiny)
+
+
+def entmax_forward(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
+    """α-entmax of z (already in the compute dtype) along dim; alpha a float or a broadcast tensor
+    in the compute dtype. No autograd: the Functions below wrap it."""
+    if isinstance(alpha, float) and alpha == 1.0:
+        _check_finite_rows(z.amax(dim, keepdim=True))
+        return _safe_softmax(z, dim)
+    X, masked = _shifted_scores(z, alpha - 1, dim)
+    tau = _newton_tau(X, alpha, dim)
+    if isinstance(alpha, float) and alpha == 1.5:
+        p = _finish_entmax15(X, tau, dim)
+    elif isinstance(alpha, float) and alpha == 2.0:
+        p = _finish_sparsemax(X, tau, dim)
+    else:
+        p = _finish_generic(X, tau, alpha, dim)
+    return torch.where(masked, torch.zeros((), dtype=p.dtype), p)
+
+
+# ----------------------------------------------------------------------------- backward pieces
+
+def _support_weights(p: Tensor, alpha: Union[float, Tensor]) -> Tensor:
+    """u = p^{2−α} on the support (0 elsewhere)."""
+    if isinstance(alpha, float):
+        if alpha == 1.5:
+            return p.sqrt()
+        if alpha == 2.0:
+            return (p > 0).to(p.dtype)
+        if alpha == 1.0:
+            return p
+    u = p.pow(2 - alpha)
+    return torch.where(p > 0, u, torch.zeros((), dtype=p.dtype))
+
+
+def entmax_jvp_backward(p: Tensor, grad: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
+    """∂L/∂z = u⊙g − u·(Σ u g)/(Σ u) with u = p^{2−α}; fully masked rows (Σ u = 0) give 0."""
+    u = _support_weights(p, alpha)
+    ug = u * grad
+    q = ug.sum(dim, keepdim=True) / u.sum(dim, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+    return ug.sub_(u * q)
+
+
+def entmax_alpha_backward(p: Tensor, grad: Tensor, alpha: Tensor, dim: int) -> Tensor:
+    """∂L/∂α per row (Correia et al., 2019), derived from p_i = u_i^{1/(α−1)}:
+        ∂p_i/∂α = (p_i − û_i)/(α−1)² − (p_i log p_i − û_i Σ_j p_j log p_j)/(α−1),  û = u/Σu."""
+    u = _support_weights(p, alpha)
+    u_hat = u / u.sum(dim, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+    plogp = torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), torch.zeros((), dtype=p.dtype))
+    neg_entropy = plogp.sum(dim, keepdim=True)
+    am1 = alpha - 1
+    dp_dalpha = (p - u_hat) / am1 ** 2 - (plogp - u_hat * neg_entropy) / am1
+    return (grad * dp_dalpha).sum(dim, keepdim=True)
+
+
+# ----------------------------------------------------------------------------- autograd Functions
+
+class EntmaxFunction(torch.autograd.Function):
+    """α-entmax with a float α (1.5 and 2 exact; any α ≥ 1). Saves only the output."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, alpha: float, dim: int) -> Tensor:
+        cdt = _compute_dtype(x.dtype, alpha)
+        p = entmax_forward(x.to(cdt), float(alpha), dim)
+        ctx.alpha, ctx.dim, ctx.in_dtype = float(alpha), dim, x.dtype
+        ctx.save_for_backward(p)
+        return p.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (p,) = ctx.saved_tensors
+        gz = entmax_jvp_backward(p, grad.to(p.dtype), ctx.alpha, ctx.dim)
+        return gz.to(ctx.in_dtype), None, None
+
+
+class EntmaxAlphaFunction(torch.autograd.Function):
+    """α-entmax with a tensor α broadcast over the rows; differentiable in both z and α."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, alpha: Tensor, dim: int) -> Tensor:
+        cdt = _compute_dtype(x.dtype, alpha)
+        a = alpha.to(cdt)
+        p = entmax_forward(x.to(cdt), a, dim)
+        ctx.dim, ctx.in_dtype, ctx.alpha_dtype = dim, x.dtype, alpha.dtype
+        ctx.alpha_shape = alpha.shape
+        ctx.save_for_backward(p, a)
+        return p.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        p, a = ctx.saved_tensors
+        g = grad.to(p.dtype)
+        gz = entmax_jvp_backward(p, g, a, ctx.dim).to(ctx.in_dtype) if ctx.needs_input_grad[0] else None
+        ga = None
+        if ctx.needs_input_grad[1]:
+            ga = entmax_alpha_backward(p, g, a, ctx.dim).sum_to_size(ctx.alpha_shape).to(ctx.alpha_dtype)
+        return gz, ga, None
+
+
+# ----------------------------------------------------------------------------- public functions
+
+def entmax(x: Tensor, alpha: AlphaLike = 1.5, dim: int = -1) -> Tensor:
+    """α-entmax along ``dim`` for any α ≥ 1 (1 → softmax, 1.5 → entmax15, 2 → sparsemax).
+
+    ``alpha`` is a number or a tensor broadcastable over the rows (the ``dim`` axis as size 1); a
+    1-D tensor of length ``x.shape[1]`` is read as per-head α for (B, H, ...) scores. A tensor α
+    gets a gradient. Entries equal to −inf are masked; an all −inf row gives zeros.
+    """
+    dim = _check_input(x, dim)
+    _check_alpha_values(alpha)
+    if x.numel() == 0:
+        return x.clone()
+    if isinstance(alpha, Tensor):
+        a = _alpha_view(alpha, x, dim)
+        if not torch.compiler.is_compiling() and bool((a == 1).any()):
+            raise ValueError("a tensor alpha must be > 1 (pass the float 1.0 for softmax)")
+        return EntmaxAlphaFunction.apply(x, a, dim)
+    return EntmaxFunction.apply(x, float(alpha), dim)
+
+
+def entmax15(x: Tensor, dim: int = -1) -> Tensor:
+    """1.5-entmax (exact)."""
+    return entmax(x, 1.5, dim)
+
+
+def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
+    """Sparsemax = 2-entmax (exact): the Euclidean projection onto the simplex."""
+    return entmax(x, 2.0, dim)
+
+
+def bounded_alpha(raw: Tensor, max_alpha: float = 2.0) -> Tensor:
+    """Map an unconstrained parameter to α ∈ (1, max_alpha) for users who learn α: 1 + (m−1)·σ(raw)."""
+    if max_alpha <= 1:
+        raise ValueError(f"max_alpha must be > 1, got {max_alpha}")
+    return 1 + (max_alpha - 1) * torch.sigmoid(raw)
+
+
+def inverse_bounded_alpha(alpha: float, max_alpha: float = 2.0) -> float:
+    """The raw value that ``bounded_alpha`` maps to ``alpha`` (for initialisation)."""
+    if not 1 < alpha < max_alpha:
+        raise ValueError(f"alpha must lie in (1, {max_alpha}), got {alpha}")
+    s = (alpha - 1) / (max_alpha - 1)
+    return math.log(s / (1 - s))
+
+
+class LearnedAlpha(torch.nn.Module):
+    """A learned α of a given shape (e.g. (H,) per head), kept in (1, max_alpha)."""
+
+    def __init__(self, shape=(), init: float = 1.5, max_alpha: float = 2.0):
+        super().__init__()
+        self.max_alpha = max_alpha
+        self.raw = torch.nn.Parameter(torch.full(tuple(shape) if not isinstance(shape, int) else (shape,),
+                                                 inverse_bounded_alpha(init, max_alpha)))
+
+    def forward(self) -> Tensor:
+        return bounded_alpha(self.raw, self.max_alpha)
