@@ -21,6 +21,8 @@ from typing import Union
 import torch
 from torch import Tensor
 
+from longsparse.mappings import _kernel
+
 AlphaLike = Union[float, int, Tensor]
 
 _MAX_ITER = 50          # bisection alone would reach 2^-50 on the unit bracket
@@ -182,12 +184,42 @@ def _finish_generic(X: Tensor, tau: Tensor, alpha: Union[float, Tensor], dim: in
     return p / p.sum(dim, keepdim=True).clamp_min(torch.finfo(X.dtype).tiny)
 
 
+def _use_kernel(z: Tensor) -> bool:
+    return z.device.type == "cpu" and not torch.compiler.is_compiling() and _kernel.get() is not None
+
+
+def _rows(t: Tensor, dim: int) -> Tensor:
+    """t with `dim` moved last, as a contiguous (rows, n) matrix."""
+    return t.movedim(dim, -1).contiguous().view(-1, t.shape[dim])
+
+
+def _row_alpha(alpha: Union[float, Tensor], z: Tensor, dim: int) -> Tensor:
+    shape = list(z.shape)
+    shape[dim] = 1
+    if isinstance(alpha, Tensor):
+        a = alpha.detach().to(torch.float64).expand(shape)
+        return a.movedim(dim, -1).reshape(-1).contiguous()
+    return torch.full((z.numel() // z.shape[dim],), float(alpha), dtype=torch.float64)
+
+
+def _kernel_forward(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
+    zr = _rows(z, dim)
+    row_max = zr.amax(-1)
+    _check_finite_rows(row_max)
+    p = _kernel.get().entmax_forward(zr, row_max.to(torch.float64).contiguous(), _row_alpha(alpha, z, dim))
+    moved = list(z.movedim(dim, -1).shape)
+    return p.view(moved).movedim(-1, dim)
+
+
 def entmax_forward(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
     """α-entmax of z (already in the compute dtype) along dim; alpha a float or a broadcast tensor
-    in the compute dtype. No autograd: the Functions below wrap it."""
+    in the compute dtype. No autograd: the Functions below wrap it. On CPU the fused kernel runs
+    (it solves in double internally); elsewhere, or without it, the pure-PyTorch solver."""
     if isinstance(alpha, float) and alpha == 1.0:
         _check_finite_rows(z.amax(dim, keepdim=True))
         return _safe_softmax(z, dim)
+    if _use_kernel(z):
+        return _kernel_forward(z, alpha, dim)
     X, masked = _shifted_scores(z, alpha - 1, dim)
     tau = _newton_tau(X, alpha, dim)
     if isinstance(alpha, float) and alpha == 1.5:
@@ -216,6 +248,9 @@ def _support_weights(p: Tensor, alpha: Union[float, Tensor]) -> Tensor:
 
 def entmax_jvp_backward(p: Tensor, grad: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
     """∂L/∂z = u⊙g − u·(Σ u g)/(Σ u) with u = p^{2−α}; fully masked rows (Σ u = 0) give 0."""
+    if not (isinstance(alpha, float) and alpha == 1.0) and _use_kernel(p):
+        dz = _kernel.get().entmax_backward(_rows(p, dim), _rows(grad, dim), _row_alpha(alpha, p, dim))
+        return dz.view(list(p.movedim(dim, -1).shape)).movedim(-1, dim)
     u = _support_weights(p, alpha)
     ug = u * grad
     q = ug.sum(dim, keepdim=True) / u.sum(dim, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
