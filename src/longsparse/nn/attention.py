@@ -1,0 +1,145 @@
+"""Multi-head attention with every method × position combination, a per-layer KV cache and an
+introspection hook (see longsparse.nn.introspect.capture)."""
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from longsparse.attention import attention, map_scores
+from longsparse.mappings import LearnedAlpha
+from longsparse.nn.config import ModelConfig
+from longsparse.nn.positions import RoPE, position_setup
+from longsparse.nn.scalers import ASEntmaxScaler, SSMaxScaler, StaticASEntmaxScaler
+
+
+class LayerCache:
+    """Keys (RoPE already applied) and values of one layer: (B, H, N, Dh) each."""
+
+    def __init__(self):
+        self.k: Optional[Tensor] = None
+        self.v: Optional[Tensor] = None
+
+    def append(self, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+        if self.k is not None:
+            k = torch.cat((self.k, k), dim=2)
+            v = torch.cat((self.v, v), dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+
+def dense_logits(q: Tensor, k: Tensor, *, scale: float, q_scale: Optional[Tensor] = None,
+                 alibi_slopes: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
+                 is_causal: bool = True) -> Tensor:
+    """The logits longsparse.attention builds, materialised (B, H, Nq, Nk); −inf where masked."""
+    Nq, Nk = q.shape[2], k.shape[2]
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if q_scale is not None:
+        q = q * q_scale.unsqueeze(-1).to(q.dtype)
+    z = torch.matmul(q.to(cdt), k.to(cdt).transpose(-1, -2)) * scale
+    q_pos = torch.arange(Nk - Nq, Nk, device=q.device).unsqueeze(-1)
+    k_pos = torch.arange(Nk, device=q.device).unsqueeze(0)
+    if alibi_slopes is not None:
+        z = z - alibi_slopes.to(cdt).view(1, -1, 1, 1) * (q_pos - k_pos).to(cdt)
+    if attn_mask is not None:
+        z = z.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else z + attn_mask.to(cdt)
+    if is_causal:
+        z = z.masked_fill(k_pos > q_pos, float("-inf"))
+    return z
+
+
+class Attention(nn.Module):
+    """MHA: q, k, v, o projections without bias, attention scale 1/√head_dim.
+
+    ``forward(h, positions, key_mask=None, cache=None, n_query=None)``:
+      h (B, N, d_model) the normalised layer input; positions (B, N) absolute positions of these
+      tokens; key_mask (B, N_cache + N) bool, True = real token (None = all real); cache a
+      LayerCache extended in place; n_query: compute only the last n_query query rows (exact:
+      keys/values still come from all N tokens). Returns (B, n_query or N, d_model).
+    """
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        H, Dh, d = cfg.n_heads, cfg.head_dim, cfg.d_model
+        self.n_heads, self.head_dim = H, Dh
+        self.scale = 1.0 / math.sqrt(Dh)
+        self.q_proj = nn.Linear(d, H * Dh, bias=False)
+        self.k_proj = nn.Linear(d, H * Dh, bias=False)
+        self.v_proj = nn.Linear(d, H * Dh, bias=False)
+        self.o_proj = nn.Linear(H * Dh, d, bias=False)
+        slopes, scalable = position_setup(cfg.positions, H, cfg.nape_slopes)
+        if slopes is not None:
+            self.register_buffer("alibi_slopes", slopes, persistent=False)
+        else:
+            self.alibi_slopes = None
+        self.register_buffer("scalable", scalable, persistent=False)
+        self.rope = RoPE(Dh, cfg.rope_theta) if cfg.positions == "rope" else None
+        self.scaler: Optional[nn.Module] = None
+        if cfg.method == "ssmax":
+            self.scaler = SSMaxScaler(scalable, init=cfg.ssmax_init)
+        elif cfg.method == "asentmax":
+            if cfg.asentmax_scaler == "adaptive":
+                self.scaler = ASEntmaxScaler(d, scalable, init=cfg.asentmax_init, delta=cfg.asentmax_delta,
+                                             gamma_range=cfg.asentmax_gamma_range)
+            else:
+                self.scaler = StaticASEntmaxScaler(scalable, init=cfg.asentmax_init, delta=cfg.asentmax_delta,
+                                                   gamma_range=cfg.asentmax_gamma_range)
+        self.learned_alpha = (LearnedAlpha((H,), init=cfg.alpha, max_alpha=cfg.max_alpha)
+                              if cfg.learn_alpha else None)
+        self._capture = None        # set by longsparse.nn.capture
+
+    # -- the mapping ------------------------------------------------------------------------
+    @property
+    def mapping(self) -> str:
+        return self.cfg.method
+
+    def alpha(self):
+        """α (float or per-head (H,) tensor) for entmax-type methods."""
+        return self.learned_alpha() if self.learned_alpha is not None else float(self.cfg.alpha)
+
+    def mapping_kwargs(self) -> Dict:
+        return dict(mapping=self.cfg.method, alpha=self.alpha(), topk=self.cfg.topk,
+                    adatemp_order=self.cfg.adatemp_order)
+
+    def probabilities(self, q: Tensor, k: Tensor, q_scale: Optional[Tensor] = None,
+                      attn_mask: Optional[Tensor] = None) -> Tensor:
+        """Dense attention map (B, H, Nq, Nk) of already-projected/rotated q, k (introspection)."""
+        z = dense_logits(q, k, scale=self.scale, q_scale=q_scale, alibi_slopes=self.alibi_slopes,
+                         attn_mask=attn_mask)
+        kw = self.mapping_kwargs()
+        return map_scores(z, kw["mapping"], alpha=kw["alpha"], topk=kw["topk"], adatemp_order=kw["adatemp_order"])
+
+    # -- forward ----------------------------------------------------------------------------
+    def _heads(self, x: Tensor) -> Tensor:
+        B, N, _ = x.shape
+        return x.view(B, N, self.n_heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, h: Tensor, positions: Tensor, key_mask: Optional[Tensor] = None,
+                cache: Optional[LayerCache] = None, n_query: Optional[int] = None) -> Tensor:
+        B, N, _ = h.shape
+        nq = N if n_query is None else n_query
+        hq, pq = (h, positions) if nq == N else (h[:, N - nq:], positions[:, N - nq:])
+        q = self._heads(self.q_proj(hq))
+        k = self._heads(self.k_proj(h))
+        v = self._heads(self.v_proj(h))
+        if self.rope is not None:
+            q = self.rope(q, pq)
+            k = self.rope(k, positions)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        attn_mask = None
+        if key_mask is not None:
+            if key_mask.shape != (B, k.shape[2]):
+                raise ValueError(f"key_mask must have shape {(B, k.shape[2])}, got {tuple(key_mask.shape)}")
+            if not bool(key_mask.all()):
+                attn_mask = key_mask[:, None, None, :]
+        q_scale = self.scaler(hq, pq) if self.scaler is not None else None
+        out = attention(q, k, v, is_causal=True, scale=self.scale, alibi_slopes=self.alibi_slopes,
+                        q_scale=q_scale, attn_mask=attn_mask, chunk_size=self.cfg.attn_chunk_size,
+                        **self.mapping_kwargs())
+        if self._capture is not None:
+            self._capture.record(self, q=q, k=k, q_scale=q_scale, attn_mask=attn_mask)
+        return self.o_proj(out.transpose(1, 2).reshape(B, nq, self.n_heads * self.head_dim))

@@ -1,0 +1,99 @@
+"""Checkpoints: model weights + config (as a plain dict) [+ optimizer state, + extra metadata].
+
+Saved with torch.save, loaded with torch.load(weights_only=True). A file is written to a temporary
+name in the same folder and moved into place with os.replace, so a crash never leaves a half-written
+checkpoint under the real name; an existing file is replaced only with overwrite=True.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from longsparse.nn.config import ModelConfig
+from longsparse.nn.model import Transformer
+
+FORMAT = "longsparse-checkpoint"
+VERSION = 1
+
+
+def save_checkpoint(path: str, model: Transformer, optimizer: Optional[torch.optim.Optimizer] = None,
+                    extra: Optional[Dict[str, Any]] = None, overwrite: bool = False) -> str:
+    """Save ``model`` (its config and state dict), optionally the optimizer state and ``extra``
+    (plain python values / tensors). Raises FileExistsError if ``path`` exists and not overwrite."""
+    path = os.fspath(path)
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
+    cfg = getattr(model, "cfg", None)
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError("save_checkpoint needs a longsparse.nn.Transformer (a model with a ModelConfig .cfg)")
+    payload = {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(),
+               "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+    if optimizer is not None:
+        payload["optimizer"] = optimizer.state_dict()
+    if extra is not None:
+        payload["extra"] = extra
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_checkpoint(path: str, map_location="cpu") -> Dict[str, Any]:
+    """The raw payload, validated; ValueError naming the file if unreadable or not a checkpoint."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:   # truncated zip, garbage, pickle errors, ...
+        raise ValueError(f"{path}: not a readable checkpoint (corrupt or truncated?): "
+                         f"{type(e).__name__}: {e}") from e
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a longsparse checkpoint (missing format tag)")
+    if payload.get("version") != VERSION:
+        raise ValueError(f"{path}: unsupported checkpoint version {payload.get('version')!r}")
+    for key in ("config", "model"):
+        if not isinstance(payload.get(key), dict):
+            raise ValueError(f"{path}: checkpoint has no {key!r} dict")
+    return payload
+
+
+def load_checkpoint(path: str, map_location="cpu", optimizer: Optional[torch.optim.Optimizer] = None,
+                    model: Optional[nn.Module] = None) -> Tuple[Transformer, Dict[str, Any]]:
+    """Rebuild the model from the stored config (or fill the given ``model``) and load its weights;
+    load the optimizer state into ``optimizer`` if given. Returns (model, extra)."""
+    payload = read_checkpoint(path, map_location)
+    try:
+        cfg = ModelConfig.from_dict(dict(payload["config"]))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: invalid model config: {e}") from e
+    if model is None:
+        model = Transformer(cfg)
+    elif getattr(model, "cfg", None) is not None and model.cfg.to_dict() != cfg.to_dict():
+        raise ValueError(f"{path}: the checkpoint's config differs from the given model's config")
+    try:
+        model.load_state_dict(payload["model"], strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"{path}: weights do not match the config: {e}") from e
+    if optimizer is not None:
+        if "optimizer" not in payload:
+            raise ValueError(f"{path}: no optimizer state stored")
+        try:
+            optimizer.load_state_dict(payload["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise ValueError(f"{path}: optimizer state does not match: {e}") from e
+    return model.to(map_location) if isinstance(map_location, (str, torch.device)) else model, payload.get("extra", {})

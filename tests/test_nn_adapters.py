@@ -1,0 +1,162 @@
+"""Checkpoints, the nn.MultiheadAttention-style module and the transformers adapter."""
+import os
+
+import pytest
+import torch
+
+from longsparse.nn import (EntmaxMultiheadAttention, ModelConfig, Transformer, load_checkpoint, read_checkpoint,
+                           save_checkpoint)
+
+
+def _model(**kw):
+    cfg = dict(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=32, method="asentmax", positions="nape")
+    cfg.update(kw)
+    return Transformer(ModelConfig(**cfg))
+
+
+def test_checkpoint_roundtrip(tmp_path):
+    torch.manual_seed(0)
+    m = _model(learn_alpha=True)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    m(torch.randint(0, 13, (2, 6))).sum().backward()
+    opt.step()
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, m, optimizer=opt, extra={"step": 7, "note": "x"})
+    opt2 = torch.optim.AdamW(_model().parameters(), lr=1e-3)
+    m2, extra = load_checkpoint(path, optimizer=None)
+    assert extra == {"step": 7, "note": "x"} and m2.cfg == m.cfg
+    m3 = _model(learn_alpha=True)
+    opt3 = torch.optim.AdamW(m3.parameters(), lr=1e-3)
+    load_checkpoint(path, model=m3, optimizer=opt3)
+    assert opt3.state_dict()["state"][0]["step"] == 1
+    ids = torch.randint(0, 13, (2, 9))
+    torch.testing.assert_close(m2(ids), m(ids))
+    torch.testing.assert_close(m3(ids), m(ids))
+    assert opt2 is not None
+
+
+def test_checkpoint_never_overwrites_silently(tmp_path):
+    m = _model()
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, m)
+    with pytest.raises(FileExistsError):
+        save_checkpoint(path, m)
+    save_checkpoint(path, m, overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]        # no temp files left behind
+
+
+def test_checkpoint_corrupt_and_mismatch(tmp_path):
+    m = _model()
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, m)
+    data = path.read_bytes()
+    bad = tmp_path / "truncated.pt"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated.pt"):
+        load_checkpoint(bad)
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ValueError, match="junk.pt"):
+        load_checkpoint(junk)
+    other = tmp_path / "plain.pt"
+    torch.save({"a": torch.zeros(1)}, other)
+    with pytest.raises(ValueError, match="not a longsparse checkpoint"):
+        read_checkpoint(other)
+    with pytest.raises(ValueError, match="config differs"):
+        load_checkpoint(path, model=_model(d_model=32))
+    payload = read_checkpoint(path)
+    payload["config"]["d_model"] = 32
+    wrong = tmp_path / "wrong.pt"
+    torch.save(payload, wrong)
+    with pytest.raises(ValueError, match="wrong.pt.*do not match"):
+        load_checkpoint(wrong)
+
+
+def test_mha_softmax_matches_torch():
+    torch.manual_seed(0)
+    E, H = 16, 4
+    ref = torch.nn.MultiheadAttention(E, H, batch_first=True)
+    ours = EntmaxMultiheadAttention(E, H, batch_first=True, mapping="softmax")
+    w, b = ref.in_proj_weight.detach(), ref.in_proj_bias.detach()
+    with torch.no_grad():
+        for i, lin in enumerate((ours.q_proj, ours.k_proj, ours.v_proj)):
+            lin.weight.copy_(w[i * E:(i + 1) * E])
+            lin.bias.copy_(b[i * E:(i + 1) * E])
+        ours.out_proj.weight.copy_(ref.out_proj.weight)
+        ours.out_proj.bias.copy_(ref.out_proj.bias)
+    q, kv = torch.randn(2, 5, E), torch.randn(2, 7, E)
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    kpm[0, 5:] = True
+    am = torch.zeros(5, 7, dtype=torch.bool)
+    am[0, 3] = True
+    o1, w1 = ref(q, kv, kv, key_padding_mask=kpm, attn_mask=am)
+    o2, w2 = ours(q, kv, kv, key_padding_mask=kpm, attn_mask=am)
+    torch.testing.assert_close(o2, o1, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(w2, w1, atol=1e-5, rtol=1e-4)
+    o3, w3 = ours(q, kv, kv, key_padding_mask=kpm, attn_mask=am, need_weights=False)
+    assert w3 is None
+    torch.testing.assert_close(o3, o1, atol=1e-5, rtol=1e-4)
+
+
+def test_mha_entmax_is_sparse_and_causal():
+    torch.manual_seed(0)
+    mha = EntmaxMultiheadAttention(16, 2, alpha=1.5)
+    x = torch.randn(3, 9, 16) * 3
+    out, w = mha(x, x, x, is_causal=True, average_attn_weights=False)
+    assert out.shape == (3, 9, 16) and w.shape == (3, 2, 9, 9)
+    torch.testing.assert_close(w.sum(-1), torch.ones(3, 2, 9))
+    assert (w.triu(1) == 0).all() and (w.tril() == 0).any()
+    out.sum().backward()
+    assert torch.isfinite(mha.q_proj.weight.grad).all()
+    seq_first = EntmaxMultiheadAttention(16, 2, batch_first=False)
+    o, _ = seq_first(x.transpose(0, 1), x.transpose(0, 1), x.transpose(0, 1))
+    assert o.shape == (9, 3, 16)
+
+
+transformers = pytest.importorskip("transformers", reason="transformers (optional extra) is not installed")
+
+
+def _llama(impl, alpha=None):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      attn_implementation=impl)
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(cfg).eval()
+    if alpha is not None:
+        m.config.entmax_alpha = alpha
+    return m
+
+
+def test_hf_entmax_adapter():
+    from longsparse.nn.hf import add_asentmax_scalers, register_hf_attention
+    assert register_hf_attention() == ("entmax", "asentmax")
+    ids = torch.randint(0, 40, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[0, :3] = 0
+    sdpa = _llama("sdpa")
+    ent1 = _llama("entmax", alpha=1.0)                 # α = 1 is softmax: must equal sdpa
+    with torch.no_grad():
+        ref = sdpa(ids, attention_mask=mask).logits
+        got = ent1(ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[1], ref[1], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got[0, 3:], ref[0, 3:], atol=1e-5, rtol=1e-4)
+    for impl in ("entmax", "asentmax"):
+        m = _llama(impl)
+        if impl == "asentmax":
+            with pytest.raises(ValueError, match="add_asentmax_scalers"):
+                m(ids)
+            assert add_asentmax_scalers(m, init="reference") == 2
+        out = m(ids, attention_mask=mask).logits
+        out.sum().backward()
+        assert torch.isfinite(out).all()
+        if impl == "asentmax":
+            assert m.model.layers[0].self_attn.longsparse_scaler.beta_proj.weight.grad is not None
+        with torch.no_grad():
+            gen = m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)[:, 10:]
+            # cached decoding == greedy over full forwards
+            seq, msk = ids, mask
+            for _ in range(6):
+                nxt = m(seq, attention_mask=msk, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+                seq, msk = torch.cat([seq, nxt], 1), torch.cat([msk, torch.ones_like(nxt)], 1)
+        assert torch.equal(gen, seq[:, 10:])
