@@ -13,8 +13,9 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
+from longsparse.attention.chunked import BlockSpec, ChunkedAttention
 from longsparse.mappings import entmax
-from longsparse.mappings.entmax import AlphaLike
+from longsparse.mappings.entmax import AlphaLike, _alpha_view
 
 MAPPINGS = ("softmax", "entmax", "sparsemax", "topk", "adatemp", "ssmax", "asentmax")
 # ssmax and asentmax are softmax and entmax whose length scaling arrives through q_scale.
@@ -26,8 +27,8 @@ ADATEMP_POLY = {
     "reversed": (-1.791, 4.917, -2.3, 0.481, -0.037),   # the coefficient order of the official [A] code
 }
 
-# Scores materialised at once by the automatic path (elements); above it queries are chunked.
-_AUTO_CHUNK_ELEMENTS = 1 << 24
+# Logit elements per block of the chunked path (B·H·chunk·Nk): 16 MiB of fp32 per buffer.
+_AUTO_CHUNK_ELEMENTS = 1 << 22
 
 
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -52,7 +53,8 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
 def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha: AlphaLike = 1.5,
               is_causal: bool = True, scale: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
               q_scale: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
-              chunk_size: Optional[int] = None, topk: int = 32, adatemp_order: str = "original") -> Tensor:
+              chunk_size: Optional[int] = None, topk: int = 32, adatemp_order: str = "original",
+              path: str = "auto") -> Tensor:
     """Attention on (B, H, N, D) tensors with any mapping; returns (B, H, Nq, D).
 
     mapping: softmax | entmax (α = ``alpha``: float or per-head tensor) | sparsemax | topk (softmax
@@ -62,7 +64,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
     bias). attn_mask: bool (True = attend) or additive, broadcastable to (B, H, Nq, Nk).
     k/v may have fewer heads than q (GQA). Queries sit at the last Nq key positions.
     A query that can attend to nothing gets a zero output.
-    chunk_size: process this many queries at a time (exact; memory O(chunk × Nk)); None = automatic.
+    path: "chunked" (default when nothing but q, k, v, q_scale needs a gradient) walks over blocks of
+    ``chunk_size`` queries (None = automatic) with a recomputing backward: memory O(chunk × Nk) both
+    ways. "reference" materialises all logits and lets autograd differentiate everything (also
+    alpha, alibi_slopes and a float attn_mask); "auto" picks.
     """
     _check_shapes(q, k, v)
     name = _ALIASES.get(mapping, mapping)
@@ -91,34 +96,39 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    if chunk_size is None:
-        chunk_size = max(1, _AUTO_CHUNK_ELEMENTS // max(1, B * H * Nk))
-    opts = dict(name=name, alpha=alpha, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
-                topk=topk, adatemp_order=adatemp_order)
     first_pos = Nk - Nq                       # absolute position of query row 0
-    outs = []
-    for s in range(0, Nq, chunk_size):
-        rows = slice(s, min(s + chunk_size, Nq))
-        mask = attn_mask
-        if mask is not None and mask.dim() >= 2 and mask.shape[-2] != 1:
-            mask = mask[..., rows, :]
-        outs.append(_attend_rows(q[:, :, rows], k, v, first_pos + s,
-                                 q_scale=None if q_scale is None else q_scale[:, :, rows],
-                                 attn_mask=mask, **opts))
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if isinstance(alpha, Tensor):
+        alpha = _alpha_view(alpha, torch.empty((B, H, Nq, Nk), device="meta"), 3)
+    if path not in ("auto", "chunked", "reference"):
+        raise ValueError(f"path must be auto, chunked or reference; got {path!r}")
+    needs_autograd = any(isinstance(t, Tensor) and t.requires_grad for t in (alpha, alibi_slopes, attn_mask))
+    if path == "chunked" and needs_autograd:
+        raise ValueError("the chunked path does not differentiate alpha, alibi_slopes or attn_mask; "
+                         "use path='reference' (or 'auto')")
+    if path == "reference" or (path == "auto" and needs_autograd):
+        return reference_attention(q, k, v, name=name, alpha=alpha, is_causal=is_causal, scale=scale,
+                                   alibi_slopes=alibi_slopes, q_scale=q_scale, attn_mask=attn_mask, topk=topk,
+                                   adatemp_order=adatemp_order)
+    if chunk_size is None:
+        chunk_size = max(16, _AUTO_CHUNK_ELEMENTS // max(1, B * H * Nk))
+        chunk_size = min(chunk_size, 1024) if Nq > 1024 else chunk_size
+    spec = BlockSpec(name=name, alpha=alpha, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
+                     attn_mask=attn_mask, topk=topk, adatemp_order=adatemp_order, first_pos=first_pos,
+                     block=chunk_size, dtype=cdt)
+    return ChunkedAttention.apply(q, k, v, q_scale, spec)
 
 
-def _attend_rows(q: Tensor, k: Tensor, v: Tensor, first_pos: int, *, name: str, alpha: AlphaLike,
-                 is_causal: bool, scale: float, alibi_slopes: Optional[Tensor], q_scale: Optional[Tensor],
-                 attn_mask: Optional[Tensor], topk: int, adatemp_order: str) -> Tensor:
-    """Attention of the query rows q, the first at absolute position first_pos, over all of k/v.
-    With all rows at once this is the dense reference path."""
-    n, Nk = q.shape[2], k.shape[2]
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, *, name: str, alpha: AlphaLike, is_causal: bool,
+                        scale: float, alibi_slopes: Optional[Tensor], q_scale: Optional[Tensor],
+                        attn_mask: Optional[Tensor], topk: int, adatemp_order: str) -> Tensor:
+    """The obviously-right path: all logits at once, differentiated by autograd."""
+    Nq, Nk = q.shape[2], k.shape[2]
     cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
     if q_scale is not None:
         q = q * q_scale.unsqueeze(-1).to(q.dtype)
-    z = torch.matmul(q.to(cdt), k.to(cdt).transpose(-1, -2)).mul_(scale)
-    q_pos = torch.arange(first_pos, first_pos + n).unsqueeze(-1)
+    z = torch.matmul(q.to(cdt), k.to(cdt).transpose(-1, -2)) * scale
+    q_pos = torch.arange(Nk - Nq, Nk).unsqueeze(-1)
     k_pos = torch.arange(Nk).unsqueeze(0)
     if alibi_slopes is not None:
         z = z - alibi_slopes.to(cdt).view(1, -1, 1, 1) * (q_pos - k_pos).to(cdt)
@@ -126,8 +136,30 @@ def _attend_rows(q: Tensor, k: Tensor, v: Tensor, first_pos: int, *, name: str, 
         z = z.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else z + attn_mask.to(cdt)
     if is_causal:
         z = z.masked_fill(k_pos > q_pos, float("-inf"))
-    p = map_scores(z, name, alpha=alpha, topk=topk, adatemp_order=adatemp_order)
+    if name == "adatemp":
+        z = z * adaptive_temperature(z, adatemp_order)
+        name = "softmax"
+    p = map_scores(z, name, alpha=alpha, topk=topk)
     return torch.matmul(p, v.to(cdt)).to(q.dtype)
+
+
+def apply_bias_and_masks(z: Tensor, first_pos: int, *, alibi_slopes: Optional[Tensor],
+                         attn_mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    """Adds ALiBi (slopes viewed (1, H, 1, 1)) and masks to logits z (B, H, n, kend) of the query rows
+    at absolute positions first_pos … first_pos + n − 1, in place where possible."""
+    n, kend = z.shape[-2], z.shape[-1]
+    q_pos = torch.arange(first_pos, first_pos + n, dtype=z.dtype).unsqueeze(-1)
+    if alibi_slopes is not None:
+        dist = q_pos - torch.arange(kend, dtype=z.dtype)
+        z = z.sub_(alibi_slopes * dist)
+    if attn_mask is not None:
+        z = z.masked_fill_(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else z.add_(attn_mask.to(z.dtype))
+    if is_causal and kend > first_pos + 1:
+        # only keys after the first row's position can be in the future of some row
+        tail = z[..., first_pos + 1:]
+        future = torch.arange(first_pos + 1, kend).unsqueeze(0) > q_pos.long()
+        tail.masked_fill_(future, float("-inf"))
+    return z
 
 
 def map_scores(z: Tensor, name: str, *, alpha: AlphaLike = 1.5, topk: int = 32,
@@ -149,15 +181,19 @@ def map_scores(z: Tensor, name: str, *, alpha: AlphaLike = 1.5, topk: int = 32,
     raise ValueError(f"unknown mapping {name!r}")
 
 
-def adaptive_temperature_softmax(z: Tensor, order: str = "original") -> Tensor:
-    """softmax(θ·z), θ = max(1, P(H)) where the entropy H of softmax(z) exceeds 0.5, else 1
-    (Veličković et al., 2024). θ is treated as a constant for the gradient, as in the original."""
+def adaptive_temperature(z: Tensor, order: str = "original") -> Tensor:
+    """Per-row θ = max(1, P(H)) where the entropy H of softmax(z) exceeds 0.5, else 1 (Veličković et
+    al., 2024). θ is a constant for the gradient (computed without autograd)."""
     with torch.no_grad():
-        p = entmax(z, 1.0)
-        logp = torch.log_softmax(z, dim=-1)
+        p = entmax(z.detach(), 1.0)
+        logp = torch.log_softmax(z.detach(), dim=-1)
         h = -torch.where(p > 0, p * logp, torch.zeros((), dtype=p.dtype)).sum(-1, keepdim=True)
         poly = torch.zeros_like(h)
         for c in ADATEMP_POLY[order]:
             poly = poly * h + c
-        theta = torch.where(h > 0.5, poly.clamp_min(1.0), torch.ones_like(h))
-    return entmax(z * theta, 1.0)
+        return torch.where(h > 0.5, poly.clamp_min(1.0), torch.ones_like(h))
+
+
+def adaptive_temperature_softmax(z: Tensor, order: str = "original") -> Tensor:
+    """softmax(θ·z) with the adaptive temperature θ of `adaptive_temperature`."""
+    return entmax(z * adaptive_temperature(z, order), 1.0)
