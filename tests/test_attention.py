@@ -243,3 +243,21 @@ def test_bad_inputs_raise_clear_errors():
         ls.attention(q, k, v, alpha=0.5)
     with pytest.raises(ValueError, match="reference"):
         ls.attention(q, k, v, alpha=torch.full((H,), 1.5, requires_grad=True), path="chunked")
+
+
+def test_automatic_blocks_split_heads_exactly(monkeypatch):
+    """With a small block budget the automatic path splits heads as well as queries; per-head α,
+    ALiBi slopes, q-scales and a per-head mask must follow their heads."""
+    import importlib
+
+    core = importlib.import_module("longsparse.attention.core")   # ls.attention is the function
+    monkeypatch.setattr(core, "_AUTO_CHUNK_ELEMENTS", B * N * 8)
+    monkeypatch.setattr(core, "_MIN_ROWS", 8)        # → one head per block, 8 queries per block
+    q, k, v = _qkv()
+    kw = dict(mapping="entmax", alpha=torch.tensor([1.2, 1.5, 2.0, 1.75]),
+              alibi_slopes=torch.tensor([1.0, 0.5, 0.25, 0.0]), q_scale=torch.rand(B, H, N) + 0.5,
+              attn_mask=torch.rand(H, N, N, generator=torch.Generator().manual_seed(2)) > 0.2)
+    ref = _run("reference", q, k, v, **kw)
+    fast = _run("chunked", q, k, v, **kw)
+    for a, b in zip(ref, fast):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)

@@ -5,8 +5,10 @@ then throws them away. Only q, k, v, the q-scales and the output are kept for th
 rebuilds each block's probabilities (the mappings are deterministic) and accumulates dq, dk, dv.
 Memory is O(block × Nk) in both directions instead of O(Nq × Nk).
 
+Blocks are (group of heads) × (run of queries): at long Nk a block holds few heads and enough
+queries for each q·kᵀ product to stay compute-bound (a thin block would re-read all of k per block).
 Under a causal mask a block of queries only reads the keys up to its last query, so the work is
-about halved, and the mask itself is a small (block × block) triangle on the last keys.
+about halved, and the mask itself is a small triangle on the last keys.
 """
 from __future__ import annotations
 
@@ -23,43 +25,59 @@ class BlockSpec:
 
     def __init__(self, *, name: str, alpha: AlphaLike, is_causal: bool, scale: float,
                  alibi_slopes: Optional[Tensor], attn_mask: Optional[Tensor], topk: int, adatemp_order: str,
-                 first_pos: int, block: int, dtype: torch.dtype):
+                 first_pos: int, block: int, head_block: int, dtype: torch.dtype):
         self.name, self.alpha, self.is_causal, self.scale = name, alpha, is_causal, scale
         self.alibi_slopes = None if alibi_slopes is None else alibi_slopes.detach().to(dtype).view(1, -1, 1, 1)
+        if attn_mask is not None and attn_mask.dim() < 4:
+            attn_mask = attn_mask.view((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
         self.attn_mask, self.topk, self.adatemp_order = attn_mask, topk, adatemp_order
-        self.first_pos, self.block, self.dtype = first_pos, block, dtype
+        self.first_pos, self.block, self.head_block, self.dtype = first_pos, block, head_block, dtype
+
+    def blocks(self, n_heads: int, nq: int, nk: int):
+        """(heads, rows, kend) of every block: heads and rows are slices, kend the visible keys."""
+        for h0 in range(0, n_heads, self.head_block):
+            heads = slice(h0, min(n_heads, h0 + self.head_block))
+            for s in range(0, nq, self.block):
+                e = min(nq, s + self.block)
+                yield heads, slice(s, e), self.key_end(s, e, nk)
 
     def key_end(self, s: int, e: int, nk: int) -> int:
         """Keys visible to query rows [s, e): all, or up to the last row's own position if causal."""
         return min(nk, self.first_pos + e) if self.is_causal else nk
 
-    def logits(self, qs: Tensor, k: Tensor, s: int, e: int) -> Tensor:
-        """Logits of query rows [s, e) (already scaled q) against keys k[..., :kend, :]."""
+    def logits(self, qs: Tensor, k: Tensor, heads: slice, rows: slice) -> Tensor:
+        """Logits of one block: query rows `rows` of heads `heads` (q already scaled) against k[..., :kend, :]."""
         from longsparse.attention.core import apply_bias_and_masks
 
         z = torch.matmul(qs, k.transpose(-1, -2)).mul_(self.scale)
         mask = self.attn_mask
-        if mask is not None and mask.dim() >= 2 and mask.shape[-2] != 1:
-            mask = mask[..., s:e, :]
         if mask is not None:
-            mask = mask[..., : k.shape[-2]]
-        return apply_bias_and_masks(z, self.first_pos + s, alibi_slopes=self.alibi_slopes, attn_mask=mask,
+            mask = mask[:, heads if mask.shape[1] != 1 else slice(None),
+                        rows if mask.shape[2] != 1 else slice(None), : k.shape[-2]]
+        slopes = None if self.alibi_slopes is None else self.alibi_slopes[:, heads]
+        return apply_bias_and_masks(z, self.first_pos + rows.start, alibi_slopes=slopes, attn_mask=mask,
                                     is_causal=self.is_causal)
 
-    def probabilities(self, z: Tensor):
+    def alpha_for(self, heads: slice):
+        a = self.alpha
+        if isinstance(a, Tensor) and a.dim() == 4 and a.shape[1] != 1:
+            return a[:, heads]
+        return a
+
+    def probabilities(self, z: Tensor, heads: slice):
         """(p, extra): extra is the per-row temperature for adatemp (needed by its backward)."""
         from longsparse.attention.core import adaptive_temperature, map_scores
 
         if self.name == "adatemp":
             theta = adaptive_temperature(z, self.adatemp_order)
             return map_scores(z * theta, "softmax"), theta
-        return map_scores(z, self.name, alpha=self.alpha, topk=self.topk), None
+        return map_scores(z, self.name, alpha=self.alpha_for(heads), topk=self.topk), None
 
-    def jvp(self, p: Tensor, dp: Tensor, extra) -> Tensor:
+    def jvp(self, p: Tensor, dp: Tensor, extra, heads: slice) -> Tensor:
         """∂L/∂z from ∂L/∂p for the block's mapping (top-k is softmax on its kept set: u = p)."""
         if self.name == "adatemp":
             return entmax_jvp_backward(p, dp, 1.0, -1).mul_(extra)
-        alpha = {"softmax": 1.0, "topk": 1.0, "sparsemax": 2.0}.get(self.name, self.alpha)
+        alpha = {"softmax": 1.0, "topk": 1.0, "sparsemax": 2.0}.get(self.name, self.alpha_for(heads))
         if isinstance(alpha, Tensor):
             alpha = alpha.to(p.dtype)
         else:
@@ -75,12 +93,10 @@ class ChunkedAttention(torch.autograd.Function):
         sc = None if q_scale is None else q_scale.to(cdt)
         nq, nk = q.shape[2], k.shape[2]
         out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=cdt)
-        for s in range(0, nq, spec.block):
-            e = min(nq, s + spec.block)
-            kend = spec.key_end(s, e, nk)
-            qs = qc[:, :, s:e] if sc is None else qc[:, :, s:e] * sc[:, :, s:e, None]
-            p, _ = spec.probabilities(spec.logits(qs, kc[:, :, :kend], s, e))
-            torch.matmul(p, vc[:, :, :kend], out=out[:, :, s:e])
+        for h, r, kend in spec.blocks(q.shape[1], nq, nk):
+            qs = qc[:, h, r] if sc is None else qc[:, h, r] * sc[:, h, r, None]
+            p, _ = spec.probabilities(spec.logits(qs, kc[:, h, :kend], h, r), h)
+            out[:, h, r] = torch.matmul(p, vc[:, h, :kend])
         ctx.spec = spec
         ctx.in_dtypes = (q.dtype, k.dtype, v.dtype, None if q_scale is None else q_scale.dtype)
         ctx.save_for_backward(q, k, v, q_scale)
@@ -98,24 +114,22 @@ class ChunkedAttention(torch.autograd.Function):
         dk = torch.zeros_like(kc)
         dv = torch.zeros_like(vc)
         dsc = None if sc is None else torch.zeros_like(sc)
-        for s in range(0, nq, spec.block):
-            e = min(nq, s + spec.block)
-            kend = spec.key_end(s, e, nk)
-            q_blk = qc[:, :, s:e]
-            qs = q_blk if sc is None else q_blk * sc[:, :, s:e, None]
-            p, extra = spec.probabilities(spec.logits(qs, kc[:, :, :kend], s, e))
-            do_blk = do[:, :, s:e]
-            dv[:, :, :kend] += torch.matmul(p.transpose(-1, -2), do_blk)
-            dz = spec.jvp(p, torch.matmul(do_blk, vc[:, :, :kend].transpose(-1, -2)), extra)
+        for h, r, kend in spec.blocks(q.shape[1], nq, nk):
+            q_blk = qc[:, h, r]
+            qs = q_blk if sc is None else q_blk * sc[:, h, r, None]
+            p, extra = spec.probabilities(spec.logits(qs, kc[:, h, :kend], h, r), h)
+            do_blk = do[:, h, r]
+            dv[:, h, :kend] += torch.matmul(p.transpose(-1, -2), do_blk)
+            dz = spec.jvp(p, torch.matmul(do_blk, vc[:, h, :kend].transpose(-1, -2)), extra, h)
             del p
             dz.mul_(spec.scale)
-            dqs = torch.matmul(dz, kc[:, :, :kend])
-            dk[:, :, :kend] += torch.matmul(dz.transpose(-1, -2), qs)
+            dqs = torch.matmul(dz, kc[:, h, :kend])
+            dk[:, h, :kend] += torch.matmul(dz.transpose(-1, -2), qs)
             if sc is None:
-                dq[:, :, s:e] = dqs
+                dq[:, h, r] = dqs
             else:
-                dq[:, :, s:e] = dqs * sc[:, :, s:e, None]
-                dsc[:, :, s:e] = (dqs * q_blk).sum(-1)
+                dq[:, h, r] = dqs * sc[:, h, r, None]
+                dsc[:, h, r] = (dqs * q_blk).sum(-1)
         dt = ctx.in_dtypes
         return (dq.to(dt[0]), dk.to(dt[1]), dv.to(dt[2]),
                 None if dsc is None else dsc.to(dt[3]), None)

@@ -29,6 +29,8 @@ ADATEMP_POLY = {
 
 # Logit elements per block of the chunked path (B·H·chunk·Nk): 16 MiB of fp32 per buffer.
 _AUTO_CHUNK_ELEMENTS = 1 << 22
+# Queries per block below which q·kᵀ turns memory-bound (it re-reads k for every block).
+_MIN_ROWS = 64
 
 
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -110,12 +112,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
         return reference_attention(q, k, v, name=name, alpha=alpha, is_causal=is_causal, scale=scale,
                                    alibi_slopes=alibi_slopes, q_scale=q_scale, attn_mask=attn_mask, topk=topk,
                                    adatemp_order=adatemp_order)
+    head_block = H
     if chunk_size is None:
-        chunk_size = max(16, _AUTO_CHUNK_ELEMENTS // max(1, B * H * Nk))
-        chunk_size = min(chunk_size, 1024) if Nq > 1024 else chunk_size
+        # all heads at once while that leaves ≥ _MIN_ROWS queries per block, else fewer heads
+        head_block = max(1, min(H, _AUTO_CHUNK_ELEMENTS // max(1, B * Nk * _MIN_ROWS)))
+        chunk_size = max(1, _AUTO_CHUNK_ELEMENTS // max(1, B * head_block * Nk))
     spec = BlockSpec(name=name, alpha=alpha, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
                      attn_mask=attn_mask, topk=topk, adatemp_order=adatemp_order, first_pos=first_pos,
-                     block=chunk_size, dtype=cdt)
+                     block=chunk_size, head_block=head_block, dtype=cdt)
     return ChunkedAttention.apply(q, k, v, q_scale, spec)
 
 
