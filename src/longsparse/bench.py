@@ -89,6 +89,112 @@ def _format_mapping_row(r: dict) -> str:
     return s
 
 
+# ----------------------------------------------------------------------------- attention
+
+ATTENTION_METHODS = ("sdpa_softmax", "naive_softmax", "ours_softmax", "ours_entmax15", "ours_entmax15_reference",
+                     "entmax_pkg_naive")
+
+
+def _naive(q, k, v, mapping):
+    n = q.shape[2]
+    z = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    z = z.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return mapping(z) @ v
+
+
+def _attention_fn(method: str):
+    import torch.nn.functional as F
+
+    import longsparse as ls
+
+    if method == "sdpa_softmax":
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if method == "naive_softmax":
+        return lambda q, k, v: _naive(q, k, v, lambda z: torch.softmax(z, -1))
+    if method == "ours_softmax":
+        return lambda q, k, v: ls.attention(q, k, v, mapping="softmax")
+    if method == "ours_entmax15":
+        return lambda q, k, v: ls.attention(q, k, v, mapping="entmax", alpha=1.5)
+    if method == "ours_entmax15_reference":
+        return lambda q, k, v: ls.attention(q, k, v, mapping="entmax", alpha=1.5, path="reference")
+    if method == "entmax_pkg_naive":
+        import entmax as entmax_pkg
+
+        return lambda q, k, v: _naive(q, k, v, lambda z: entmax_pkg.entmax15(z, dim=-1))
+    raise ValueError(f"unknown attention method {method!r}; choose from {ATTENTION_METHODS}")
+
+
+def attention_worker(method: str, n: int, heads: int, dim: int, backward: bool, repeats: int) -> dict:
+    """One measurement in a fresh process: median time and peak RSS above the inputs' baseline."""
+    import resource
+
+    fn = _attention_fn(method)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, dim, generator=gen) for _ in range(3))
+    if method.startswith("ours_entmax"):
+        import longsparse as ls
+        ls.entmax15(torch.zeros(2, 2))          # builds/loads the kernel before the baseline
+    if backward:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        g = torch.randn(1, heads, n, dim, generator=gen)
+
+        def run():
+            fn(q, k, v).backward(g)
+            q.grad = k.grad = v.grad = None
+    else:
+        def run():
+            with torch.no_grad():
+                fn(q, k, v)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    seconds = _time(run, repeats)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"seconds": seconds, "extra_peak_bytes": (peak - base) * 1024}
+
+
+def bench_attention(lengths, repeats: int, heads: int = 8, dim: int = 64, fwd_only_lengths=(),
+                    max_naive: int = 8192, max_package: int = 4096) -> list[dict]:
+    """Causal attention, B = 1: each (method, N, direction) in its own process so that peak memory
+    (ru_maxrss) is its own. Ratios are to SDPA-softmax at the same N and direction."""
+    import subprocess
+    import sys
+
+    rows = []
+    plan = [(n, True) for n in lengths] + [(n, False) for n in lengths] + [(n, False) for n in fwd_only_lengths]
+    for n, backward in plan:
+        sdpa = None
+        for method in ATTENTION_METHODS:
+            if (method == "naive_softmax" or method == "ours_entmax15_reference") and n > max_naive:
+                continue
+            if method == "entmax_pkg_naive" and n > max_package:
+                continue
+            reps = repeats if n <= 4096 else 1
+            cmd = [sys.executable, "-m", "longsparse.bench", "--attention-worker", method, str(n), str(heads),
+                   str(dim), str(int(backward)), str(reps), str(torch.get_num_threads())]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            row = {"n": n, "method": method, "direction": "fwd+bwd" if backward else "fwd", "heads": heads,
+                   "dim": dim, "scores_buffer_bytes": 4 * heads * n * n}
+            if proc.returncode != 0:
+                row["error"] = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+            else:
+                row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+                row["buffers"] = row["extra_peak_bytes"] / row["scores_buffer_bytes"]
+                if method == "sdpa_softmax":
+                    sdpa = row["seconds"]
+                if sdpa:
+                    row["time_vs_sdpa"] = row["seconds"] / sdpa
+            rows.append(row)
+            print(_format_attention_row(row), flush=True)
+    return rows
+
+
+def _format_attention_row(r: dict) -> str:
+    head = f"N={r['n']:>6} {r['direction']:<7} {r['method']:<24}"
+    if "error" in r:
+        return head + " error: " + r["error"]
+    return (head + f" {r['seconds']:8.3f} s  {r.get('time_vs_sdpa', float('nan')):6.2f}x SDPA  "
+            f"extra peak {r['extra_peak_bytes'] / 2**20:8.1f} MiB = {r['buffers']:.2f} x (H*N^2 fp32)")
+
+
 def environment() -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
             "machine": platform.machine(), "processor": platform.processor(),
@@ -107,11 +213,28 @@ def write_result(kind: str, rows: list[dict], out: str | None, config: dict) -> 
 def main(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    lengths = [int(v) for v in args.lengths.split(",")]
+    default = "512,1024,2048,4096,8192" if args.what == "mapping" else "512,1024,2048,4096,8192,16384"
+    lengths = [int(v) for v in (args.lengths or default).split(",")]
+    config = {"lengths": lengths, "repeats": args.repeats}
     if args.what == "mapping":
         rows = bench_mapping(lengths, args.repeats)
+    elif args.what == "attention":
+        fwd_only = [int(v) for v in args.fwd_only_lengths.split(",") if v]
+        config.update(heads=8, dim=64, fwd_only_lengths=fwd_only, batch=1, causal=True)
+        rows = bench_attention(lengths, args.repeats, fwd_only_lengths=fwd_only)
     else:
         raise ValueError(f"unknown benchmark {args.what!r}")
-    path = write_result(args.what, rows, args.out, {"lengths": lengths, "repeats": args.repeats})
+    path = write_result(args.what, rows, args.out, config)
     print(f"wrote {path}")
     return 0
+
+
+if __name__ == "__main__":   # the per-measurement worker of bench_attention
+    import sys
+
+    if len(sys.argv) == 9 and sys.argv[1] == "--attention-worker":
+        _, _, method, n, heads, dim, backward, reps, threads = sys.argv
+        torch.set_num_threads(int(threads))
+        print(json.dumps(attention_worker(method, int(n), int(heads), int(dim), bool(int(backward)), int(reps))))
+    else:
+        raise SystemExit("usage: python -m longsparse.bench --attention-worker METHOD N H D BACKWARD REPEATS THREADS")

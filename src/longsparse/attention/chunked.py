@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from longsparse.mappings import _kernel
 from longsparse.mappings.entmax import AlphaLike, entmax_jvp_backward
 
 
@@ -32,6 +33,41 @@ class BlockSpec:
             attn_mask = attn_mask.view((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
         self.attn_mask, self.topk, self.adatemp_order = attn_mask, topk, adatemp_order
         self.first_pos, self.block, self.head_block, self.dtype = first_pos, block, head_block, dtype
+
+        # the fused CPU kernel does scale, ALiBi, the causal mask and α-entmax in one in-place pass
+        self.fused = (name in ("entmax", "sparsemax") and attn_mask is None and dtype in (torch.float32, torch.float64)
+                      and _kernel.get() is not None
+                      and (not isinstance(alpha, Tensor) or (alpha.dim() == 4 and alpha.shape[0] == 1
+                                                             and alpha.shape[2] == alpha.shape[3] == 1)))
+
+    def _per_block_rows(self, value, heads: slice, batch: int, n_heads: int):
+        """A per-head quantity (float, (1, H, 1, 1) tensor or None) as float64 (batch × heads-in-block,)."""
+        if value is None:
+            return torch.empty(0, dtype=torch.float64)
+        if isinstance(value, Tensor):
+            v = value.detach().reshape(-1).to(torch.float64)
+            v = v.expand(n_heads) if v.numel() == 1 else v
+            return v[heads].repeat(batch).contiguous()
+        return torch.full((batch * len(range(n_heads)[heads]),), float(value), dtype=torch.float64)
+
+    def fused_probabilities(self, qs: Tensor, k: Tensor, heads: slice, rows: slice, n_heads: int) -> Tensor:
+        z = torch.matmul(qs, k.transpose(-1, -2))
+        alpha = 2.0 if self.name == "sparsemax" else self.alpha
+        a = self._per_block_rows(alpha, heads, z.shape[0], n_heads)
+        slopes = self._per_block_rows(self.alibi_slopes, heads, z.shape[0], n_heads)
+        bad = _kernel.get().entmax_scores_forward(z.view(-1, z.shape[-2], z.shape[-1]), a, self.scale,
+                                                  self.first_pos + rows.start, self.is_causal, slopes)
+        if bad:
+            raise ValueError("attention logits contain NaN or +inf (check q, k, scale and q_scale)")
+        return z
+
+    def fused_jvp(self, p: Tensor, dp: Tensor, heads: slice, n_heads: int) -> Tensor:
+        """∂L/∂(q·kᵀ), i.e. already multiplied by the scale, computed in place in dp."""
+        alpha = 2.0 if self.name == "sparsemax" else self.alpha
+        a = self._per_block_rows(alpha, heads, p.shape[0], n_heads)
+        _kernel.get().entmax_scores_backward(p.view(-1, p.shape[-2], p.shape[-1]),
+                                             dp.view(-1, dp.shape[-2], dp.shape[-1]), a, self.scale)
+        return dp
 
     def blocks(self, n_heads: int, nq: int, nk: int):
         """(heads, rows, kend) of every block: heads and rows are slices, kend the visible keys."""
@@ -95,7 +131,10 @@ class ChunkedAttention(torch.autograd.Function):
         out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=cdt)
         for h, r, kend in spec.blocks(q.shape[1], nq, nk):
             qs = qc[:, h, r] if sc is None else qc[:, h, r] * sc[:, h, r, None]
-            p, _ = spec.probabilities(spec.logits(qs, kc[:, h, :kend], h, r), h)
+            if spec.fused:
+                p = spec.fused_probabilities(qs, kc[:, h, :kend], h, r, q.shape[1])
+            else:
+                p, _ = spec.probabilities(spec.logits(qs, kc[:, h, :kend], h, r), h)
             out[:, h, r] = torch.matmul(p, vc[:, h, :kend])
         ctx.spec = spec
         ctx.in_dtypes = (q.dtype, k.dtype, v.dtype, None if q_scale is None else q_scale.dtype)
@@ -117,12 +156,16 @@ class ChunkedAttention(torch.autograd.Function):
         for h, r, kend in spec.blocks(q.shape[1], nq, nk):
             q_blk = qc[:, h, r]
             qs = q_blk if sc is None else q_blk * sc[:, h, r, None]
-            p, extra = spec.probabilities(spec.logits(qs, kc[:, h, :kend], h, r), h)
             do_blk = do[:, h, r]
+            dp = torch.matmul(do_blk, vc[:, h, :kend].transpose(-1, -2))
+            if spec.fused:
+                p = spec.fused_probabilities(qs, kc[:, h, :kend], h, r, q.shape[1])
+                dz = spec.fused_jvp(p, dp, h, q.shape[1])
+            else:
+                p, extra = spec.probabilities(spec.logits(qs, kc[:, h, :kend], h, r), h)
+                dz = spec.jvp(p, dp, extra, h).mul_(spec.scale)
             dv[:, h, :kend] += torch.matmul(p.transpose(-1, -2), do_blk)
-            dz = spec.jvp(p, torch.matmul(do_blk, vc[:, h, :kend].transpose(-1, -2)), extra, h)
             del p
-            dz.mul_(spec.scale)
             dqs = torch.matmul(dz, kc[:, h, :kend])
             dk[:, h, :kend] += torch.matmul(dz.transpose(-1, -2), qs)
             if sc is None:

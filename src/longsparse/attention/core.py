@@ -15,7 +15,7 @@ from torch import Tensor
 
 from longsparse.attention.chunked import BlockSpec, ChunkedAttention
 from longsparse.mappings import entmax
-from longsparse.mappings.entmax import AlphaLike, _alpha_view
+from longsparse.mappings.entmax import AlphaLike, _alpha_view, _check_alpha_values
 
 MAPPINGS = ("softmax", "entmax", "sparsemax", "topk", "adatemp", "ssmax", "asentmax")
 # ssmax and asentmax are softmax and entmax whose length scaling arrives through q_scale.
@@ -77,6 +77,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
         raise ValueError(f"unknown mapping {mapping!r}; choose one of {', '.join(MAPPINGS)}")
     if adatemp_order not in ADATEMP_POLY:
         raise ValueError(f"adatemp_order must be one of {sorted(ADATEMP_POLY)}, got {adatemp_order!r}")
+    if name == "entmax":
+        _check_alpha_values(alpha)
     if name == "topk" and topk < 1:
         raise ValueError(f"topk must be >= 1, got {topk}")
     B, H, Nq, D = q.shape

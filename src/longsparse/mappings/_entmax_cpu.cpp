@@ -123,8 +123,8 @@ inline void collect_candidates(const scalar_t* x, int64_t n, scalar_t thr, doubl
 template <typename scalar_t>
 void forward_row(const scalar_t* x, scalar_t* p, int64_t n, double alpha, double m,
                  std::vector<int64_t>& idx, std::vector<double>& X) {
-  std::fill(p, p + n, scalar_t(0));
-  if (!std::isfinite(m)) return;   // all -inf: a zero row
+  // p may be x itself (in place): read the candidates out before zeroing
+  if (!std::isfinite(m)) { std::fill(p, p + n, scalar_t(0)); return; }   // all -inf: a zero row
   const int mode = row_mode(alpha);
   const double am1 = alpha - 1.0;
   // τ ≥ -1, so only X_j > -1 can be in the support; the float threshold is widened by a few ulps
@@ -132,6 +132,7 @@ void forward_row(const scalar_t* x, scalar_t* p, int64_t n, double alpha, double
   const scalar_t thr = static_cast<scalar_t>(m - 1.0 / am1 - 1e-6 * (1.0 + std::fabs(m)));
   idx.clear(); X.clear();
   collect_candidates<scalar_t>(x, n, thr, am1, m, idx, X);
+  std::fill(p, p + n, scalar_t(0));
   const double tau = solve_tau(X, idx, alpha, mode);
   const int64_t c = static_cast<int64_t>(X.size());
   if (mode == 1) {
@@ -206,9 +207,82 @@ torch::Tensor entmax_backward(torch::Tensor p, torch::Tensor g, torch::Tensor al
   return dz;
 }
 
+// ----------------------------------------------------------------------------- attention scores
+// z: (G, n, kend) raw q·kᵀ products of G (batch × head) rows-blocks; row r of block g is the query at
+// absolute position first_pos + r. In place: x = z·scale − slope_g·(pos − j), −inf for j > pos when
+// causal, then α-entmax of x. One read-modify-write pass and the candidate pass per row; no other
+// score-sized buffer is touched. Returns 1 if a NaN or +inf was met (the caller raises).
+int64_t entmax_scores_forward(torch::Tensor z, torch::Tensor alpha, double scale, int64_t first_pos,
+                              bool causal, torch::Tensor slopes) {
+  TORCH_CHECK(z.dim() == 3 && z.is_contiguous(), "entmax kernel: scores must be a contiguous (G, n, kend) tensor");
+  TORCH_CHECK(alpha.dim() == 1 && alpha.size(0) == z.size(0) && alpha.scalar_type() == torch::kFloat64,
+              "entmax kernel: alpha must be float64 of shape (G,)");
+  const bool has_slopes = slopes.numel() > 0;
+  TORCH_CHECK(!has_slopes || (slopes.dim() == 1 && slopes.size(0) == z.size(0) && slopes.scalar_type() == torch::kFloat64),
+              "entmax kernel: slopes must be empty or float64 of shape (G,)");
+  const int64_t G = z.size(0), n = z.size(1), kend = z.size(2);
+  const double* a = alpha.data_ptr<double>();
+  const double* sl = has_slopes ? slopes.data_ptr<double>() : nullptr;
+  std::atomic<int> bad{0};
+  AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "entmax_scores_forward", [&] {
+    scalar_t* zp = z.data_ptr<scalar_t>();
+    at::parallel_for(0, G * n, std::max<int64_t>(1, 16384 / std::max<int64_t>(kend, 1)), [&](int64_t b, int64_t e) {
+      std::vector<int64_t> idx; std::vector<double> X;
+      for (int64_t row = b; row < e; ++row) {
+        const int64_t g = row / n, pos = first_pos + row % n;
+        scalar_t* x = zp + row * kend;
+        const int64_t limit = causal ? std::min<int64_t>(kend, pos + 1) : kend;
+        const scalar_t sc = static_cast<scalar_t>(scale);
+        const scalar_t slope = has_slopes ? static_cast<scalar_t>(sl[g]) : scalar_t(0);
+        scalar_t m = -std::numeric_limits<scalar_t>::infinity();
+        bool nan = false;
+        if (has_slopes) {
+          for (int64_t j = 0; j < limit; ++j) {
+            scalar_t v = x[j] * sc - slope * static_cast<scalar_t>(pos - j);
+            x[j] = v; nan |= (v != v); m = v > m ? v : m;
+          }
+        } else {
+          for (int64_t j = 0; j < limit; ++j) {
+            scalar_t v = x[j] * sc;
+            x[j] = v; nan |= (v != v); m = v > m ? v : m;
+          }
+        }
+        if (nan || m == std::numeric_limits<scalar_t>::infinity()) { bad.store(1); std::fill(x, x + kend, scalar_t(0)); continue; }
+        // entmax over the visible prefix; the future part is zero
+        forward_row<scalar_t>(x, x, limit, a[g], static_cast<double>(m), idx, X);
+        std::fill(x + limit, x + kend, scalar_t(0));
+      }
+    });
+  });
+  return bad.load();
+}
+
+// In place on dp: dz = scale · u ⊙ (dp − Σ u dp / Σ u), u = p^{2−α}.
+void entmax_scores_backward(torch::Tensor p, torch::Tensor dp, torch::Tensor alpha, double scale) {
+  TORCH_CHECK(p.dim() == 3 && p.is_contiguous() && dp.is_contiguous() && dp.sizes() == p.sizes() &&
+              dp.scalar_type() == p.scalar_type(), "entmax kernel: p and dp must be contiguous (G, n, kend) of one dtype");
+  const int64_t G = p.size(0), n = p.size(1), kend = p.size(2);
+  const double* a = alpha.data_ptr<double>();
+  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "entmax_scores_backward", [&] {
+    const scalar_t* pp = p.data_ptr<scalar_t>();
+    scalar_t* gp = dp.data_ptr<scalar_t>();
+    const scalar_t sc = static_cast<scalar_t>(scale);
+    at::parallel_for(0, G * n, std::max<int64_t>(1, 16384 / std::max<int64_t>(kend, 1)), [&](int64_t b, int64_t e) {
+      std::vector<scalar_t> tmp(kend);
+      for (int64_t row = b; row < e; ++row) {
+        scalar_t* g = gp + row * kend;
+        backward_row<scalar_t>(pp + row * kend, g, tmp.data(), kend, a[row / n]);
+        for (int64_t j = 0; j < kend; ++j) g[j] = tmp[j] * sc;
+      }
+    });
+  });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("entmax_forward", &entmax_forward, "α-entmax forward over rows of a contiguous 2-D tensor");
   m.def("entmax_backward", &entmax_backward, "α-entmax backward over rows");
+  m.def("entmax_scores_forward", &entmax_scores_forward, "scale + ALiBi + causal mask + α-entmax, in place");
+  m.def("entmax_scores_backward", &entmax_scores_backward, "α-entmax backward on attention scores, in place");
 }
