@@ -56,13 +56,16 @@ def _check_finite_rows(row_max: Tensor) -> None:
 
 def _compute_dtype(dtype: torch.dtype, alpha: AlphaLike = 1.5) -> torch.dtype:
     """float32, or float64 for float64 input and for α > 2, where p = d^{1/(α−1)} is so steep at the
-    support boundary that fp32 rounding of the scaled scores alone costs ~1e-5 in p."""
+    support boundary that fp32 rounding of the scaled scores alone costs ~1e-5 in p; likewise for
+    1 < α < 1.1, where the power 1/(α−1) > 10 amplifies the fp32 rounding of d = X − τ (relative
+    2^-24) into p (α = 1.01: up to ~1.3e-6 absolute in p, and ~1e-3 relative in ∂L/∂α, whose
+    1/(α−1)² factor cancels O(1) terms)."""
     if dtype == torch.float64:
         return torch.float64
     if isinstance(alpha, Tensor):
-        if not torch.compiler.is_compiling() and bool((alpha > 2).any()):
+        if not torch.compiler.is_compiling() and bool(((alpha > 2) | (alpha < 1.1)).any()):
             return torch.float64
-    elif alpha > 2:
+    elif alpha > 2 or 1 < alpha < 1.1:
         return torch.float64
     return torch.float32
 
@@ -79,7 +82,11 @@ def _alpha_view(alpha: Tensor, x: Tensor, dim: int) -> Tensor:
     row_shape = list(x.shape)
     row_shape[dim] = 1
     try:
-        torch.broadcast_shapes(alpha.shape, tuple(row_shape))
+        # α must broadcast *to* the row shape: mutual broadcasting is not enough, since an α that
+        # is not 1 along the mapped axis (e.g. shape (n,) for rows of length n) would otherwise
+        # be applied per column (pure-PyTorch solver) or crash the CPU kernel's expand.
+        if torch.broadcast_shapes(alpha.shape, tuple(row_shape)) != torch.Size(row_shape):
+            raise RuntimeError
     except RuntimeError:
         raise ValueError(
             f"alpha of shape {tuple(alpha.shape)} does not broadcast over the rows of x "
@@ -348,7 +355,13 @@ def bounded_alpha(raw: Tensor, max_alpha: float = 2.0) -> Tensor:
     """Map an unconstrained parameter to α ∈ (1, max_alpha) for users who learn α: 1 + (m−1)·σ(raw)."""
     if max_alpha <= 1:
         raise ValueError(f"max_alpha must be > 1, got {max_alpha}")
-    return 1 + (max_alpha - 1) * torch.sigmoid(raw)
+    alpha = 1 + (max_alpha - 1) * torch.sigmoid(raw)
+    # In fp32, σ(raw) saturates (raw ≲ −17 gives exactly 1.0, which entmax rejects for a tensor α;
+    # raw ≳ 17 gives exactly max_alpha): keep α strictly inside (1, max_alpha) with the bounds one
+    # relative ulp inside, passing the gradient straight through the clamp.
+    eps = torch.finfo(alpha.dtype).eps
+    inside = alpha.clamp(1 + eps, max_alpha * (1 - eps))
+    return alpha + (inside - alpha).detach()
 
 
 def inverse_bounded_alpha(alpha: float, max_alpha: float = 2.0) -> float:

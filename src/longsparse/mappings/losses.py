@@ -78,10 +78,15 @@ class _FYLoss(torch.nn.Module):
         self.alpha, self.ignore_index, self.reduction = alpha, ignore_index, reduction
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
-        keep = target != self.ignore_index
+        if target.is_floating_point():
+            # distribution targets (n, C): ignore_index applies to class indices only
+            keep = torch.ones(target.shape[:1], dtype=torch.bool, device=target.device)
+        else:
+            keep = target != self.ignore_index
         loss = torch.zeros(target.shape[0], dtype=logits.dtype, device=logits.device)
-        if keep.any():
-            loss = loss.masked_scatter(keep, entmax_bisect_loss(logits[keep], target[keep], self.alpha))
+        # no `if keep.any()`: with every position ignored the (empty) loss must still be connected to
+        # the logits, or loss.backward() raises on an all-padding batch
+        loss = loss.masked_scatter(keep, entmax_bisect_loss(logits[keep], target[keep], self.alpha))
         if self.reduction == "sum":
             return loss.sum()
         if self.reduction in ("mean", "elementwise_mean"):
