@@ -261,3 +261,19 @@ def test_automatic_blocks_split_heads_exactly(monkeypatch):
     fast = _run("chunked", q, k, v, **kw)
     for a, b in zip(ref, fast):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["softmax", "alibi_softmax", "q_scale_softmax", "mask_softmax", "decode", "non_causal"])
+def test_softmax_auto_path_through_sdpa_equals_reference(case):
+    q, k, v = _qkv()
+    kw = {"softmax": {}, "alibi_softmax": dict(alibi_slopes=torch.tensor([1.0, 0.5, 0.25, 0.0])),
+          "q_scale_softmax": dict(q_scale=torch.rand(B, H, N) + 0.5),
+          "mask_softmax": dict(attn_mask=torch.rand(B, 1, N, N) > 0.5), "decode": {},
+          "non_causal": dict(is_causal=False)}[case]
+    if case == "decode":
+        q = q[:, :, -3:]
+    ref = _run("reference", q, k, v, mapping="softmax", **kw)
+    auto = _run("auto", q, k, v, mapping="softmax", **kw)
+    for a, b in zip(ref, auto):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)

@@ -66,6 +66,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
     bias). attn_mask: bool (True = attend) or additive, broadcastable to (B, H, Nq, Nk).
     k/v may have fewer heads than q (GQA). Queries sit at the last Nq key positions.
     A query that can attend to nothing gets a zero output.
+    Softmax with path "auto" and no chunk_size goes through torch SDPA when its mask stays small.
     path: "chunked" (default when nothing but q, k, v, q_scale needs a gradient) walks over blocks of
     ``chunk_size`` queries (None = automatic) with a recomputing backward: memory O(chunk × Nk) both
     ways. "reference" materialises all logits and lets autograd differentiate everything (also
@@ -115,6 +116,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
                                    alibi_slopes=alibi_slopes, q_scale=q_scale, attn_mask=attn_mask, topk=topk,
                                    adatemp_order=adatemp_order)
     head_block = H
+    if name == "softmax" and path == "auto" and chunk_size is None:
+        out = _sdpa_softmax(q, k, v, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
+                            q_scale=q_scale, attn_mask=attn_mask)
+        if out is not None:
+            return out
     if chunk_size is None:
         # all heads at once while that leaves ≥ _MIN_ROWS queries per block, else fewer heads
         head_block = max(1, min(H, _AUTO_CHUNK_ELEMENTS // max(1, B * Nk * _MIN_ROWS)))
@@ -123,6 +129,35 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
                      attn_mask=attn_mask, topk=topk, adatemp_order=adatemp_order, first_pos=first_pos,
                      block=chunk_size, head_block=head_block, dtype=cdt)
     return ChunkedAttention.apply(q, k, v, q_scale, spec)
+
+
+def _sdpa_softmax(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale: float,
+                  alibi_slopes: Optional[Tensor], q_scale: Optional[Tensor], attn_mask: Optional[Tensor]):
+    """Plain softmax through torch SDPA (fused kernels on CPU and CUDA; a fully masked row gives 0).
+    SDPA's own causal flag aligns queries top-left, so decoding (Nq < Nk) and ALiBi need an explicit
+    mask; that mask is only built while it is small. Returns None when this path does not apply."""
+    import torch.nn.functional as F
+
+    B, H, Nq, _ = q.shape
+    Nk = k.shape[2]
+    if q_scale is not None:
+        q = q * q_scale.unsqueeze(-1).to(q.dtype)
+    if alibi_slopes is None and attn_mask is None and (not is_causal or Nq == Nk):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+    if (H if alibi_slopes is not None else 1) * Nq * Nk > _AUTO_CHUNK_ELEMENTS:
+        return None
+    bias = torch.zeros((), dtype=q.dtype)
+    if alibi_slopes is not None:
+        dist = (torch.arange(Nk - Nq, Nk).unsqueeze(-1) - torch.arange(Nk)).to(q.dtype)
+        bias = -alibi_slopes.detach().to(q.dtype).view(-1, 1, 1) * dist
+    if attn_mask is not None:
+        bias = bias + (attn_mask.to(q.dtype) if attn_mask.dtype != torch.bool else
+                       torch.zeros((), dtype=q.dtype).masked_fill(~attn_mask, float("-inf")))
+    if is_causal:
+        future = torch.arange(Nk).unsqueeze(0) > torch.arange(Nk - Nq, Nk).unsqueeze(-1)
+        bias = bias + torch.zeros((), dtype=q.dtype).masked_fill(future, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.expand(B, H, Nq, Nk) if bias.dim() else None,
+                                          scale=scale)
 
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, *, name: str, alpha: AlphaLike, is_causal: bool,
