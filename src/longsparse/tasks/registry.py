@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from longsparse.tasks.base import Task
+from longsparse.tasks.ruler import MultiQueryNeedle, Passkey, VariableTracking
 from longsparse.tasks.seq2seq import MQMTAR, Copy, MaxRetrieval, Reverse, Sort
 from longsparse.tasks.tokcls import FlipFlop, LocalCount, TwoBack
 
@@ -22,6 +23,10 @@ TASKS: dict[str, type[Task]] = {
 }
 
 PRESETS: dict[str, dict[str, dict]] = {name: {"paper": {}, "cpu": {}} for name in TASKS}
+# RULER-style tasks of the HSA study (SPEC §8): resolved by get_task, kept out of TASKS (the SPEC §5 suite,
+# whose lengths 32–64 are below their minimum lengths).
+RULER_TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (Passkey, MultiQueryNeedle, VariableTracking)}
+PRESETS.update({name: {"paper": {}, "cpu": {}} for name in RULER_TASKS})
 PRESETS["mqmtar"]["cpu"] = {"alphabet_size": 64, "num_keys": 1000, "num_values": 1000}
 
 
@@ -30,9 +35,9 @@ def get_task(name: str, preset: str | None = None, **params) -> Task:
     key = name.replace("-", "_").lower() if isinstance(name, str) else name
     key = {"flipflop": "flip_flop", "2back": "two_back", "2_back": "two_back", "local_counting": "local_count",
            "maxretrieval": "max_retrieval"}.get(key, key)
-    if key not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
-    cls = TASKS[key]
+    if key not in TASKS and key not in RULER_TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted([*TASKS, *RULER_TASKS]))}")
+    cls = TASKS[key] if key in TASKS else RULER_TASKS[key]
     merged: dict = {}
     if preset is not None:
         if preset not in PRESETS[key]:

@@ -1,0 +1,140 @@
+"""HSAConfig: every knob of the hierarchical sparse attention model (SPEC §8), validated, and
+round-trippable as a plain dict."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+LANDMARKS = ("encoder_cls", "encoder_mean", "mean")
+FUSIONS = ("bypass", "standard")
+WEIGHTS = ("stickbreaking", "softmax", "entmax")
+RETRIEVALS = ("token", "chunk")
+HSA_POSITIONS = ("nope", "rope")
+LENGTH_SCALES = ("none", "fixed", "learned")
+HSA_IMPLS = ("dense", "gather")
+
+
+@dataclass
+class HSAConfig:
+    """Hierarchical sparse attention decoder (SPEC §8, paper [B]); defaults = the CPU scale of SPEC §8.
+
+    Layout: ``n_lower`` sliding-window (RoPE, softmax) layers → chunk memory (``encoder_layers``
+    bidirectional layers over each chunk of ``chunk_size`` tokens + a learned CLS) → ``n_upper`` layers
+    in groups of ``upper_group_size``: the first layer of each group is an HSA layer (retrieval +
+    local sliding-window path), the others plain sliding-window layers.
+
+    landmark: encoder_cls (CLS output; paper) | encoder_mean (mean of the encoder's token outputs) |
+      mean (mean of the chunk's mid-depth hidden states, no encoder needed for the landmark).
+    fusion: bypass (the HSA output feeds only the MLP input) | standard (added to the residual).
+    weights: stickbreaking (paper default; recency ordered) | softmax (over the selected top-k) |
+      entmax (α-entmax over all visible chunks, ``entmax_alpha``; ``entmax_cap`` keeps at most that many
+      non-zero weights; ``topk`` is then unused).
+    retrieval: token (each token its own retrieval query; paper) | chunk (one query per chunk of tokens:
+      the mean of the previous chunk's normalised layer inputs, shared by all tokens of the chunk).
+    hsa_positions: nope (paper) | rope (absolute positions inside retrieved chunks).
+    length_scale: ASEntmax-style multiplier log(n_visible + 1)^γ of the retrieval query: none | fixed γ =
+      ``length_gamma`` | learned γ (one per HSA layer, initialised at ``length_gamma``).
+    gumbel_noise: scale of Gumbel noise added to retrieval scores *for the discrete selection only*
+      (top-k, or the entmax cap) while training; 0 = off.
+    hsa_local: keep the sliding-window local path inside HSA layers (paper: yes).
+    hsa_impl: dense (scores every chunk; O(N²/S·S) — training) | gather (only the selected chunks; what
+      the long-context evaluator uses). Both are exact and tested equal.
+    """
+    vocab_size: int
+    d_model: int = 128
+    n_heads: int = 4
+    head_dim: Optional[int] = None
+    d_ff: int = 256
+    n_lower: int = 2
+    n_upper: int = 2
+    upper_group_size: int = 1
+    encoder_layers: int = 1
+    chunk_size: int = 16
+    window: int = 32
+    topk: int = 2
+    landmark: str = "encoder_cls"
+    fusion: str = "bypass"
+    weights: str = "stickbreaking"
+    retrieval: str = "token"
+    hsa_positions: str = "nope"
+    retrieval_dim: Optional[int] = None      # default head_dim
+    entmax_alpha: float = 1.5
+    entmax_cap: Optional[int] = None
+    length_scale: str = "none"
+    length_gamma: float = 1.0
+    gumbel_noise: float = 0.0
+    hsa_local: bool = True
+    hsa_impl: str = "dense"
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        if self.head_dim is None and isinstance(self.n_heads, int) and self.n_heads > 0:
+            self.head_dim = self.d_model // self.n_heads
+        if self.retrieval_dim is None:
+            self.retrieval_dim = self.head_dim
+        self.validate()
+
+    @property
+    def n_hsa_layers(self) -> int:
+        return self.n_upper // self.upper_group_size
+
+    def is_hsa_layer(self, upper_idx: int) -> bool:
+        return upper_idx % self.upper_group_size == 0
+
+    def validate(self) -> None:
+        def pos_int(name, lo=1):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+
+        for name in ("vocab_size", "d_model", "n_heads", "head_dim", "d_ff", "n_upper", "upper_group_size",
+                     "chunk_size", "window", "topk", "retrieval_dim"):
+            pos_int(name)
+        pos_int("n_lower", 0)
+        pos_int("encoder_layers", 0)
+        if self.encoder_layers > 2:
+            raise ValueError(f"encoder_layers must be 0, 1 or 2, got {self.encoder_layers}")
+        if self.n_upper % self.upper_group_size:
+            raise ValueError(f"n_upper ({self.n_upper}) must be a multiple of upper_group_size "
+                             f"({self.upper_group_size})")
+        for name, allowed in (("landmark", LANDMARKS), ("fusion", FUSIONS), ("weights", WEIGHTS),
+                              ("retrieval", RETRIEVALS), ("hsa_positions", HSA_POSITIONS),
+                              ("length_scale", LENGTH_SCALES), ("hsa_impl", HSA_IMPLS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
+        if self.landmark in ("encoder_cls", "encoder_mean") and self.encoder_layers == 0:
+            raise ValueError(f"landmark={self.landmark!r} needs encoder_layers >= 1 (use landmark='mean' "
+                             f"without an encoder)")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even (RoPE), got {self.head_dim}")
+        if not self.entmax_alpha > 1:
+            raise ValueError(f"entmax_alpha must be > 1, got {self.entmax_alpha}")
+        if self.entmax_cap is not None:
+            pos_int("entmax_cap")
+            if self.weights != "entmax":
+                raise ValueError("entmax_cap only applies to weights='entmax'")
+        if not self.gumbel_noise >= 0:
+            raise ValueError(f"gumbel_noise must be >= 0, got {self.gumbel_noise}")
+        if self.gumbel_noise > 0 and self.weights == "entmax" and self.entmax_cap is None:
+            raise ValueError("gumbel_noise perturbs the discrete selection (top-k or the entmax cap); "
+                             "uncapped entmax has none — set entmax_cap or gumbel_noise=0")
+        if not self.length_gamma >= 0:
+            raise ValueError(f"length_gamma must be >= 0, got {self.length_gamma}")
+        if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
+            raise ValueError("rope_theta, norm_eps and init_std must be > 0")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "HSAConfig":
+        if not isinstance(d, dict):
+            raise ValueError(f"an HSA config must be a dict, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown HSAConfig field(s): {', '.join(unknown)}")
+        return cls(**d)

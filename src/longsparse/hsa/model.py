@@ -1,0 +1,441 @@
+"""The HSA decoder (SPEC §8, paper [B]).
+
+    tokens → embed·√d → n_lower × [sliding-window block] → mid-depth states x_mid
+    chunk memory (built once from x_mid, shared by every upper HSA layer):
+        chunk c = positions [cS, (c+1)S); encoder input = x_mid of the chunk + a learned CLS appended;
+        ``encoder_layers`` bidirectional blocks (RoPE with in-chunk positions 0..S, CLS at S);
+        tokens_c = norm(encoder token outputs)   (the keys/values of the chunk, projected per layer)
+        landmark_c = norm(CLS output | mean of encoder outputs | mean of x_mid of the chunk)
+    n_upper layers in groups of ``upper_group_size``: [HSA block, sliding-window block × (g − 1)]
+    → RMSNorm → untied LM head.
+
+Blocks use the Gemma-2 "sandwich" norms of ``longsparse.nn``. With h = pre_norm(x):
+
+    sliding-window block:  x ← x + n₁(SWA(h));                x ← x + n₂(MLP(n₃(x)))
+    HSA block, standard:   x ← x + n₁(SWA(h)) + n₄(HSA(h));   x ← x + n₂(MLP(n₃(x)))
+    HSA block, bypass:     x ← x + n₁(SWA(h));                x ← x + n₂(MLP(n₃(x + n₄(HSA(h)))))
+
+i.e. the local sliding-window path always stays on the residual stream (as in [B]); the retrieved
+output HSA(h) is either added to it (standard) or only feeds the MLP input (bypass: x_out = x +
+MLP(norm(x + HSA(x))) of SPEC §8 with the local path alongside).
+
+HSA(h) at a token t with position p_t:
+    q_r = W_qr·h_t  (retrieval="token")  or  W_qr·mean(h over the previous chunk) (retrieval="chunk"),
+          times log(n_visible(t) + 1)^γ if ``length_scale`` is on;
+    s_tc = q_r·W_kr·landmark_c / √d_r for visible chunks c ((c+1)S <= p_t, see ops.visible_chunks);
+    (w_t, selected_t) = ops.chunk_weights(s_t)  — top-k + stick-breaking/softmax, or α-entmax;
+    per head: o_tc = softmax_j(q_t·k_cj / √d_h) v_cj   over the S tokens of chunk c (NoPE, or RoPE
+          with absolute positions); HSA(h)_t = W_o · Σ_c w_tc o_tc.
+Retrieval selection and chunk weights are shared by all heads of a layer.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from longsparse.hsa.config import HSAConfig
+from longsparse.hsa.ops import (chunk_weights, length_scale, sample_gumbel, sliding_window_attention,
+                                visible_chunks)
+from longsparse.nn.model import GeGLU, RMSNorm
+from longsparse.nn.positions import rotate_half
+
+
+class Rotary(nn.Module):
+    """RoPE (rotate-half, as longsparse.nn.RoPE) for any layout: x (..., D), positions broadcastable to
+    x.shape[:-1]."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        ang = positions.to(torch.float64).unsqueeze(-1) * self.inv_freq
+        ang = torch.cat((ang, ang), -1)
+        return x * ang.cos().to(x.dtype) + rotate_half(x) * ang.sin().to(x.dtype)
+
+
+class _Heads(nn.Module):
+    def __init__(self, cfg: HSAConfig):
+        super().__init__()
+        H, Dh, d = cfg.n_heads, cfg.head_dim, cfg.d_model
+        self.H, self.Dh = H, Dh
+        self.scale = 1.0 / math.sqrt(Dh)
+        self.q_proj = nn.Linear(d, H * Dh, bias=False)
+        self.k_proj = nn.Linear(d, H * Dh, bias=False)
+        self.v_proj = nn.Linear(d, H * Dh, bias=False)
+        self.o_proj = nn.Linear(H * Dh, d, bias=False)
+        self.rope = Rotary(Dh, cfg.rope_theta)
+
+    def split(self, x: Tensor) -> Tensor:         # (..., N, H·Dh) → (..., H, N, Dh)
+        return x.unflatten(-1, (self.H, self.Dh)).transpose(-2, -3)
+
+    def merge(self, x: Tensor) -> Tensor:         # (B, H, N, Dh) → (B, N, H·Dh)
+        return x.transpose(1, 2).flatten(2)
+
+
+class SlidingWindowAttention(_Heads):
+    """Causal softmax attention over the last ``window`` tokens (itself included), RoPE."""
+
+    def __init__(self, cfg: HSAConfig):
+        super().__init__(cfg)
+        self.window = cfg.window
+
+    def forward(self, h: Tensor, positions: Tensor) -> Tensor:
+        q, k, v = self.split(self.q_proj(h)), self.split(self.k_proj(h)), self.split(self.v_proj(h))
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        return self.o_proj(self.merge(sliding_window_attention(q, k, v, self.window, self.scale)))
+
+
+class SWABlock(nn.Module):
+    def __init__(self, cfg: HSAConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.pre_attn_norm, self.post_attn_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
+        self.pre_mlp_norm, self.post_mlp_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
+        self.attn = SlidingWindowAttention(cfg)
+        self.mlp = GeGLU(d, cfg.d_ff)
+
+    def forward(self, x: Tensor, positions: Tensor, memory=None, record=None) -> Tensor:
+        x = x + self.post_attn_norm(self.attn(self.pre_attn_norm(x), positions))
+        return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+
+
+class EncoderBlock(nn.Module):
+    """Bidirectional (unmasked) attention block over one chunk (+ CLS); RoPE with in-chunk positions."""
+
+    def __init__(self, cfg: HSAConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.pre_attn_norm, self.post_attn_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
+        self.pre_mlp_norm, self.post_mlp_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
+        self.attn = _Heads(cfg)
+        self.mlp = GeGLU(d, cfg.d_ff)
+
+    def forward(self, x: Tensor) -> Tensor:           # x (M, S+1, d)
+        a = self.attn
+        h = self.pre_attn_norm(x)
+        pos = torch.arange(x.shape[1], device=x.device)
+        q, k, v = a.split(a.q_proj(h)), a.split(a.k_proj(h)), a.split(a.v_proj(h))
+        q, k = a.rope(q, pos), a.rope(k, pos)
+        o = torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * a.scale, -1), v)
+        x = x + self.post_attn_norm(a.o_proj(a.merge(o)))
+        return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+
+
+class ChunkMemory:
+    """Landmarks (B, C, d) of the chunks 0..C−1 and, when held, their token states (B, C, S, d).
+    ``gather(idx)`` returns the token states of chunks idx (B, N, K) as (B, N, K, S, d)."""
+
+    def __init__(self, landmarks: Tensor, tokens: Optional[Tensor]):
+        self.landmarks = landmarks
+        self.tokens = tokens
+
+    @property
+    def n_chunks(self) -> int:
+        return self.landmarks.shape[1]
+
+    def gather(self, idx: Tensor) -> Tensor:
+        B, N, K = idx.shape
+        b = torch.arange(B, device=idx.device)[:, None, None]
+        return self.tokens[b, idx]
+
+
+class ChunkEncoder(nn.Module):
+    def __init__(self, cfg: HSAConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.cls = nn.Parameter(torch.zeros(cfg.d_model))
+        self.layers = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.encoder_layers))
+        self.token_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.landmark_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+
+    def forward(self, mid: Tensor):
+        """mid (B, C, S, d) → landmarks (B, C, d), tokens (B, C, S, d)."""
+        B, C, S, d = mid.shape
+        x = mid.reshape(B * C, S, d)
+        if self.layers:
+            x = torch.cat((x, self.cls.to(x.dtype).expand(B * C, 1, d)), 1)
+            for layer in self.layers:
+                x = layer(x)
+            tok, cls = x[:, :S], x[:, S]
+        else:
+            tok, cls = x, None
+        lm = self.cfg.landmark
+        if lm == "encoder_cls":
+            land = cls
+        elif lm == "encoder_mean":
+            land = tok.mean(1)
+        else:
+            land = mid.reshape(B * C, S, d).mean(1)
+        return self.landmark_norm(land).view(B, C, d), self.token_norm(tok).view(B, C, S, d)
+
+
+class HSAAttention(_Heads):
+    """Chunk retrieval + attention inside the selected chunks (see the module docstring)."""
+
+    def __init__(self, cfg: HSAConfig):
+        super().__init__(cfg)
+        self.cfg = cfg
+        self.q_ret = nn.Linear(cfg.d_model, cfg.retrieval_dim, bias=False)
+        self.k_ret = nn.Linear(cfg.d_model, cfg.retrieval_dim, bias=False)
+        self.ret_scale = 1.0 / math.sqrt(cfg.retrieval_dim)
+        if cfg.length_scale == "learned":
+            self.gamma = nn.Parameter(torch.tensor(float(cfg.length_gamma)))
+        else:
+            self.register_buffer("gamma", torch.tensor(float(cfg.length_gamma)), persistent=False)
+
+    # -- retrieval ------------------------------------------------------------------------------------
+    def retrieval_query(self, h: Tensor, positions: Tensor) -> Tensor:
+        cfg, S = self.cfg, self.cfg.chunk_size
+        if cfg.retrieval == "token":
+            q = self.q_ret(h)
+        else:
+            # per-chunk: the tokens of chunk j share the query W_qr·mean(h over chunk j−1)
+            j = torch.div(positions, S, rounding_mode="floor")
+            r = j - j[0]
+            R = int(r[-1]) + 1
+            sums = h.new_zeros(h.shape[0], R, h.shape[2]).index_add_(1, r, h)
+            cnt = torch.zeros(R, dtype=h.dtype, device=h.device).index_add_(0, r, torch.ones_like(r, dtype=h.dtype))
+            means = sums / cnt[None, :, None]
+            prev = r - 1
+            qm = self.q_ret(means)                                          # (B, R, dr)
+            q = torch.where((prev >= 0)[None, :, None], qm[:, prev.clamp_min(0)], torch.zeros_like(qm[:, :1]))
+        if cfg.length_scale != "none":
+            q = q * length_scale(positions, S, self.gamma).to(q.dtype)[None, :, None]
+        return q
+
+    def scores(self, h: Tensor, positions: Tensor, memory: ChunkMemory) -> Tensor:
+        q = self.retrieval_query(h, positions)
+        k = self.k_ret(memory.landmarks)
+        return torch.matmul(q, k.transpose(-1, -2)) * self.ret_scale          # (B, N, C)
+
+    def select(self, h: Tensor, positions: Tensor, memory: ChunkMemory):
+        cfg = self.cfg
+        s = self.scores(h, positions, memory)
+        vis = visible_chunks(positions, memory.n_chunks, cfg.chunk_size)[None]
+        noise = None
+        if self.training and cfg.gumbel_noise > 0:
+            noise = cfg.gumbel_noise * sample_gumbel(s.shape, s.device).to(s.dtype)
+        w, sel = chunk_weights(s, vis, weights=cfg.weights, topk=cfg.topk, alpha=cfg.entmax_alpha,
+                               cap=cfg.entmax_cap, noise=noise)
+        return s, vis, w, sel
+
+    # -- forward --------------------------------------------------------------------------------------
+    def forward(self, h: Tensor, positions: Tensor, memory: ChunkMemory, record: Optional[list] = None) -> Tensor:
+        B, N, _ = h.shape
+        cfg, S = self.cfg, self.cfg.chunk_size
+        if memory.n_chunks == 0:
+            return h.new_zeros(B, N, cfg.d_model) if record is None else self._record_empty(record, h)
+        s, vis, w, sel = self.select(h, positions, memory)
+        if record is not None:
+            record.append(dict(scores=s.masked_fill(~vis, float("-inf")).detach(), weights=w.detach(),
+                               selected=sel.detach(), positions=positions.detach()))
+        q = self.split(self.q_proj(h))                                          # (B, H, N, Dh)
+        if cfg.hsa_positions == "rope":
+            q = self.rope(q, positions)
+        if cfg.hsa_impl == "dense" and memory.tokens is not None:
+            out = self._dense(q, w, memory)
+        else:
+            out = self._gather(q, s, w, sel, memory)
+        return self.o_proj(self.merge(out))
+
+    def _record_empty(self, record, h):
+        z = h.new_zeros(h.shape[0], h.shape[1], 0)
+        record.append(dict(scores=z, weights=z, selected=z.bool(), positions=None))
+        return h.new_zeros(h.shape[0], h.shape[1], self.cfg.d_model)
+
+    def _chunk_kv(self, tok: Tensor, pos: Tensor):
+        """tok (..., S, d) → k, v (..., H, S, Dh); pos (..., S) absolute key positions (RoPE)."""
+        k, v = self.split(self.k_proj(tok)), self.split(self.v_proj(tok))
+        if self.cfg.hsa_positions == "rope":
+            k = self.rope(k, pos.unsqueeze(-2))
+        return k, v
+
+    def _dense(self, q: Tensor, w: Tensor, memory: ChunkMemory) -> Tensor:
+        """Every chunk scored by every query (weights 0 outside the selection): O(N·C·S)."""
+        S, C = self.cfg.chunk_size, memory.n_chunks
+        kpos = torch.arange(C * S, device=q.device).view(C, S)
+        k, v = self._chunk_kv(memory.tokens, kpos)                              # (B, C, H, S, Dh)
+        z = torch.einsum("bhnd,bchsd->bhncs", q, k) * self.scale
+        p = torch.softmax(z, -1) * w[:, None, :, :, None].to(z.dtype)
+        return torch.einsum("bhncs,bchsd->bhnd", p, v)
+
+    def _gather(self, q: Tensor, s: Tensor, w: Tensor, sel: Tensor, memory: ChunkMemory) -> Tensor:
+        """Only the selected chunks: O(N·K·S)."""
+        B, H, N, Dh = q.shape
+        S = self.cfg.chunk_size
+        K = int(sel.sum(-1).max()) if sel.numel() else 0
+        if K == 0:
+            return q.new_zeros(B, H, N, Dh)
+        idx = torch.where(sel, s, torch.full_like(s, float("-inf"))).topk(K, -1).indices   # (B, N, K)
+        gsel = sel.gather(-1, idx)
+        first = torch.where(gsel[..., :1], idx[..., :1], torch.zeros_like(idx[..., :1]))
+        idx = torch.where(gsel, idx, first)                      # unselected slots: a harmless valid id
+        wg = torch.where(gsel, w.gather(-1, idx), torch.zeros_like(w[..., :1]))
+        tok = memory.gather(idx)                                                  # (B, N, K, S, d)
+        kpos = idx[..., None] * S + torch.arange(S, device=q.device)              # (B, N, K, S)
+        k, v = self._chunk_kv(tok, kpos)                                          # (B, N, K, H, S, Dh)
+        z = torch.einsum("bhnd,bnkhsd->bhnks", q, k) * self.scale
+        p = torch.softmax(z, -1) * wg[:, None, :, :, None].to(z.dtype)
+        return torch.einsum("bhnks,bnkhsd->bhnd", p, v)
+
+
+class HSABlock(nn.Module):
+    def __init__(self, cfg: HSAConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.cfg = cfg
+        self.pre_attn_norm, self.post_attn_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
+        self.pre_mlp_norm, self.post_mlp_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
+        self.post_hsa_norm = RMSNorm(d, cfg.norm_eps)
+        self.attn = SlidingWindowAttention(cfg) if cfg.hsa_local else None
+        self.hsa = HSAAttention(cfg)
+        self.mlp = GeGLU(d, cfg.d_ff)
+
+    def forward(self, x: Tensor, positions: Tensor, memory: ChunkMemory, record: Optional[list] = None) -> Tensor:
+        h = self.pre_attn_norm(x)
+        r = self.post_hsa_norm(self.hsa(h, positions, memory, record))
+        if self.attn is not None:
+            x = x + self.post_attn_norm(self.attn(h, positions))
+        if self.cfg.fusion == "standard":
+            x = x + r
+            return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+        return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x + r)))
+
+
+class HSAModel(nn.Module):
+    """Hierarchical sparse attention decoder. ``forward(input_ids, attention_mask=None, record=None)``
+    → logits (B, N, V). Rows may be right-padded (causal: pads never influence real positions);
+    ``record``: a list that receives, per HSA layer, dict(scores, weights, selected, positions)."""
+
+    def __init__(self, cfg: HSAConfig):
+        super().__init__()
+        if not isinstance(cfg, HSAConfig):
+            raise TypeError(f"expected an HSAConfig, got {type(cfg).__name__}")
+        cfg.validate()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed_scale = math.sqrt(cfg.d_model)
+        self.lower = nn.ModuleList(SWABlock(cfg) for _ in range(cfg.n_lower))
+        self.encoder = ChunkEncoder(cfg)
+        self.upper = nn.ModuleList(HSABlock(cfg) if cfg.is_hsa_layer(i) else SWABlock(cfg)
+                                   for i in range(cfg.n_upper))
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @property
+    def config(self) -> HSAConfig:
+        return self.cfg
+
+    def reset_parameters(self) -> None:
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0.0, self.cfg.init_std)
+        nn.init.normal_(self.encoder.cls, 0.0, 1.0)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def hsa_layers(self) -> List[HSAAttention]:
+        return [b.hsa for b in self.upper if isinstance(b, HSABlock)]
+
+    # -- pieces (the long-context evaluator runs them on spans) ---------------------------------------
+    def run_lower(self, input_ids: Tensor, start: int = 0) -> Tensor:
+        """Mid-depth states of the tokens ``input_ids`` sitting at positions start, start+1, ... ."""
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+        x = self.embed(input_ids) * self.embed_scale
+        for block in self.lower:
+            x = block(x, positions)
+        return x
+
+    def encode_chunks(self, mid: Tensor):
+        """mid (B, C·S, d) (chunk-aligned) → landmarks (B, C, d), tokens (B, C, S, d)."""
+        B, N, d = mid.shape
+        S = self.cfg.chunk_size
+        return self.encoder(mid.view(B, N // S, S, d))
+
+    def build_memory(self, mid: Tensor) -> ChunkMemory:
+        C = mid.shape[1] // self.cfg.chunk_size
+        land, tok = self.encode_chunks(mid[:, :C * self.cfg.chunk_size])
+        return ChunkMemory(land, tok)
+
+    def run_upper(self, x: Tensor, positions: Tensor, memory: ChunkMemory, record: Optional[list] = None) -> Tensor:
+        for block in self.upper:
+            x = block(x, positions, memory, record)
+        return x
+
+    def head(self, x: Tensor) -> Tensor:
+        return self.lm_head(self.final_norm(x))
+
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
+                record: Optional[list] = None) -> Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must have shape (B, N), got {tuple(input_ids.shape)}")
+        if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(f"attention_mask must have shape {tuple(input_ids.shape)}, "
+                             f"got {tuple(attention_mask.shape)}")
+        mid = self.run_lower(input_ids)
+        memory = self.build_memory(mid)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        return self.head(self.run_upper(mid, positions, memory, record))
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Tensor, max_new_tokens: int, attention_mask: Optional[Tensor] = None,
+                 eos_id: Optional[int] = None, use_cache: bool = True) -> Tensor:
+        """Greedy decoding with the signature of ``longsparse.nn.Transformer.generate``. Returns the new
+        tokens (B, max_new_tokens), ``eos_id``-filled after a row's EOS. Left-padded rows (``attention_mask``
+        0 on pads) are decoded one row at a time without their pads (exact). use_cache=True decodes through
+        the long-context evaluator (chunk landmarks kept, the upper layers run only on the receptive field
+        of the new position); use_cache=False re-runs the full forward each step. Both give the same tokens."""
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if prompt_ids.dim() != 2 or prompt_ids.shape[1] == 0:
+            raise ValueError(f"prompt_ids must have shape (B, N) with N >= 1, got {tuple(prompt_ids.shape)}")
+        B, dev = prompt_ids.shape[0], prompt_ids.device
+        if attention_mask is not None:
+            mask = attention_mask.to(device=dev, dtype=torch.bool)
+            if mask.shape != prompt_ids.shape:
+                raise ValueError(f"attention_mask must have shape {tuple(prompt_ids.shape)}")
+            if not bool(mask.any(1).all()):
+                raise ValueError("every prompt row needs at least one real (unmasked) token")
+            if not bool(mask.all()):
+                rows = [self.generate(prompt_ids[b, mask[b]][None], max_new_tokens, None, eos_id, use_cache)
+                        for b in range(B)]
+                return torch.cat(rows, 0)
+        out = torch.full((B, max_new_tokens), 0 if eos_id is None else eos_id, dtype=torch.long, device=dev)
+        if max_new_tokens == 0:
+            return out
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        was_training = self.training
+        self.eval()
+        try:
+            ids = prompt_ids
+            ev = None
+            if use_cache:
+                from longsparse.hsa.fast import HSAFastEvaluator
+                ev = HSAFastEvaluator(self, prompt_ids)
+            for t in range(max_new_tokens):
+                if ev is not None:
+                    logits = ev.logits([ev.length - 1])
+                else:
+                    logits = self(ids)
+                nxt = logits[:, -1].argmax(-1)
+                if eos_id is not None:
+                    nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+                    done = done | (nxt == eos_id)
+                out[:, t] = nxt
+                if (eos_id is not None and bool(done.all())) or t == max_new_tokens - 1:
+                    break
+                if ev is not None:
+                    ev.extend(nxt[:, None])
+                else:
+                    ids = torch.cat((ids, nxt[:, None]), 1)
+        finally:
+            self.train(was_training)
+        return out
