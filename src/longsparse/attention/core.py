@@ -27,10 +27,11 @@ ADATEMP_POLY = {
     "reversed": (-1.791, 4.917, -2.3, 0.481, -0.037),   # the coefficient order of the official [A] code
 }
 
-# Logit elements per block of the chunked path (B·H·chunk·Nk): 16 MiB of fp32 per buffer.
-_AUTO_CHUNK_ELEMENTS = 1 << 22
+# Logit elements per block of the chunked path (B·H·chunk·Nk): 64 MiB of fp32 per buffer, a quarter
+# of the full (H, N, N) scores at N = 2048, H = 8 (the backward holds two such buffers).
+_AUTO_CHUNK_ELEMENTS = 1 << 24
 # Queries per block below which q·kᵀ turns memory-bound (it re-reads k for every block).
-_MIN_ROWS = 64
+_MIN_ROWS = 256
 
 
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:

@@ -207,6 +207,38 @@ torch::Tensor entmax_backward(torch::Tensor p, torch::Tensor g, torch::Tensor al
   return dz;
 }
 
+// x_j ← x_j·scale − slope·(pos − j) for j < limit, tracking the max and whether a NaN was seen.
+template <typename scalar_t>
+inline void transform_row(scalar_t* x, int64_t limit, scalar_t sc, scalar_t slope, int64_t pos,
+                          scalar_t& m, bool& nan) {
+  int64_t j = 0;
+#if defined(__AVX2__)
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    const __m256 vs = _mm256_set1_ps(sc), vslope = _mm256_set1_ps(slope);
+    const __m256 step = _mm256_set1_ps(8.0f);
+    __m256 dist = _mm256_setr_ps(0, -1, -2, -3, -4, -5, -6, -7);      // (pos − j) − pos for j = 0..7
+    dist = _mm256_add_ps(dist, _mm256_set1_ps(static_cast<float>(pos)));
+    __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    __m256 vnan = _mm256_setzero_ps();
+    for (; j + 8 <= limit; j += 8) {
+      __m256 v = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), vs), _mm256_mul_ps(vslope, dist));
+      _mm256_storeu_ps(x + j, v);
+      vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      vmax = _mm256_max_ps(vmax, v);
+      dist = _mm256_sub_ps(dist, step);
+    }
+    alignas(32) float buf[8];
+    _mm256_store_ps(buf, vmax);
+    for (float b : buf) m = b > m ? b : m;
+    nan |= _mm256_movemask_ps(vnan) != 0;
+  }
+#endif
+  for (; j < limit; ++j) {
+    scalar_t v = x[j] * sc - slope * static_cast<scalar_t>(pos - j);
+    x[j] = v; nan |= (v != v); m = v > m ? v : m;
+  }
+}
+
 // ----------------------------------------------------------------------------- attention scores
 // z: (G, n, kend) raw q·kᵀ products of G (batch × head) rows-blocks; row r of block g is the query at
 // absolute position first_pos + r. In place: x = z·scale − slope_g·(pos − j), −inf for j > pos when
@@ -236,17 +268,7 @@ int64_t entmax_scores_forward(torch::Tensor z, torch::Tensor alpha, double scale
         const scalar_t slope = has_slopes ? static_cast<scalar_t>(sl[g]) : scalar_t(0);
         scalar_t m = -std::numeric_limits<scalar_t>::infinity();
         bool nan = false;
-        if (has_slopes) {
-          for (int64_t j = 0; j < limit; ++j) {
-            scalar_t v = x[j] * sc - slope * static_cast<scalar_t>(pos - j);
-            x[j] = v; nan |= (v != v); m = v > m ? v : m;
-          }
-        } else {
-          for (int64_t j = 0; j < limit; ++j) {
-            scalar_t v = x[j] * sc;
-            x[j] = v; nan |= (v != v); m = v > m ? v : m;
-          }
-        }
+        transform_row<scalar_t>(x, limit, sc, slope, pos, m, nan);
         if (nan || m == std::numeric_limits<scalar_t>::infinity()) { bad.store(1); std::fill(x, x + kend, scalar_t(0)); continue; }
         // entmax over the visible prefix; the future part is zero
         forward_row<scalar_t>(x, x, limit, a[g], static_cast<double>(m), idx, X);
