@@ -30,8 +30,8 @@ double solve_tau(std::vector<double>& X, std::vector<int64_t>& idx, double alpha
   // For α ≤ 2 Newton from the left never passes τ*, so every iterate is a valid drop threshold.
   const bool monotone = alpha <= 2.0;
   double lo = -1.0, hi = -std::pow(static_cast<double>(X.size()), -am1);
-  double tau = lo;
-  for (int it = 0; it < 200; ++it) {
+  double tau = lo, width = 2.0 * (hi - lo);
+  for (int it = 0; it < 400; ++it) {
     double f = -1.0, fp = 0.0;
     size_t kept = 0;
     if (mode == 1) {
@@ -75,6 +75,15 @@ double solve_tau(std::vector<double>& X, std::vector<int64_t>& idx, double alpha
     if (f > 0) lo = tau; else hi = tau;
     double step = fp < 0 ? tau - f / fp : 0.5 * (lo + hi);
     double next = (step >= lo && step <= hi) ? step : 0.5 * (lo + hi);
+    if (!monotone) {
+      // α > 2: Newton can crawl (f' blows up at the support boundary), so a step that did not
+      // halve the bracket is replaced by bisection, and only a closed bracket ends the solve.
+      if (hi - lo > 0.5 * width) next = 0.5 * (lo + hi);
+      width = hi - lo;
+      tau = next;
+      if (hi - lo <= 4e-16 * std::max(1.0, std::fabs(lo))) break;
+      continue;
+    }
     double moved = std::fabs(next - tau);
     tau = next;
     if (moved <= 1e-15 || hi - lo <= 1e-15) break;

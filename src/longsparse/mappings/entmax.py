@@ -138,9 +138,13 @@ def _newton_tau(X: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
     lo = torch.full(shape, -1.0, dtype=X.dtype)          # f(lo) ≥ 0
     hi = -(torch.as_tensor(float(n), dtype=X.dtype) ** (-am1)) * torch.ones(shape, dtype=X.dtype)  # f(hi) ≤ 0
     tau = lo.clone()
+    width = 2 * (hi - lo)
     tol = 4 * torch.finfo(X.dtype).eps
     compiling = torch.compiler.is_compiling()
-    iters = _COMPILED_ITER if compiling else _MAX_ITER
+    # 1 < α ≤ 2: Newton from the left is monotone; α > 2 may need bisection (one bit per step)
+    monotone = bool((alpha <= 2).all()) if isinstance(alpha, Tensor) and not compiling else \
+        (isinstance(alpha, float) and alpha <= 2)
+    iters = _COMPILED_ITER if compiling else (_MAX_ITER if monotone else 4 * _MAX_ITER)
     for _ in range(iters):
         d = (X - tau).clamp_min_(0)
         if isinstance(alpha, float) and alpha == 2.0:
@@ -158,10 +162,16 @@ def _newton_tau(X: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
         step = tau - f / fprime.clamp(max=-torch.finfo(X.dtype).tiny)
         inside = (step >= lo) & (step <= hi)
         new_tau = torch.where(inside, step, (lo + hi) / 2)
+        if not monotone:
+            # α > 2: Newton can crawl where f' blows up at the support boundary; a step that did not
+            # halve the bracket becomes a bisection, and only a closed bracket ends the solve
+            new_tau = torch.where(hi - lo > 0.5 * width, (lo + hi) / 2, new_tau)
+            width = hi - lo
         new_tau = torch.where(f == 0, tau, new_tau)
         moved = (new_tau - tau).abs()
         tau = new_tau
-        if not compiling and bool((moved <= tol).all()):
+        done = (hi - lo <= tol) | (f == 0) if not monotone else moved <= tol
+        if not compiling and bool(done.all()):
             break
     return tau
 
