@@ -277,3 +277,14 @@ def test_softmax_auto_path_through_sdpa_equals_reference(case):
     for a, b in zip(ref, auto):
         assert torch.isfinite(b).all()
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mapping", ["entmax", "softmax"])
+def test_runs_under_bf16_autocast(mapping):
+    q, k, v = [t.requires_grad_() for t in _qkv()]
+    ref = ls.attention(q, k, v, mapping=mapping)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ls.attention(q, k, v, mapping=mapping)
+    out.float().sum().backward()
+    assert torch.isfinite(q.grad).all()
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)

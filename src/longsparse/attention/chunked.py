@@ -124,6 +124,11 @@ class BlockSpec:
 class ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, q_scale: Optional[Tensor], spec: BlockSpec) -> Tensor:
+        with torch.autocast(q.device.type, enabled=False):   # blocks are computed in spec.dtype
+            return ChunkedAttention._forward(ctx, q, k, v, q_scale, spec)
+
+    @staticmethod
+    def _forward(ctx, q: Tensor, k: Tensor, v: Tensor, q_scale: Optional[Tensor], spec: BlockSpec) -> Tensor:
         cdt = spec.dtype
         qc, kc, vc = q.to(cdt), k.to(cdt), v.to(cdt)
         sc = None if q_scale is None else q_scale.to(cdt)
@@ -143,6 +148,11 @@ class ChunkedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: Tensor):
+        with torch.autocast(dout.device.type, enabled=False):
+            return ChunkedAttention._backward(ctx, dout)
+
+    @staticmethod
+    def _backward(ctx, dout: Tensor):
         q, k, v, q_scale = ctx.saved_tensors
         spec = ctx.spec
         cdt = spec.dtype

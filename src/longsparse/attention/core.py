@@ -126,6 +126,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
         # all heads at once while that leaves ≥ _MIN_ROWS queries per block, else fewer heads
         head_block = max(1, min(H, _AUTO_CHUNK_ELEMENTS // max(1, B * Nk * _MIN_ROWS)))
         chunk_size = max(1, _AUTO_CHUNK_ELEMENTS // max(1, B * head_block * Nk))
+        if is_causal:   # ≥ 8 query blocks, so that blocks skip the keys in their future
+            chunk_size = min(chunk_size, max(_MIN_ROWS, -(-Nq // 8)))
     spec = BlockSpec(name=name, alpha=alpha, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
                      attn_mask=attn_mask, topk=topk, adatemp_order=adatemp_order, first_pos=first_pos,
                      block=chunk_size, head_block=head_block, dtype=cdt)

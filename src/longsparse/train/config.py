@@ -1,0 +1,284 @@
+"""Run configuration: TOML presets in ``configs/``, ``--set key=value`` overrides, validation.
+
+A *resolved* run config is a plain dict with three sections, stored as ``config.json`` in the run directory:
+
+    {"task":  {"name": "copy", "preset": "cpu", "params": {...}},        # longsparse.tasks.get_task
+     "model": {"d_model": 128, ..., "method": "asentmax", "positions": "nape"},   # ModelConfig minus vocab_size
+     "train": {"steps": 800, "batch_size": 32, "lr": 1e-3, ...}}          # TRAIN_DEFAULTS
+
+Preset files live in ``configs/<task>/<scale>.toml`` (scale: ``cpu`` or ``paper``). Besides the three sections a
+file may hold ``[methods.<method>.<section>]`` and ``[positions.<positions>.<section>]`` tables, merged (in that
+order) when the run uses that method / positions, so one file covers task × method × positions at one scale.
+Then ``--set section.key=value`` overrides apply (value parsed as a TOML value, else taken as a string), and last
+the explicit flags (``--method``, ``--positions``, ``--seed``, ``--steps``).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = None
+
+TRAIN_DEFAULTS: dict[str, Any] = {
+    "steps": 1000,            # optimizer steps
+    "batch_size": 32,         # GLOBAL batch (split over data-parallel ranks)
+    "lr": 1e-3,               # peak learning rate
+    "warmup_steps": 100,      # linear warm-up from lr/warmup_steps to lr
+    "min_lr_ratio": 0.0,      # cosine decays to lr * min_lr_ratio at the last step
+    "betas": [0.9, 0.99],
+    "weight_decay": 0.0,
+    "grad_clip": 1.0,
+    "bf16": False,            # bfloat16 autocast for the forward pass
+    "seed": 0,                # model init and training data stream
+    "train_lengths": None,    # [lo, hi] inclusive; None = the task's own training range
+    "log_every": 25,
+    "val_every": 200,         # 0 = only at the end
+    "val_lengths": None,      # None = [hi, 2*hi, 4*hi] of the training range
+    "val_samples": 64,
+    "ckpt_every": 100,        # last.pt every N steps (and at the end)
+    "device": "auto",         # auto | cpu | cuda
+    "threads": 0,             # torch.set_num_threads on CPU; 0 = leave torch's default
+}
+SECTIONS = ("task", "model", "train")
+SCALES = ("cpu", "paper")
+
+
+class ConfigError(ValueError):
+    """A bad preset, override or resolved config (message says what and what is valid)."""
+
+
+def configs_dir() -> Path:
+    """``$LONGSPARSE_CONFIGS`` or the repository's ``configs/`` (next to ``src/``)."""
+    env = os.environ.get("LONGSPARSE_CONFIGS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "configs"
+
+
+def available_presets() -> dict[str, list[str]]:
+    root = configs_dir()
+    out: dict[str, list[str]] = {}
+    if root.is_dir():
+        for d in sorted(p for p in root.iterdir() if p.is_dir()):
+            scales = sorted(f.stem for f in d.glob("*.toml"))
+            if scales:
+                out[d.name] = scales
+    return out
+
+
+def load_toml(path: str | os.PathLike) -> dict:
+    if tomllib is None:
+        raise ConfigError("reading TOML presets needs Python >= 3.11 (tomllib)")
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no config file {path}")
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from e
+
+
+def preset_path(task: str, preset: str) -> Path:
+    from longsparse.tasks import TASKS, get_task
+
+    try:
+        name = get_task(task).name
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    path = configs_dir() / name / f"{preset}.toml"
+    if not path.is_file():
+        have = available_presets().get(name, [])
+        raise ConfigError(f"no preset {preset!r} for task {name!r} (looked for {path}); available: "
+                          f"{', '.join(have) or 'none'} (tasks: {', '.join(sorted(TASKS))})")
+    return path
+
+
+def deep_merge(base: dict, over: Mapping) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def parse_value(text: str) -> Any:
+    """A TOML value (``3e-4``, ``true``, ``[64, 128]``, ``"x"``), else the raw string."""
+    if tomllib is not None:
+        try:
+            return tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            pass
+    return text
+
+
+def apply_sets(cfg: dict, sets: Iterable[str]) -> dict:
+    cfg = copy.deepcopy(cfg)
+    for item in sets or ():
+        if "=" not in item:
+            raise ConfigError(f"--set expects section.key=value, got {item!r}")
+        key, _, text = item.partition("=")
+        parts = [p for p in key.strip().split(".") if p]
+        if len(parts) < 2 or parts[0] not in SECTIONS:
+            raise ConfigError(f"--set key must start with one of {', '.join(SECTIONS)} (e.g. train.lr=3e-4), "
+                              f"got {key!r}")
+        node = cfg
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {p!r} is not a table")
+        node[parts[-1]] = parse_value(text.strip())
+    return cfg
+
+
+def build_config(task: str, *, preset: str = "cpu", method: str | None = None, positions: str | None = None,
+                 seed: int | None = None, steps: int | None = None, sets: Iterable[str] = (),
+                 config_file: str | None = None) -> dict:
+    """Resolve preset file + method/positions tables + ``--set`` + flags into a validated run config."""
+    raw = load_toml(config_file) if config_file else load_toml(preset_path(task, preset))
+    unknown = sorted(set(raw) - set(SECTIONS) - {"methods", "positions", "description"})
+    if unknown:
+        raise ConfigError(f"config file has unknown top-level key(s) {unknown}; allowed: "
+                          f"{', '.join(SECTIONS)}, methods, positions, description")
+    cfg = {s: copy.deepcopy(raw.get(s, {})) for s in SECTIONS}
+    cfg["task"].setdefault("name", task)
+    if method is not None:
+        cfg["model"]["method"] = method
+    if positions is not None:
+        cfg["model"]["positions"] = positions
+    m, p = cfg["model"].get("method"), cfg["model"].get("positions")
+    cfg = deep_merge(cfg, raw.get("methods", {}).get(m, {}))
+    cfg = deep_merge(cfg, raw.get("positions", {}).get(p, {}))
+    cfg = apply_sets(cfg, sets)
+    if method is not None:
+        cfg["model"]["method"] = method
+    if positions is not None:
+        cfg["model"]["positions"] = positions
+    if seed is not None:
+        cfg["train"]["seed"] = seed
+    if steps is not None:
+        cfg["train"]["steps"] = steps
+    return resolve(cfg)
+
+
+def resolve(cfg: Mapping) -> dict:
+    """Fill defaults and validate every section; returns a JSON-able dict (raises ConfigError)."""
+    from longsparse.nn import METHODS, POSITIONS, ModelConfig
+
+    unknown = sorted(set(cfg) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown config section(s) {unknown}; sections: {', '.join(SECTIONS)}")
+    t = dict(cfg.get("task", {}))
+    bad = sorted(set(t) - {"name", "preset", "params"})
+    if bad:
+        raise ConfigError(f"unknown task key(s) {bad}; allowed: name, preset, params (task parameters go in "
+                          f"task.params)")
+    if "name" not in t:
+        raise ConfigError("config has no task.name")
+    task_cfg = {"name": t["name"], "preset": t.get("preset"), "params": dict(t.get("params") or {})}
+    task = make_task(task_cfg)
+    task_cfg["name"] = task.name
+
+    model = dict(cfg.get("model", {}))
+    if "vocab_size" in model:
+        raise ConfigError("model.vocab_size is set from the task; do not give it")
+    if model.get("method") not in METHODS:
+        raise ConfigError(f"unknown method {model.get('method')!r}; valid methods: {', '.join(METHODS)}")
+    if model.get("positions") not in POSITIONS:
+        raise ConfigError(f"unknown positions {model.get('positions')!r}; valid positions: {', '.join(POSITIONS)}")
+    try:
+        mc = ModelConfig.from_dict({"vocab_size": task.vocab_size, **model})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid model config: {e}") from None
+    model_cfg = mc.to_dict()
+    del model_cfg["vocab_size"]
+
+    tr = dict(cfg.get("train", {}))
+    bad = sorted(set(tr) - set(TRAIN_DEFAULTS))
+    if bad:
+        raise ConfigError(f"unknown train key(s) {bad}; valid: {', '.join(TRAIN_DEFAULTS)}")
+    train = {**copy.deepcopy(TRAIN_DEFAULTS), **tr}
+    _check_train(train, task)
+    return {"task": task_cfg, "model": model_cfg, "train": train}
+
+
+def make_task(task_cfg: Mapping):
+    from longsparse.tasks import get_task
+
+    try:
+        return get_task(task_cfg["name"], task_cfg.get("preset"), **dict(task_cfg.get("params") or {}))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_train(tr: dict, task) -> None:
+    def pos_int(k, allow_zero=False):
+        v = tr[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if allow_zero else 1):
+            raise ConfigError(f"train.{k} must be an integer >= {0 if allow_zero else 1}, got {v!r}")
+
+    for k in ("steps", "batch_size", "log_every", "val_samples", "ckpt_every"):
+        pos_int(k)
+    for k in ("warmup_steps", "val_every", "seed", "threads"):
+        pos_int(k, allow_zero=True)
+    for k in ("lr", "grad_clip"):
+        if isinstance(tr[k], bool) or not isinstance(tr[k], (int, float)) or not tr[k] > 0:
+            raise ConfigError(f"train.{k} must be a number > 0, got {tr[k]!r}")
+    for k in ("min_lr_ratio", "weight_decay"):
+        if isinstance(tr[k], bool) or not isinstance(tr[k], (int, float)) or tr[k] < 0:
+            raise ConfigError(f"train.{k} must be a number >= 0, got {tr[k]!r}")
+    b = tr["betas"]
+    if not (isinstance(b, (list, tuple)) and len(b) == 2 and all(isinstance(x, (int, float)) and 0 <= x < 1 for x in b)):
+        raise ConfigError(f"train.betas must be two numbers in [0, 1), got {b!r}")
+    tr["betas"] = [float(x) for x in b]
+    if not isinstance(tr["bf16"], bool):
+        raise ConfigError(f"train.bf16 must be true or false, got {tr['bf16']!r}")
+    if tr["device"] not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"train.device must be auto, cpu or cuda, got {tr['device']!r}")
+    if tr["train_lengths"] is None:
+        tr["train_lengths"] = list(task.train_lengths)
+    tl = tr["train_lengths"]
+    if isinstance(tl, int) and not isinstance(tl, bool):
+        tl = tr["train_lengths"] = [tl, tl]
+    if not (isinstance(tl, (list, tuple)) and len(tl) == 2 and all(isinstance(x, int) for x in tl) and tl[0] <= tl[1]):
+        raise ConfigError(f"train.train_lengths must be [lo, hi] integers with lo <= hi, got {tl!r}")
+    tr["train_lengths"] = list(tl)
+    if tr["val_lengths"] is None:
+        hi = tl[1]
+        tr["val_lengths"] = [hi, 2 * hi, 4 * hi]
+    vl = tr["val_lengths"]
+    if isinstance(vl, int) and not isinstance(vl, bool):
+        vl = tr["val_lengths"] = [vl]
+    if not (isinstance(vl, (list, tuple)) and vl and all(isinstance(x, int) and not isinstance(x, bool) for x in vl)):
+        raise ConfigError(f"train.val_lengths must be a non-empty list of integers, got {vl!r}")
+    tr["val_lengths"] = list(vl)
+    for n in (*tl, *vl):
+        try:
+            task.check_length(n)
+        except ValueError as e:
+            raise ConfigError(f"impossible length: {e}") from None
+
+
+def config_hash(cfg: Mapping) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_diff(a: Mapping, b: Mapping, prefix: str = "") -> list[str]:
+    """Human-readable differences ``key: a -> b`` between two nested dicts."""
+    out = []
+    for k in sorted(set(a) | set(b), key=str):
+        va, vb = a.get(k, "<missing>"), b.get(k, "<missing>")
+        if isinstance(va, Mapping) and isinstance(vb, Mapping):
+            out += config_diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out

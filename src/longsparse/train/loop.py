@@ -1,0 +1,342 @@
+"""The training loop (plain PyTorch): AdamW, linear warm-up + cosine, grad-clip, optional bf16 autocast,
+seeded model init and data stream, loss on target tokens only, periodic validation (exact match at several
+lengths), best/last checkpoints, exact resume, data parallel under ``torchrun``.
+
+Exact resume. ``last.pt`` holds the model, the AdamW state, the step (the schedule is a pure function of the
+step), the torch RNG state and the state of the Python ``random.Random`` that generates the training stream.
+A run killed at any moment and restarted with the same command continues from the last checkpoint and ends
+with the same weights, bit for bit, as an uninterrupted run (same machine, same number of threads/ranks).
+``metrics.jsonl`` records written after that checkpoint are dropped on resume, so the log has no duplicates.
+
+Data parallel. Every rank draws the same *global* batch from the same stream and keeps its own contiguous
+slice of rows; the loss is the sum over the rank's target tokens divided by the number of target tokens of the
+global batch, and the gradients are summed over ranks (one flat all-reduce), so K processes compute the same
+update as one process on the global batch (up to float summation order). Rank 0 alone writes files.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+
+import torch
+import torch.nn.functional as F
+
+from longsparse.nn import ModelConfig, Transformer, load_checkpoint, read_checkpoint, save_checkpoint
+from longsparse.tasks import IGNORE_INDEX, Batch
+from longsparse.train.config import config_hash, make_task, resolve
+from longsparse.train.rundir import check_run_dir, checkpoint_path, environment, init_run_dir, now
+
+KILL_ENV = "LONGSPARSE_TEST_KILL_AFTER_STEP"   # tests: SIGKILL this process right after that step
+
+
+# ---- schedule ---------------------------------------------------------------------------------------------
+def lr_at(step: int, tr: Mapping) -> float:
+    """Learning rate of update ``step`` (0-based): linear warm-up to ``lr`` over ``warmup_steps`` updates, then
+    cosine to ``lr * min_lr_ratio`` at the last update."""
+    lr, warm, total = tr["lr"], tr["warmup_steps"], tr["steps"]
+    if warm and step < warm:
+        return lr * (step + 1) / warm
+    progress = min(1.0, (step - warm) / max(1, total - 1 - warm))
+    lo = lr * tr["min_lr_ratio"]
+    return lo + (lr - lo) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ---- distributed ------------------------------------------------------------------------------------------
+class Dist:
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.owned = False
+        if self.world > 1 and not dist.is_initialized():
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend)
+            self.owned = True
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self):
+        if self.world > 1:
+            self.dist.barrier()
+
+    def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            self.dist.all_reduce(t)
+        return t
+
+    def broadcast_obj(self, obj):
+        if self.world == 1:
+            return obj
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def close(self):
+        if self.owned:
+            self.dist.destroy_process_group()
+
+
+def _sum_grads(model: torch.nn.Module, d: Dist) -> None:
+    if d.world == 1:
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    d.all_reduce_(flat)
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[off:off + n].view_as(p).clone()
+        off += n
+
+
+def _rows(batch: Batch, lo: int, hi: int) -> Batch:
+    return Batch(batch.input_ids[lo:hi], batch.labels[lo:hi], batch.attention_mask[lo:hi], batch.prompt_len[lo:hi],
+                 batch.target[lo:hi], batch.target_len[lo:hi], batch.length[lo:hi], batch.kind)
+
+
+# ---- logging ----------------------------------------------------------------------------------------------
+class _Log:
+    def __init__(self, out: Optional[Path], main: bool, printer: Optional[Callable[[str], None]]):
+        self.out, self.main, self.printer = out, main, printer or print
+        self.bar = None
+
+    def __call__(self, msg: str) -> None:
+        if not self.main:
+            return
+        if self.bar is not None:
+            self.bar.write(msg)
+        else:
+            self.printer(msg)
+        if self.out is not None:
+            with open(self.out / "train.log", "a") as f:
+                f.write(msg + "\n")
+
+    def metrics(self, rec: dict) -> None:
+        if self.main and self.out is not None:
+            with open(self.out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+
+def _progress_bar(total: int, initial: int, enabled: bool):
+    if not enabled or not sys.stdout.isatty():
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, initial=initial, dynamic_ncols=True, leave=True)
+
+
+def _trim_metrics(out: Path, step: int) -> None:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                keep.append(line)
+        except json.JSONDecodeError:
+            continue    # a line cut by a kill
+    tmp = path.with_name(".metrics.jsonl.tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    os.replace(tmp, path)
+
+
+# ---- main entry -------------------------------------------------------------------------------------------
+def train(config: Mapping, out: Optional[str] = None, *, printer: Optional[Callable[[str], None]] = None,
+          progress: bool = True) -> dict:
+    """Train (or resume) the run ``config`` (a resolved or raw run config) in run directory ``out``.
+
+    ``out=None`` trains in memory (no files, no resume). Returns a summary dict with the final step, the last
+    logged loss, the first logged loss, the validation history and the model (key ``model``)."""
+    cfg = resolve(config)
+    tr, d = cfg["train"], Dist()
+    out_path = Path(out) if out is not None else None
+    try:
+        mode = "memory"
+        if out_path is not None:
+            mode = check_run_dir(out_path, cfg) if d.main else None
+            mode = d.broadcast_obj(mode)
+        return _train(cfg, tr, d, out_path, mode, printer, progress)
+    finally:
+        d.close()
+
+
+def _device(tr: Mapping, d: Dist) -> torch.device:
+    want = tr["device"]
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("train.device = 'cuda' but CUDA is not available")
+        torch.cuda.set_device(d.local_rank)
+        return torch.device("cuda", d.local_rank)
+    return torch.device("cpu")
+
+
+def _train(cfg, tr, d: Dist, out: Optional[Path], mode, printer, progress) -> dict:
+    from longsparse.evaluate.core import score_length
+
+    dev = _device(tr, d)
+    if dev.type == "cpu" and tr["threads"]:
+        torch.set_num_threads(tr["threads"])
+    if tr["batch_size"] % d.world:
+        raise ValueError(f"train.batch_size {tr['batch_size']} is not divisible by the {d.world} ranks")
+    task = make_task(cfg["task"])
+    log = _Log(out, d.main, printer)
+    if out is not None and d.main:
+        init_run_dir(out, cfg, environment(d.world, str(dev)))
+    d.barrier()
+
+    torch.manual_seed(tr["seed"])
+    model = Transformer(ModelConfig.from_dict({"vocab_size": task.vocab_size, **cfg["model"]})).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], betas=tuple(tr["betas"]),
+                            weight_decay=tr["weight_decay"])
+    data_rng = task.rng(tr["seed"], "train")
+    step, best, first_loss, last_loss = 0, None, None, None
+    history: list[dict] = []
+    chash = config_hash(cfg)
+
+    last = checkpoint_path(out, "last") if out is not None else None
+    if mode == "resume" and last is not None and last.exists():
+        model, extra = load_checkpoint(str(last), map_location=dev, optimizer=opt, model=model)
+        if extra.get("config_hash") != chash:
+            raise ValueError(f"{last}: checkpoint belongs to another config (hash {extra.get('config_hash')} "
+                             f"!= {chash}); nothing was changed")
+        if extra.get("world_size", 1) != d.world:
+            log(f"note: resuming a run saved with {extra.get('world_size')} rank(s) on {d.world}; the data "
+                f"stream is the same but the result is not bit-identical to an uninterrupted run")
+        step = int(extra["step"])
+        v, state, g = extra["data_rng"]
+        data_rng.setstate((v, tuple(state), g))
+        torch.set_rng_state(extra["torch_rng"])
+        best, first_loss, last_loss = extra.get("best"), extra.get("first_loss"), extra.get("last_loss")
+        if d.main:
+            _trim_metrics(out, step)
+        log(f"[{now()}] resuming {out} at step {step}/{tr['steps']}")
+    elif out is not None:
+        if mode == "resume" and d.main:      # killed before the first checkpoint: start over, drop its records
+            _trim_metrics(out, 0)
+        log(f"[{now()}] new run {out}: task={task.name} method={cfg['model']['method']} "
+            f"positions={cfg['model']['positions']} params={model.num_parameters():,} steps={tr['steps']} "
+            f"batch={tr['batch_size']} ranks={d.world} device={dev}")
+    d.barrier()
+
+    autocast = (torch.autocast(dev.type, dtype=torch.bfloat16) if tr["bf16"]
+                else torch.autocast(dev.type, enabled=False))
+    lengths = tuple(tr["train_lengths"])
+    per_rank = tr["batch_size"] // d.world
+    lo_row = d.rank * per_rank
+    kill_after = int(os.environ.get(KILL_ENV, "0") or 0)
+
+    def save_last():
+        if out is None or not d.main:
+            return
+        extra = {"step": step, "scheduler": {"kind": "warmup_cosine", "step": step},
+                 "data_rng": list(_rng_state(data_rng)), "torch_rng": torch.get_rng_state(),
+                 "best": best, "first_loss": first_loss, "last_loss": last_loss, "world_size": d.world,
+                 "config_hash": chash, "time": now()}
+        save_checkpoint(str(checkpoint_path(out, "last")), model, opt, extra=extra, overwrite=True)
+
+    def validate():
+        nonlocal best
+        res = {}
+        if d.main:
+            for L in tr["val_lengths"]:
+                r = score_length(model, task, L, tr["val_samples"], seed=tr["seed"], split="validation",
+                                 autocast_dtype=torch.bfloat16 if tr["bf16"] else None)
+                res[str(L)] = {"exact_match": r["exact_match"], "token_accuracy": r["token_accuracy"]}
+            mean_em = sum(v["exact_match"] for v in res.values()) / len(res)
+            mean_tok = sum(v["token_accuracy"] for v in res.values()) / len(res)
+            rec = {"step": step, "val": res, "val_mean_exact_match": mean_em, "val_mean_token_accuracy": mean_tok,
+                   "time": now()}
+            history.append(rec)
+            log.metrics(rec)
+            log(f"step {step:>6}  val exact match " + "  ".join(f"L={k}: {v['exact_match']:.3f}"
+                                                               for k, v in res.items()))
+            key = [mean_em, mean_tok]
+            if best is None or key > best["key"]:
+                best = {"key": key, "step": step}
+                if out is not None:
+                    save_checkpoint(str(checkpoint_path(out, "best")), model, None,
+                                    extra={"step": step, "val": res, "config_hash": chash}, overwrite=True)
+        d.barrier()
+
+    if step >= tr["steps"]:
+        log(f"run already complete ({step}/{tr['steps']} steps); nothing to do")
+        return {"step": step, "first_loss": first_loss, "last_loss": last_loss, "best": best,
+                "history": history, "model": model, "config": cfg, "resumed": True}
+
+    bar = _progress_bar(tr["steps"], step, progress and d.main)
+    log.bar = bar
+    model.train()
+    t0, tok_count = time.perf_counter(), 0
+    loss_acc, n_acc = 0.0, 0
+    while step < tr["steps"]:
+        gbatch = task.batch(lengths, tr["batch_size"], rng=data_rng)
+        n_global = int((gbatch.labels != IGNORE_INDEX).sum())
+        b = _rows(gbatch, lo_row, lo_row + per_rank).to(dev)
+        lr = lr_at(step, tr)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with autocast:
+            logits = model(b.input_ids)
+        loss_sum = F.cross_entropy(logits.float().flatten(0, 1), b.labels.flatten(), ignore_index=IGNORE_INDEX,
+                                   reduction="sum")
+        (loss_sum / max(1, n_global)).backward()
+        _sum_grads(model, d)
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        tok_count += int(gbatch.attention_mask.sum())
+        ls_ = d.all_reduce_(loss_sum.detach().reshape(1).clone())
+        loss_acc += float(ls_) / max(1, n_global)
+        n_acc += 1
+        if bar is not None:
+            bar.update(1)
+        if step % tr["log_every"] == 0 or step == tr["steps"] or step == 1:
+            mean = loss_acc / n_acc
+            loss_acc, n_acc = 0.0, 0
+            if first_loss is None:
+                first_loss = mean
+            last_loss = mean
+            dt = time.perf_counter() - t0
+            rec = {"step": step, "loss": mean, "lr": lr, "grad_norm": float(gnorm), "tokens_per_s": tok_count / dt,
+                   "length": int(gbatch.length[0]), "time": now()}
+            log.metrics(rec)
+            if bar is not None:
+                bar.set_postfix(loss=f"{mean:.4f}", lr=f"{lr:.2e}")
+            else:
+                log(f"step {step:>6}/{tr['steps']}  loss {mean:.4f}  lr {lr:.2e}  |g| {float(gnorm):.3f}  "
+                    f"{tok_count / dt:,.0f} tok/s")
+        if (tr["val_every"] and step % tr["val_every"] == 0) or step == tr["steps"]:
+            validate()
+        if step % tr["ckpt_every"] == 0 or step == tr["steps"]:
+            save_last()
+        if kill_after and step == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+    if bar is not None:
+        bar.close()
+        log.bar = None
+    log(f"[{now()}] done: step {step}, loss {first_loss:.4f} -> {last_loss:.4f}"
+        + (f", best mean val exact match {best['key'][0]:.3f} at step {best['step']}" if best else ""))
+    return {"step": step, "first_loss": first_loss, "last_loss": last_loss, "best": best, "history": history,
+            "model": model, "config": cfg, "resumed": mode == "resume"}
+
+
+def _rng_state(rng: random.Random):
+    v, state, g = rng.getstate()
+    return v, list(state), g

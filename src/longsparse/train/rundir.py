@@ -1,0 +1,139 @@
+"""Run directories.
+
+    RUN/config.json        resolved run config (longsparse.train.config) — the identity of the run
+    RUN/env.json           versions (python, torch, longsparse), git revision, host, world size of the first session
+    RUN/sessions.jsonl     one line per start/resume of the training command
+    RUN/metrics.jsonl      training log: {"step", "loss", "lr", ...} and {"step", "val": {...}} records
+    RUN/train.log          the plain log lines
+    RUN/checkpoints/last.pt   model + optimizer + step + RNG / data-stream state (resume)
+    RUN/checkpoints/best.pt   model at the best mean validation exact match
+    RUN/eval/*.json        `longsparse eval` results, one new file per call
+
+A directory that holds a *different* config is refused (nothing is written); the same config resumes.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Mapping
+
+from longsparse.train.config import ConfigError, config_diff, resolve
+
+CHECKPOINTS = ("best", "last")
+
+
+class RunDirError(ValueError):
+    pass
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def git_revision() -> dict:
+    here = Path(__file__).resolve().parent
+    out = {"commit": None, "dirty": None}
+    try:
+        rev = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if rev.returncode == 0:
+            out["commit"] = rev.stdout.strip()
+            st = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=5)
+            out["dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def environment(world_size: int = 1, device: str = "cpu") -> dict:
+    import torch
+
+    import longsparse
+
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "longsparse": longsparse.__version__,
+            "git": git_revision(), "platform": platform.platform(), "host": socket.gethostname(),
+            "world_size": world_size, "device": device, "time": now()}
+
+
+def read_config(run: str | os.PathLike) -> dict:
+    path = Path(run) / "config.json"
+    if not path.is_file():
+        raise RunDirError(f"{run} is not a longsparse run directory (no config.json)")
+    try:
+        return resolve(json.loads(path.read_text()))
+    except (json.JSONDecodeError, ConfigError) as e:
+        raise RunDirError(f"{path}: unreadable or invalid run config: {e}") from None
+
+
+def checkpoint_path(run: str | os.PathLike, which: str = "last") -> Path:
+    if which not in CHECKPOINTS:
+        raise RunDirError(f"unknown checkpoint {which!r}; choose one of {', '.join(CHECKPOINTS)}")
+    return Path(run) / "checkpoints" / f"{which}.pt"
+
+
+def normalise(cfg: Mapping) -> dict:
+    return json.loads(json.dumps(cfg, sort_keys=True))
+
+
+def check_run_dir(out: str | os.PathLike, cfg: Mapping) -> str:
+    """'new' (absent or empty folder) or 'resume' (same config); RunDirError otherwise. Writes nothing."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"{out} exists and is not a directory")
+    if not out.exists() or not any(out.iterdir()):
+        return "new"
+    cfg_path = out / "config.json"
+    if not cfg_path.is_file():
+        raise RunDirError(f"{out} is not empty and holds no config.json: not a longsparse run directory; "
+                          f"refusing to write into it (choose another --out)")
+    try:
+        old = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{cfg_path} is not valid JSON ({e}); refusing to touch the run") from None
+    new = normalise(cfg)
+    if normalise(old) != new:
+        diff = config_diff(normalise(old), new)
+        raise RunDirError(f"{out} holds a run with a DIFFERENT config; nothing was changed. Differences "
+                          f"(stored -> requested):\n  " + "\n  ".join(diff[:20])
+                          + ("\n  ..." if len(diff) > 20 else "")
+                          + "\nUse another --out, or the same settings to resume this run.")
+    return "resume"
+
+
+def init_run_dir(out: str | os.PathLike, cfg: Mapping, env: Mapping) -> None:
+    out = Path(out)
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    if not (out / "config.json").exists():
+        _write_new(out / "config.json", json.dumps(normalise(cfg), indent=2, sort_keys=True) + "\n")
+    if not (out / "env.json").exists():
+        _write_new(out / "env.json", json.dumps(env, indent=2) + "\n")
+    with open(out / "sessions.jsonl", "a") as f:
+        f.write(json.dumps(dict(env)) + "\n")
+
+
+def _write_new(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def new_result_path(folder: str | os.PathLike, stem: str) -> Path:
+    """A path ``folder/stem-<time>[-k].json`` that did not exist, created exclusively (never overwrites)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    ts = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    k = 0
+    while True:
+        path = folder / (f"{stem}-{ts}.json" if k == 0 else f"{stem}-{ts}-{k}.json")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.close(fd)
+            return path
+        except FileExistsError:
+            k += 1

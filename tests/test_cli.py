@@ -1,0 +1,159 @@
+"""Command line: argument errors (valid choices listed, exit status 2), report from synthetic result JSON,
+presets listing, bench still wired."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from longsparse.cli import build_parser, main
+from longsparse.report import ReportError, build_report, collect, markdown_table
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "longsparse.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["train", "--task", "bogus", "--out", "x"], "invalid choice: bogus"),
+    (["train", "--task", "copy", "--method", "bogus", "--out", "x"], "choose from softmax, ssmax"),
+    (["train", "--task", "copy", "--positions", "bogus", "--out", "x"], "choose from nope, rope, alibi, nape"),
+    (["train", "--task", "copy"], "the following arguments are required: --out"),
+    (["eval", "runs/x"], "the following arguments are required: --lengths"),
+    (["eval", "r", "--lengths", "64", "--checkpoint", "middle"], "choose from best, last"),
+    (["report", "--out", "x"], "the following arguments are required: runs"),
+])
+def test_argument_errors(args, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err.replace("'", ""), err    # argparse quotes choices on some Python versions
+
+
+def test_train_errors_exit_2_with_message(tmp_path, capsys):
+    assert main(["train", "--task", "copy", "--out", str(tmp_path / "r"), "--set", "train.lr=-1"]) == 2
+    assert "train.lr must be a number > 0" in capsys.readouterr().err
+    assert main(["train", "--task", "copy", "--out", str(tmp_path / "r"), "--preset", "huge"]) == 2
+    assert "available: cpu, paper" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()                    # nothing created on a config error
+
+
+def test_eval_and_report_errors_exit_2(tmp_path, capsys):
+    assert main(["eval", str(tmp_path), "--lengths", "64"]) == 2
+    assert "not a longsparse run directory" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path), "--lengths", "6x4"]) == 2
+    assert "not a length" in capsys.readouterr().err
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "rep")]) == 2
+    assert "no evaluation results" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": 1}')
+    assert main(["report", str(bad), "--out", str(tmp_path / "rep")]) == 2
+    assert "not a longsparse eval result" in capsys.readouterr().err
+
+
+def test_print_config_and_presets(capsys):
+    assert main(["train", "--task", "copy", "--method", "softmax", "--out", "unused", "--print-config",
+                 "--set", "train.lr=3e-4"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["train"]["lr"] == 3e-4 and cfg["model"]["method"] == "softmax"
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert "mqmtar" in out and "cpu, paper" in out
+
+
+def test_bench_subcommand_still_parses():
+    args = build_parser().parse_args(["bench", "mapping", "--lengths", "64", "--repeats", "1"])
+    assert args.what == "mapping" and args.lengths == "64"
+
+
+def _fake_result(run, method, ems, n=100, created="2026-01-01T00:00:00"):
+    from longsparse.evaluate import wilson_interval
+    res = []
+    for L, em in ems.items():
+        k = round(em * n)
+        res.append({"length": L, "ratio": L / 64, "n": n, "n_exact": k, "exact_match": k / n,
+                    "exact_match_ci": list(wilson_interval(k, n)), "n_tokens": n * 10, "n_correct_tokens": k * 10,
+                    "token_accuracy": k / n, "token_accuracy_ci": list(wilson_interval(k * 10, n * 10)),
+                    "batch_size": 8, "seconds": 1.0, "seed": 0, "split": "test"})
+    return {"format": "longsparse-eval", "version": 1, "run": f"/runs/{run}", "run_name": run,
+            "label": f"{method}/nape", "task": "copy", "task_preset": "cpu", "method": method,
+            "positions": "nape", "checkpoint": "best", "checkpoint_step": 100, "train_lengths": [32, 64],
+            "samples": n, "seed": 0, "results": res, "created": created}
+
+
+def test_report_from_synthetic_json(tmp_path):
+    files = []
+    for run, method, ems in (("a", "softmax", {64: 1.0, 128: 0.5, 1024: 0.0}),
+                             ("b", "asentmax", {64: 1.0, 128: 0.97, 1024: 0.9})):
+        (tmp_path / run / "eval").mkdir(parents=True)
+        f = tmp_path / run / "eval" / "eval-1.json"
+        f.write_text(json.dumps(_fake_result(run, method, ems)))
+        files.append(f)
+    # a newer result for one length of run b replaces the older one
+    (tmp_path / "b" / "eval" / "eval-2.json").write_text(
+        json.dumps(_fake_result("b", "asentmax", {1024: 0.8}, created="2026-02-01T00:00:00")))
+    rep = build_report([tmp_path / "a", tmp_path / "b"], tmp_path / "rep", printer=None)
+    table = rep["table"]
+    lines = table.splitlines()
+    assert "| length | × train | softmax/nape | asentmax/nape |" in lines
+    assert "| 128 | 2× | 50.0 [40–60] | 97.0 [92–99] |" in lines
+    assert "| 1024 | 16× | 0.0 [0–4] | 80.0 [71–87] |" in lines
+    assert (tmp_path / "rep" / "results.md").read_text().count("\n|---:|") == 1    # one table (one task)
+    merged = json.loads((tmp_path / "rep" / "results.json").read_text())
+    assert merged["format"] == "longsparse-report"
+    assert [s["name"] for s in merged["series"]] == ["softmax/nape", "asentmax/nape"]
+    assert [r["length"] for r in merged["series"][1]["results"]] == [64, 128, 1024]
+    try:
+        import matplotlib  # noqa: F401
+        assert rep["png"].exists() and rep["png"].stat().st_size > 1000
+    except ImportError:
+        assert rep["png"] is None and "pip install" in rep["png_error"] and "matplotlib" in rep["png_error"]
+
+
+def test_report_disambiguates_same_label(tmp_path):
+    for run in ("s0", "s1"):
+        f = tmp_path / f"{run}.json"
+        f.write_text(json.dumps(_fake_result(run, "softmax", {64: 1.0})))
+    series = collect([tmp_path / "s0.json", tmp_path / "s1.json"])
+    assert [s["name"] for s in series] == ["softmax/nape (s0)", "softmax/nape (s1)"]
+    assert "softmax/nape (s1)" in markdown_table(series)
+    with pytest.raises(ReportError, match="no such run directory or file"):
+        collect([tmp_path / "missing"])
+
+
+def test_cli_subprocess_entry_point():
+    p = _run("train", "--task", "sortt", "--out", "x")
+    assert p.returncode == 2 and "invalid choice" in p.stderr and "max_retrieval" in p.stderr
+
+
+def test_demo_verdict_is_computed_from_the_numbers():
+    from longsparse.demo import verdict
+    from longsparse.evaluate import wilson_interval
+
+    def series(method, ems, n=64):
+        res = {}
+        for L, k in ems.items():
+            res[L] = {"exact_match": k / n, "exact_match_ci": list(wilson_interval(k, n)), "n": n}
+        return {"method": method, "results": res}
+
+    clear = verdict([series("softmax", {64: 64, 1024: 20}), series("asentmax", {64: 64, 1024: 60})], 64)
+    assert any("ASEntmax is better" in line and "1024 (16x)" in line for line in clear)
+    same = verdict([series("softmax", {64: 64, 1024: 50}), series("asentmax", {64: 64, 1024: 53})], 64)
+    assert any("did NOT show" in line for line in same)
+    bad_id = verdict([series("softmax", {64: 10, 1024: 5}), series("asentmax", {64: 64, 1024: 60})], 64)
+    assert any("budget was too small" in line for line in bad_id)
+    worse = verdict([series("softmax", {64: 64, 1024: 60}), series("asentmax", {64: 64, 1024: 10})], 64)
+    assert any("Softmax is better" in line for line in worse)
+
+
+def test_demo_quick_smoke(tmp_path):
+    from longsparse.demo import run_demo
+    lines = []
+    assert run_demo(out=str(tmp_path / "demo"), quick=True, printer=lines.append) == 0
+    text = "\n".join(lines)
+    assert "| length | × train | softmax/nape | asentmax/nape |" in text
+    assert "too short to show anything" in text
+    rep = tmp_path / "demo" / "quick" / "report"
+    assert (rep / "results.md").exists() and (rep / "results.json").exists()
+    assert len(list((tmp_path / "demo" / "quick").glob("*/eval/*.json"))) == 2
