@@ -6,7 +6,7 @@ PY ?= python
 
 setup:
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e .
+	$(PY) -m pip install -e ".[plot]"
 
 setup-dev:
 	$(PY) -m pip install torch==2.13.0
