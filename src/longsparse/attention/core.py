@@ -163,28 +163,38 @@ def _sdpa_softmax(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale: fl
                                           scale=scale)
 
 
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, *, name: str, alpha: AlphaLike, is_causal: bool,
-                        scale: float, alibi_slopes: Optional[Tensor], q_scale: Optional[Tensor],
-                        attn_mask: Optional[Tensor], topk: int, adatemp_order: str) -> Tensor:
-    """The obviously-right path: all logits at once, differentiated by autograd."""
+def dense_logits(q: Tensor, k: Tensor, *, scale: float, q_scale: Optional[Tensor] = None,
+                 alibi_slopes: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
+                 is_causal: bool = True) -> Tensor:
+    """All logits of `attention`, materialised (B, H, Nq, Nk) in the compute dtype; −inf where masked.
+    k must already have H heads (GQA repeated)."""
     Nq, Nk = q.shape[2], k.shape[2]
     cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
     if q_scale is not None:
         q = q * q_scale.unsqueeze(-1).to(q.dtype)
     z = torch.matmul(q.to(cdt), k.to(cdt).transpose(-1, -2)) * scale
-    q_pos = torch.arange(Nk - Nq, Nk).unsqueeze(-1)
-    k_pos = torch.arange(Nk).unsqueeze(0)
+    q_pos = torch.arange(Nk - Nq, Nk, device=q.device).unsqueeze(-1)
+    k_pos = torch.arange(Nk, device=q.device).unsqueeze(0)
     if alibi_slopes is not None:
         z = z - alibi_slopes.to(cdt).view(1, -1, 1, 1) * (q_pos - k_pos).to(cdt)
     if attn_mask is not None:
         z = z.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else z + attn_mask.to(cdt)
     if is_causal:
         z = z.masked_fill(k_pos > q_pos, float("-inf"))
+    return z
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, *, name: str, alpha: AlphaLike, is_causal: bool,
+                        scale: float, alibi_slopes: Optional[Tensor], q_scale: Optional[Tensor],
+                        attn_mask: Optional[Tensor], topk: int, adatemp_order: str) -> Tensor:
+    """The obviously-right path: all logits at once, differentiated by autograd."""
+    z = dense_logits(q, k, scale=scale, q_scale=q_scale, alibi_slopes=alibi_slopes, attn_mask=attn_mask,
+                     is_causal=is_causal)
     if name == "adatemp":
         z = z * adaptive_temperature(z, adatemp_order)
         name = "softmax"
     p = map_scores(z, name, alpha=alpha, topk=topk)
-    return torch.matmul(p, v.to(cdt)).to(q.dtype)
+    return torch.matmul(p, v.to(p.dtype)).to(q.dtype)
 
 
 def apply_bias_and_masks(z: Tensor, first_pos: int, *, alibi_slopes: Optional[Tensor],

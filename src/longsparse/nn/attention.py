@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from longsparse.attention import attention, map_scores
+from longsparse.attention import attention, dense_logits, map_scores
 from longsparse.mappings import LearnedAlpha
 from longsparse.nn.config import ModelConfig
 from longsparse.nn.positions import RoPE, position_setup
@@ -28,26 +28,6 @@ class LayerCache:
             v = torch.cat((self.v, v), dim=2)
         self.k, self.v = k, v
         return k, v
-
-
-def dense_logits(q: Tensor, k: Tensor, *, scale: float, q_scale: Optional[Tensor] = None,
-                 alibi_slopes: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
-                 is_causal: bool = True) -> Tensor:
-    """The logits longsparse.attention builds, materialised (B, H, Nq, Nk); −inf where masked."""
-    Nq, Nk = q.shape[2], k.shape[2]
-    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    if q_scale is not None:
-        q = q * q_scale.unsqueeze(-1).to(q.dtype)
-    z = torch.matmul(q.to(cdt), k.to(cdt).transpose(-1, -2)) * scale
-    q_pos = torch.arange(Nk - Nq, Nk, device=q.device).unsqueeze(-1)
-    k_pos = torch.arange(Nk, device=q.device).unsqueeze(0)
-    if alibi_slopes is not None:
-        z = z - alibi_slopes.to(cdt).view(1, -1, 1, 1) * (q_pos - k_pos).to(cdt)
-    if attn_mask is not None:
-        z = z.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else z + attn_mask.to(cdt)
-    if is_causal:
-        z = z.masked_fill(k_pos > q_pos, float("-inf"))
-    return z
 
 
 class Attention(nn.Module):
