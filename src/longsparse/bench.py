@@ -195,6 +195,32 @@ def _format_attention_row(r: dict) -> str:
             f"extra peak {r['extra_peak_bytes'] / 2**20:8.1f} MiB = {r['buffers']:.2f} x (H*N^2 fp32)")
 
 
+def markdown(path: str) -> str:
+    """The markdown table of a saved benchmark JSON (what docs/benchmarks.md shows)."""
+    data = json.loads(Path(path).read_text())
+    rows = data["rows"]
+    if data["benchmark"] == "mapping":
+        out = ["| n | mapping | fwd / softmax | fwd+bwd / softmax | entmax pkg / ours (fwd) | entmax pkg / ours (fwd+bwd) |",
+               "|---:|---|---:|---:|---:|---:|"]
+        for r in rows:
+            out.append(f"| {r['n']} | {r['mapping']} | {r['fwd_vs_softmax']:.2f} | {r['fwdbwd_vs_softmax']:.2f} | "
+                       f"{r.get('speedup_vs_package_fwd', float('nan')):.1f} | "
+                       f"{r.get('speedup_vs_package_fwdbwd', float('nan')):.1f} |")
+    else:
+        out = ["| N | direction | method | time (s) | / SDPA | extra peak (MiB) | × (H·N² fp32) |",
+               "|---:|---|---|---:|---:|---:|---:|"]
+        for r in rows:
+            if "error" in r:
+                out.append(f"| {r['n']} | {r['direction']} | {r['method']} | error: {r['error']} | | | |")
+                continue
+            out.append(f"| {r['n']} | {r['direction']} | {r['method']} | {r['seconds']:.3f} | "
+                       f"{r.get('time_vs_sdpa', float('nan')):.2f} | {r['extra_peak_bytes'] / 2**20:.0f} | "
+                       f"{r['buffers']:.2f} |")
+    env = data["env"]
+    out.append(f"\n_{path}: torch {env['torch']}, {env['threads']} threads, {env['time']}_")
+    return "\n".join(out)
+
+
 def environment() -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
             "machine": platform.machine(), "processor": platform.processor(),
@@ -215,6 +241,9 @@ def main(args) -> int:
         torch.set_num_threads(args.threads)
     default = "512,1024,2048,4096,8192" if args.what == "mapping" else "512,1024,2048,4096,8192,16384"
     lengths = [int(v) for v in (args.lengths or default).split(",")]
+    if args.what == "table":
+        print(markdown(args.out))
+        return 0
     config = {"lengths": lengths, "repeats": args.repeats}
     if args.what == "mapping":
         rows = bench_mapping(lengths, args.repeats)

@@ -91,6 +91,7 @@ def _bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from longsparse.nn import METHODS, POSITIONS
     from longsparse.tasks import TASKS
+    from longsparse.tasks.registry import RULER_TASKS
 
     parser = argparse.ArgumentParser(prog="longsparse", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,10 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_demo)
 
     t = sub.add_parser("train", help="train one run (resumes if --out holds the same config)")
-    t.add_argument("--task", required=True, choices=sorted(TASKS), metavar="TASK",
-                   help=f"one of: {', '.join(sorted(TASKS))}")
-    t.add_argument("--method", default=None, choices=METHODS, metavar="METHOD",
-                   help=f"one of: {', '.join(METHODS)} (default: the preset's)")
+    t.add_argument("--task", required=True, choices=sorted([*TASKS, *RULER_TASKS]), metavar="TASK",
+                   help=f"one of: {', '.join(sorted([*TASKS, *RULER_TASKS]))}")
+    t.add_argument("--method", default=None, choices=[*METHODS, "hsa"], metavar="METHOD",
+                   help=f"one of: {', '.join(METHODS)}, hsa (hierarchical sparse attention, configured by the "
+                        f"preset's [hsa] table; default: the preset's)")
     t.add_argument("--positions", default=None, choices=POSITIONS, metavar="POS",
                    help=f"one of: {', '.join(POSITIONS)} (default: the preset's)")
     t.add_argument("--preset", default="cpu", help="configs/<task>/<preset>.toml: cpu or paper (default cpu)")
@@ -141,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("presets", help="list the preset files").set_defaults(func=_presets)
 
     b = sub.add_parser("bench", help="speed/memory benchmarks written to JSON")
-    b.add_argument("what", choices=["mapping", "attention"], help="what to benchmark")
+    b.add_argument("what", choices=["mapping", "attention", "table"],
+                   help="what to benchmark; `table --out FILE.json` prints a saved result as markdown")
     b.add_argument("--out", default=None, help="JSON output path (default benchmarks/results/<what>-<time>.json)")
     b.add_argument("--lengths", default=None,
                    help="row lengths / sequence lengths (default mapping 512..8192, attention 512..16384)")
