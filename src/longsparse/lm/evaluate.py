@@ -15,7 +15,8 @@ Reported raw and in buckets [0, T/4), [T/4, T/2), [T/2, T), [T, 2T), … . ``bru
 recomputes it with one forward pass per prefix (the test oracle: a causal model must agree).
 
 Passkey (``passkey_accuracy``): ``longsparse.lm.passkey`` examples whose haystack is held-out text, at total
-lengths ``mult · T`` and depths 0, 0.25, …, 1; exact match of all digits (teacher-forced argmax ⇔ greedy).
+lengths ``mult · T`` and depths 0, 0.25, …, 1; exact match of all digits (teacher-forced argmax ⇔ greedy), plus
+per-digit accuracy and the NLL of the answer digits.
 """
 from __future__ import annotations
 
@@ -65,18 +66,26 @@ def windows(blocks: torch.Tensor, L: int):
 
 
 def perplexity_by_length(model, stream: torch.Tensor, lengths: Sequence[int], n_windows: int,
-                         batch_tokens: int = 16384) -> Dict[int, dict]:
+                         batch_tokens: int = 16384, ref_length: int | None = None) -> Dict[int, dict]:
     """{L: {"nll", "ppl", "n_targets"}} on the same ``n_windows · max(lengths)`` target tokens; plus, for the
-    longest L, ``"per_position"`` (list of the mean NLL at each position)."""
+    longest L, ``"per_position"`` (list of the mean NLL at each position) and, if ``ref_length`` (one of
+    ``lengths``) is given, ``"per_position_delta"``: the mean over windows of NLL(token at position p of an
+    L_max-window) − NLL(the same token scored in ``ref_length``-windows). The targets are identical, so the
+    content of the text cancels and only the effect of the longer context remains (0 for p < ref_length's
+    first window; < 0 where the extra context helps, > 0 where it hurts)."""
     Lmax = max(lengths)
     blocks = eval_blocks(stream, n_windows, Lmax)
-    res = {}
+    res, flat = {}, {}
     for L in sorted(lengths):
         x, y = windows(blocks, L)
         nll = token_nll(model, x, y, batch_tokens)
+        flat[L] = nll.reshape(-1)            # block-major order of the targets: the same for every L
         res[L] = {"nll": float(nll.mean()), "ppl": math.exp(float(nll.mean())), "n_targets": nll.numel()}
         if L == Lmax:
             res[L]["per_position"] = nll.mean(0).tolist()
+    if ref_length is not None:
+        d = (flat[Lmax] - flat[ref_length]).view(-1, Lmax)
+        res[Lmax]["per_position_delta"] = d.mean(0).tolist()
     return res
 
 
@@ -117,26 +126,33 @@ def bucket_positions(per_position: Sequence[float], T: int) -> List[dict]:
 @torch.no_grad()
 def passkey_accuracy(model, tokenizer, stream: torch.Tensor, lengths: Sequence[int], depths: Sequence[float],
                      samples: int, seed: int = 0, n_digits: int = 5, batch_tokens: int = 16384) -> Dict[int, dict]:
-    """{L: {"accuracy", "by_depth": {depth: accuracy}, "n"}}: exact match of all passkey digits."""
+    """{L: {"accuracy", "by_depth": {depth: accuracy}, "n", "digit_accuracy", "answer_nll"}}: exact match of all
+    passkey digits; per-digit accuracy and mean NLL of the answer digits (chance: 0.1 and ln 10 ≈ 2.30) as
+    graded measures that still compare models which never get all five digits right."""
     model.eval()
     maker = PasskeyMaker(tokenizer, n_digits)
     res = {}
     for L in lengths:
         rng = random.Random(f"longsparse:lm:passkey:test:{seed}:{L}")
         exs = [maker.make(stream, L, d, rng) for d in depths for _ in range(samples)]
-        ok = []
+        ok, dig, nll = [], [], []
         bs = max(1, batch_tokens // L)
         for i in range(0, len(exs), bs):
             chunk = exs[i:i + bs]
             ids = torch.tensor([e.ids for e in chunk], dtype=torch.long)
             logits = model(ids[:, :-1])
             a = chunk[0].answer_start
-            pred = logits[:, a - 1:L - 1].argmax(-1)
+            ans_logits = logits[:, a - 1:L - 1].float()
+            pred = ans_logits.argmax(-1)
             gold = ids[:, a:]
             ok += (pred == gold).all(1).tolist()
+            dig += (pred == gold).float().mean(1).tolist()
+            nll += F.cross_entropy(ans_logits.flatten(0, 1), gold.flatten(), reduction="none").view(-1, n_digits) \
+                .mean(1).tolist()
         by_depth = {}
         for j, d in enumerate(depths):
             part = ok[j * samples:(j + 1) * samples]
             by_depth[str(d)] = sum(part) / len(part)
-        res[L] = {"accuracy": sum(ok) / len(ok), "by_depth": by_depth, "n": len(ok)}
+        res[L] = {"accuracy": sum(ok) / len(ok), "by_depth": by_depth, "n": len(ok),
+                  "digit_accuracy": sum(dig) / len(dig), "answer_nll": sum(nll) / len(nll)}
     return res

@@ -106,9 +106,12 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
     rc = json.loads((run_dir / "config.json").read_text())
     T = rc["train"]["seq_len"]
     out_path = run_dir / "eval.json"
+    old = None
     if out_path.exists():
         old = json.loads(out_path.read_text())
-        if old.get("eval_config") == ev and old.get("split") == split:
+        if old.get("eval_config") != ev or old.get("split") != split:
+            old = None
+        elif "per_position_delta_nll" in old:
             return old
     if rc["train"].get("threads"):
         torch.set_num_threads(rc["train"]["threads"])
@@ -117,9 +120,17 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
     stream = tokens[split]
     t0 = time.perf_counter()
     lengths = sorted({max(1, int(round(m * T))) for m in ev["length_mults"]})
-    ppl = perplexity_by_length(model, stream, lengths, ev["n_windows"], ev["batch_tokens"])
+    ppl = perplexity_by_length(model, stream, lengths, ev["n_windows"], ev["batch_tokens"],
+                               ref_length=T if T in lengths else None)
     t_ppl = time.perf_counter() - t0
     per_pos = ppl[max(lengths)].pop("per_position")
+    per_pos_delta = ppl[max(lengths)].pop("per_position_delta", None)
+    if old is not None:                 # an evaluation from before the delta existed: add it, keep the rest
+        old.update({"per_position_nll": per_pos, "per_position_delta_nll": per_pos_delta,
+                    "position_buckets": bucket_positions(per_pos, T),
+                    "position_delta_buckets": _delta_buckets(per_pos_delta, T)})
+        out_path.write_text(json.dumps(old, indent=1) + "\n")
+        return old
     pk_lengths = [int(m * T) for m in ev["passkey_mults"]]
     pk = passkey_accuracy(model, tok, stream, pk_lengths, ev["passkey_depths"], ev["passkey_samples"],
                           n_digits=rc["train"]["passkey_digits"], batch_tokens=ev["batch_tokens"])
@@ -129,6 +140,7 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
            "train_wall_s": done["train_wall_s"], "params": done["params"], "steps": done["step"],
            "perplexity": {str(L): v for L, v in ppl.items()},
            "per_position_nll": per_pos, "position_buckets": bucket_positions(per_pos, T),
+           "per_position_delta_nll": per_pos_delta, "position_delta_buckets": _delta_buckets(per_pos_delta, T),
            "passkey": {str(L): v for L, v in pk.items()},
            "eval_wall_s": {"perplexity": round(t_ppl, 1), "total": round(time.perf_counter() - t0, 1)}}
     out_path.write_text(json.dumps(res, indent=1) + "\n")
@@ -136,6 +148,12 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
             + " | passkey " + "  ".join(f"{L}:{v['accuracy']:.2f}" for L, v in pk.items())
             + f"  ({res['eval_wall_s']['total']:.0f} s)")
     return res
+
+
+def _delta_buckets(delta, T: int):
+    if delta is None:
+        return None
+    return [{"start": b["start"], "end": b["end"], "delta_nll": b["nll"]} for b in bucket_positions(delta, T)]
 
 
 def run_study(cfg: dict, out, *, methods: Optional[Sequence[str]] = None, positions: Optional[Sequence[str]] = None,
@@ -204,12 +222,18 @@ def aggregate(results: List[dict]) -> Dict[str, dict]:
                         "per_seed": [r["perplexity"][L]["ppl"] for r in rs]} for L in Ls},
             "passkey": {L: {"mean": _mean([r["passkey"][L]["accuracy"] for r in rs]),
                             "per_seed": [r["passkey"][L]["accuracy"] for r in rs]} for L in PLs},
+            "passkey_digit_accuracy": {L: _mean([r["passkey"][L].get("digit_accuracy", float("nan")) for r in rs])
+                                       for L in PLs},
+            "passkey_answer_nll": {L: _mean([r["passkey"][L].get("answer_nll", float("nan")) for r in rs])
+                                   for L in PLs},
             "passkey_by_depth": {L: {d: _mean([r["passkey"][L]["by_depth"][d] for r in rs])
                                      for d in rs[0]["passkey"][L]["by_depth"]} for L in PLs},
             "buckets": [{"start": b["start"], "end": b["end"],
                          "ppl": math.exp(_mean([r["position_buckets"][i]["nll"] for r in rs]))}
                         for i, b in enumerate(rs[0]["position_buckets"])],
             "per_position_nll": [_mean([r["per_position_nll"][p] for r in rs]) for p in range(n)],
+            "per_position_delta_nll": ([_mean([r["per_position_delta_nll"][p] for r in rs]) for p in range(n)]
+                                       if all(r.get("per_position_delta_nll") for r in rs) else None),
             "train_wall_s": [r["train_wall_s"] for r in rs], "eval_wall_s": [r["eval_wall_s"]["total"] for r in rs],
             "params": rs[0]["params"], "steps": rs[0]["steps"],
         }
@@ -225,22 +249,35 @@ def markdown_tables(agg: Dict[str, dict]) -> str:
     any_ = next(iter(agg.values()))
     T = any_["seq_len"]
     Ls = list(any_["ppl"])
+    ratio_Ls = [L for L in Ls if int(L) in (8 * T, 16 * T)]
     lines = [f"**Perplexity vs context length** (test plays, same target tokens for every length; T = {T}; "
-             f"mean over seeds, per-seed in brackets)", "",
-             "| method | " + " | ".join(f"{L} ({_fmt_mult(int(L), T)})" for L in Ls) + " |",
-             "|---|" + "---|" * len(Ls)]
+             f"mean over seeds, per-seed in brackets; last columns: ppl(L) / ppl(T), < 1 = longer context helps)",
+             "", "| method | " + " | ".join(f"{L} ({_fmt_mult(int(L), T)})" for L in Ls)
+             + "".join(f" | {_fmt_mult(int(L), T)} / 1×" for L in ratio_Ls) + " |",
+             "|---|" + "---|" * (len(Ls) + len(ratio_Ls))]
     for k, a in agg.items():
         cells = []
         for L in Ls:
             v = a["ppl"][L]
             cells.append(f"{v['mean']:.2f}" + (f" [{', '.join(f'{x:.1f}' for x in v['per_seed'])}]"
                                                if len(v["per_seed"]) > 1 else ""))
+        if str(T) in a["ppl"]:
+            cells += [f"{a['ppl'][L]['mean'] / a['ppl'][str(T)]['mean']:.3f}" for L in ratio_Ls]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     B = any_["buckets"]
     lines += ["", f"**Perplexity by position** inside the {int(Ls[-1])}-token windows (mean over seeds)", "",
               "| method | " + " | ".join(f"{b['start']}–{b['end']}" for b in B) + " |", "|---|" + "---|" * len(B)]
     for k, a in agg.items():
         lines.append(f"| {k} | " + " | ".join(f"{b['ppl']:.2f}" for b in a["buckets"]) + " |")
+    if all(a["per_position_delta_nll"] for a in agg.values()):
+        lines += ["", f"**Effect of the extra context by position**: mean over the {int(Ls[-1])}-token windows of "
+                  f"NLL(token at that position) − NLL(same token scored in {T}-token windows), in nats "
+                  f"(< 0: the context beyond what a {T}-window has helps; > 0: it hurts; mean over seeds)", "",
+                  "| method | " + " | ".join(f"{b['start']}–{b['end']}" for b in B[3:]) + " |",
+                  "|---|" + "---|" * len(B[3:])]
+        for k, a in agg.items():
+            bd = bucket_positions(a["per_position_delta_nll"], T)[3:]
+            lines.append(f"| {k} | " + " | ".join(f"{b['nll']:+.3f}" for b in bd) + " |")
     PLs = list(any_["passkey"])
     lines += ["", "**Passkey retrieval** (exact match of the 5 digits, all depths pooled; mean over seeds, "
               "per-seed in brackets)", "",
@@ -253,6 +290,13 @@ def markdown_tables(agg: Dict[str, dict]) -> str:
             cells.append(f"{100 * v['mean']:.0f}%" + (f" [{', '.join(f'{100 * x:.0f}' for x in v['per_seed'])}]"
                                                       if len(v["per_seed"]) > 1 else ""))
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    lines += ["", "**Passkey, graded**: per-digit accuracy % / mean NLL of the 5 answer digits (chance: 10 % / "
+              f"{math.log(10):.2f}; mean over seeds)", "",
+              "| method | " + " | ".join(f"{L} ({_fmt_mult(int(L), T)})" for L in PLs) + " |",
+              "|---|" + "---|" * len(PLs)]
+    for k, a in agg.items():
+        lines.append(f"| {k} | " + " | ".join(f"{100 * a['passkey_digit_accuracy'][L]:.0f} / "
+                                              f"{a['passkey_answer_nll'][L]:.2f}" for L in PLs) + " |")
     lines += ["", "**Wall clock** (training excludes checkpoint I/O; evaluation = perplexity + passkey)", "",
               "| method | params | steps | train s (per seed) | eval s (per seed) |", "|---|---|---|---|---|"]
     for k, a in agg.items():
@@ -271,7 +315,7 @@ def plot(agg: Dict[str, dict], out: Path) -> List[str]:
     any_ = next(iter(agg.values()))
     T = any_["seq_len"]
     made = []
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
     ax = axes[0]
     for k, a in agg.items():
         Ls = [int(L) for L in a["ppl"]]
@@ -286,11 +330,11 @@ def plot(agg: Dict[str, dict], out: Path) -> List[str]:
     for k, a in agg.items():
         y = torch.tensor(a["per_position_nll"])
         # smooth: mean over log-spaced bins
-        edges = sorted({int(round(2 ** (i / 4))) for i in range(0, int(4 * math.log2(len(y))) + 1)} | {len(y)})
+        edges = sorted({0, len(y)} | {int(round(2 ** (i / 4))) for i in range(0, int(4 * math.log2(len(y))) + 1)})
         xs, ys = [], []
         for lo, hi in zip(edges, edges[1:]):
             if hi > lo:
-                xs.append((lo + hi - 1) / 2)
+                xs.append((lo + hi) / 2)
                 ys.append(float(y[lo:hi].mean()))
         ax.plot(xs, [math.exp(v) for v in ys], label=k)
     ax.axvline(T, color="grey", ls=":", lw=1)
@@ -298,8 +342,25 @@ def plot(agg: Dict[str, dict], out: Path) -> List[str]:
     ax.set_yscale("log")
     ax.set_xlabel("position in the window")
     ax.set_ylabel("perplexity at that position")
-    ax.set_title("per-position loss (longest windows)")
+    ax.set_title("per-position loss (longest windows, log bins)")
     ax = axes[2]
+    for k, a in agg.items():
+        if not a["per_position_delta_nll"]:
+            continue
+        y = torch.tensor(a["per_position_delta_nll"])
+        edges = list(range(0, T + 1, max(1, T // 4)))       # linear bins up to T, then log-spaced
+        while edges[-1] < len(y):
+            edges.append(min(len(y), int(edges[-1] * 2 ** 0.25) + 1))
+        xs = [(lo + hi) / 2 for lo, hi in zip(edges, edges[1:])]
+        ys = [float(y[lo:hi].mean()) for lo, hi in zip(edges, edges[1:])]
+        ax.plot(xs, ys, marker=".", label=k)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axvline(T, color="grey", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("position in the window")
+    ax.set_ylabel("Δ NLL (nats) vs the same token in T-windows")
+    ax.set_title("effect of context beyond T, by position")
+    ax = axes[3]
     for k, a in agg.items():
         Ls = [int(L) for L in a["passkey"]]
         ax.plot(Ls, [100 * a["passkey"][str(L)]["mean"] for L in Ls], marker="o", label=k)
@@ -339,14 +400,34 @@ def plot(agg: Dict[str, dict], out: Path) -> List[str]:
     return made
 
 
+def _round(x, digits: int = 5):
+    """Floats to ``digits`` significant digits (keeps the results JSON small; full precision is in eval.json)."""
+    if isinstance(x, float):
+        return float(f"{x:.{digits}g}")
+    if isinstance(x, dict):
+        return {k: _round(v, digits) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_round(v, digits) for v in x]
+    return x
+
+
 def build_lm_report(paths: Sequence, out_dir, printer: Callable = print) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = collect(paths)
-    agg = aggregate(results)
+    if len(paths) == 1 and Path(paths[0]).is_file() and Path(paths[0]).name == "lm_results.json":
+        saved = json.loads(Path(paths[0]).read_text())       # rebuild tables/plots from a saved report
+        results, agg = saved["runs"], saved["aggregate"]
+    else:
+        results = collect(paths)
+        agg = aggregate(results)
     table = markdown_tables(agg)
     (out / "lm_results.md").write_text(table)
-    (out / "lm_results.json").write_text(json.dumps({"runs": results, "aggregate": agg}, indent=1) + "\n")
+    slim = [{k: v for k, v in r.items() if k not in ("per_position_nll", "per_position_delta_nll")} for r in results]
+    agg_small = {k: {**a, **{f: _round(a[f], 6) for f in ("per_position_nll", "per_position_delta_nll")}}
+                 for k, a in agg.items()}   # only the plotted arrays are rounded; table numbers stay exact
+    (out / "lm_results.json").write_text(json.dumps({
+        "note": "per-run per-position arrays are in runs/<run>/eval.json; the aggregate keeps the seed means",
+        "runs": slim, "aggregate": agg_small}) + "\n")
     pngs = plot(agg, out)
     printer(table)
     printer(f"wrote {out / 'lm_results.md'}, {out / 'lm_results.json'}" + "".join(f", {p}" for p in pngs))
