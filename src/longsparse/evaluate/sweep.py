@@ -9,6 +9,11 @@ Result file (``format = "longsparse-eval"``, version 1)::
                   "token_accuracy_ci", "batch_size", "seconds", "seed", "split"}, ...],
      "config", "env", "created", "command"}
 
+HSA runs (method ``hsa``) decode through the model's exact long-context fast path (``HSAModel.generate``), and on
+tasks with needles (``task.needle_positions``: the RULER-style tasks) each result also has ``"needles"``: the
+retrieval diagnostics of the same examples (``longsparse.hsa.score_needles``: recall@k, full recall, mean rank
+and weight of the needle's chunk, exact match given recall / given a miss).
+
 Every call writes a new file (``eval-<time>[-k].json``, created exclusively); earlier results are never touched.
 """
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 
 from longsparse.evaluate.core import DEFAULT_BATCH_TOKENS, score_length
 from longsparse.nn import load_checkpoint
-from longsparse.train.config import make_task
+from longsparse.train.config import HSA_METHOD, make_task, run_label
 from longsparse.train.rundir import (RunDirError, checkpoint_path, environment, new_result_path, normalise, now,
                                      read_config)
 
@@ -81,6 +86,8 @@ def load_run_model(run: str | Path, which: str = "best", device: str | torch.dev
     stored = dict(cfg["model"])
     have = model.cfg.to_dict()
     have.pop("vocab_size")
+    if stored.get("method") == HSA_METHOD:
+        have.update(method=HSA_METHOD, positions=stored.get("positions"))
     if normalise(have) != normalise(stored):
         raise RunDirError(f"{path}: the checkpoint's model config does not match {run}/config.json")
     return model, cfg, extra
@@ -106,23 +113,35 @@ def evaluate_run(run: str | Path, lengths, *, samples: int = 100, checkpoint: st
     model, cfg, extra = load_run_model(run, checkpoint, dev)
     train_hi = cfg["train"]["train_lengths"][1]
     res = {"format": FORMAT, "version": VERSION, "run": str(run.resolve()), "run_name": run.name,
-           "label": f"{cfg['model']['method']}/{cfg['model']['positions']}", "task": cfg["task"]["name"],
+           "label": run_label(cfg), "task": cfg["task"]["name"],
            "task_preset": cfg["task"].get("preset"), "method": cfg["model"]["method"],
            "positions": cfg["model"]["positions"], "checkpoint": checkpoint,
            "checkpoint_step": extra.get("step"), "train_lengths": cfg["train"]["train_lengths"], "samples": samples,
            "seed": seed, "results": [], "config": cfg, "env": environment(1, str(dev)), "created": now(),
            "command": sys.argv}
     path = new_result_path(run / "eval", "eval") if write else None
+    needles = cfg["model"]["method"] == HSA_METHOD and hasattr(task, "needle_positions")
     for L in lengths:
         r = score_length(model, task, L, samples, seed=seed, split="test", batch_tokens=batch_tokens,
                          autocast_dtype=torch.bfloat16 if bf16 else None)
         r["ratio"] = L / train_hi
-        res["results"].append(r)
         if printer:
             lo, hi = r["exact_match_ci"]
             printer(f"{res['label']:<18} L={L:>6} ({r['ratio']:g}x)  exact match {100 * r['exact_match']:5.1f}% "
                     f"[{100 * lo:.1f}, {100 * hi:.1f}]  token acc {100 * r['token_accuracy']:5.1f}%  "
                     f"n={r['n']}  bs={r['batch_size']}  {r['seconds']:.1f}s")
+        if needles:
+            from longsparse.hsa import score_needles
+
+            r["needles"] = nd = score_needles(model, task, L, samples, seed=seed, split="test",
+                                              batch_size=r["batch_size"])
+            if printer:
+                g = nd["exact_match_given_recall"]
+                printer(f"{'':<18} needles: recall@{nd['topk']} {nd['recall_at_k']:.3f}  full recall "
+                        f"{nd['full_recall']['rate']:.3f}  rank {nd['mean_rank']:.2f}  weight "
+                        f"{nd['mean_needle_weight']:.3f}  exact|recall "
+                        + ("-" if g["rate"] is None else f"{g['rate']:.3f} (n={g['n']})") + f"  {nd['seconds']:.1f}s")
+        res["results"].append(r)
         if path is not None:      # partial results survive an interruption
             path.write_text(json.dumps(res, indent=1) + "\n")
     return path, res

@@ -7,6 +7,7 @@ For every HSA layer ℓ, example b and query position p (the positions whose out
 * ``rank[b, ℓ, p]``: 1 + the number of visible chunks scoring strictly higher than the best needle chunk
   (1 = the needle chunk is the top-scored chunk); NaN when no needle chunk is visible to p;
 * ``weight[b, ℓ, p]``: total chunk weight on needle chunks.
+* ``logits[b, p]``: the model's logits at the query positions (from the same pass).
 
 ``recall_at_k`` (B,) averages ``selected`` over layers and positions (NaN-free positions only).
 """
@@ -37,9 +38,9 @@ def retrieval_diagnostics(model: HSAModel, input_ids: Tensor, query_positions: S
     try:
         record: List[dict] = []
         if fast:
-            HSAFastEvaluator(model, input_ids).logits(query_positions, record)
+            logits = HSAFastEvaluator(model, input_ids).logits(query_positions, record)
         else:
-            model(input_ids, record=record)
+            logits = model(input_ids, record=record)[:, list(query_positions)]
         record = select_positions(record, query_positions)
     finally:
         model.train(was)
@@ -68,7 +69,7 @@ def retrieval_diagnostics(model: HSAModel, input_ids: Tensor, query_positions: S
     denom = valid.sum((1, 2)).clamp_min(1)
     recall = (selected & valid).sum((1, 2)).float() / denom
     recall = torch.where(valid.any(2).any(1), recall, torch.full_like(recall, float("nan")))
-    return {"selected": selected, "rank": rank, "weight": weight, "recall_at_k": recall}
+    return {"selected": selected, "rank": rank, "weight": weight, "recall_at_k": recall, "logits": logits}
 
 
 def answer_positions(batch) -> List[int]:
@@ -94,3 +95,68 @@ def needle_diagnostics(model: HSAModel, task, batch, *, fast: bool = True,
     out["mean_rank"] = torch.where(valid, rank, torch.zeros_like(rank)).sum((1, 2)) / valid.sum((1, 2)).clamp_min(1)
     out["mean_weight"] = out["weight"].mean((1, 2))
     return out
+
+
+@torch.no_grad()
+def score_needles(model: HSAModel, task, length: int, samples: int, *, seed: int = 0, split: str = "test",
+                  batch_size: int = 1) -> dict:
+    """Needle diagnostics of ``samples`` examples of ``length``, drawn from the same seeded stream (and in the same
+    batches) as ``longsparse.evaluate.core.score_length``, so they describe the very examples it scores.
+
+    One teacher-forced pass of the exact fast evaluator per batch gives, per example (answer positions = those
+    predicting the answer tokens, i.e. without the one predicting EOS): ``recall`` (fraction of
+    (HSA layer, answer position) pairs whose selection holds a needle chunk), ``full_recall`` (all of them do),
+    ``rank`` and ``weight`` (means over layers and answer positions) and the teacher-forced exact match (argmax
+    equals the target at every answer position, EOS included) — equal to greedy exact match, since greedy
+    decoding produces the target iff every step's argmax given the correct prefix is the next target token.
+    Returns JSON-able summaries incl. exact match given full recall and given a miss."""
+    import math
+    import time
+
+    from longsparse.evaluate.core import wilson_interval
+
+    rng = task.rng(seed, split)
+    was = model.training
+    model.eval()
+    rec, rk, wt, full, ex = [], [], [], [], []
+    t0 = time.perf_counter()
+    try:
+        done = 0
+        while done < samples:
+            n = min(batch_size, samples - done)
+            batch = task.batch(length, n, rng=rng)
+            d = needle_diagnostics(model, task, batch)
+            w = int(batch.target.shape[1])
+            pred = d["logits"][:, :w].argmax(-1).cpu()
+            mask = torch.arange(w)[None, :] < batch.target_len[:, None]
+            ex += ((pred == batch.target) | ~mask).all(1).tolist()
+            # retrieval is judged at the positions that predict answer tokens, not at the one predicting EOS
+            # (the last target token), which needs no retrieval
+            P = max(1, w - 1)
+            sel, rank, weight = d["selected"][..., :P], d["rank"][..., :P], d["weight"][..., :P]
+            valid = ~torch.isnan(rank)
+            nval = valid.sum((1, 2))
+            full += ((sel | ~valid).all(2).all(1) & (nval > 0)).tolist()
+            rec += torch.where(nval > 0, (sel & valid).sum((1, 2)).float() / nval.clamp_min(1),
+                               torch.full_like(nval, float("nan"), dtype=torch.float)).tolist()
+            rk += (torch.where(valid, rank, torch.zeros_like(rank)).sum((1, 2)) / nval.clamp_min(1)).tolist()
+            wt += weight.mean((1, 2)).tolist()
+            done += n
+    finally:
+        model.train(was)
+
+    def mean(xs):
+        xs = [x for x in xs if not (isinstance(x, float) and math.isnan(x))]
+        return sum(xs) / len(xs) if xs else None
+
+    def rate(flags):
+        k, n = sum(flags), len(flags)
+        lo, hi = wilson_interval(k, n)
+        return {"n": n, "k": k, "rate": (k / n) if n else None, "ci": [lo, hi]}
+
+    hit = [e for e, f in zip(ex, full) if f]
+    miss = [e for e, f in zip(ex, full) if not f]
+    return {"n": len(ex), "query_positions": "answer tokens (EOS excluded)", "recall_at_k": mean(rec), "full_recall": rate(full), "mean_rank": mean(rk),
+            "mean_needle_weight": mean(wt), "exact_match_teacher_forced": rate(ex),
+            "exact_match_given_recall": rate(hit), "exact_match_given_miss": rate(miss),
+            "topk": model.cfg.topk, "weights": model.cfg.weights, "seconds": round(time.perf_counter() - t0, 3)}

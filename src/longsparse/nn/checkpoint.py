@@ -3,6 +3,9 @@
 Saved with torch.save, loaded with torch.load(weights_only=True). A file is written to a temporary
 name in the same folder and moved into place with os.replace, so a crash never leaves a half-written
 checkpoint under the real name; an existing file is replaced only with overwrite=True.
+
+Two architectures: ``longsparse.nn.Transformer`` (``arch`` "transformer", the default of files without the key)
+and ``longsparse.hsa.HSAModel`` (``arch`` "hsa", config = ``HSAConfig.to_dict()``).
 """
 from __future__ import annotations
 
@@ -28,9 +31,11 @@ def save_checkpoint(path: str, model: Transformer, optimizer: Optional[torch.opt
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
     cfg = getattr(model, "cfg", None)
-    if not isinstance(cfg, ModelConfig):
-        raise TypeError("save_checkpoint needs a longsparse.nn.Transformer (a model with a ModelConfig .cfg)")
-    payload = {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(),
+    arch = _arch_of(cfg)
+    if arch is None:
+        raise TypeError("save_checkpoint needs a longsparse.nn.Transformer or longsparse.hsa.HSAModel "
+                        "(a model with a ModelConfig / HSAConfig .cfg)")
+    payload = {"format": FORMAT, "version": VERSION, "arch": arch, "config": cfg.to_dict(),
                "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
     if optimizer is not None:
         payload["optimizer"] = optimizer.state_dict()
@@ -50,6 +55,14 @@ def save_checkpoint(path: str, model: Transformer, optimizer: Optional[torch.opt
             os.unlink(tmp)
         raise
     return path
+
+
+def _arch_of(cfg) -> Optional[str]:
+    if isinstance(cfg, ModelConfig):
+        return "transformer"
+    from longsparse.hsa.config import HSAConfig
+
+    return "hsa" if isinstance(cfg, HSAConfig) else None
 
 
 def read_checkpoint(path: str, map_location="cpu") -> Dict[str, Any]:
@@ -77,12 +90,20 @@ def load_checkpoint(path: str, map_location="cpu", optimizer: Optional[torch.opt
     """Rebuild the model from the stored config (or fill the given ``model``) and load its weights;
     load the optimizer state into ``optimizer`` if given. Returns (model, extra)."""
     payload = read_checkpoint(path, map_location)
+    arch = payload.get("arch", "transformer")
+    if arch == "hsa":
+        from longsparse.hsa import HSAConfig, HSAModel
+        config_cls, model_cls = HSAConfig, HSAModel
+    elif arch == "transformer":
+        config_cls, model_cls = ModelConfig, Transformer
+    else:
+        raise ValueError(f"{path}: unknown model architecture {arch!r}")
     try:
-        cfg = ModelConfig.from_dict(dict(payload["config"]))
+        cfg = config_cls.from_dict(dict(payload["config"]))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: invalid model config: {e}") from e
     if model is None:
-        model = Transformer(cfg)
+        model = model_cls(cfg)
     elif getattr(model, "cfg", None) is not None and model.cfg.to_dict() != cfg.to_dict():
         raise ValueError(f"{path}: the checkpoint's config differs from the given model's config")
     try:

@@ -11,6 +11,12 @@ file may hold ``[methods.<method>.<section>]`` and ``[positions.<positions>.<sec
 order) when the run uses that method / positions, so one file covers task × method × positions at one scale.
 Then ``--set section.key=value`` overrides apply (value parsed as a TOML value, else taken as a string), and last
 the explicit flags (``--method``, ``--positions``, ``--seed``, ``--steps``).
+
+Method ``hsa`` (hierarchical sparse attention, SPEC §8) builds a ``longsparse.hsa.HSAModel`` instead of a
+``Transformer``: its model section is the file's ``[hsa]`` table (``HSAConfig`` fields except ``vocab_size``), not
+``[model]``; ``--set model.fusion=standard`` etc. then override HSA fields. Its resolved model section is
+``{"method": "hsa", "positions": "hsa", <every HSAConfig field>}`` (positions is fixed: RoPE in the sliding
+windows, ``hsa_positions`` inside retrieved chunks).
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "threads": 0,             # torch.set_num_threads on CPU; 0 = leave torch's default
 }
 SECTIONS = ("task", "model", "train")
+HSA_METHOD = "hsa"   # the hierarchical sparse attention model (longsparse.hsa), configured by [hsa]
 SCALES = ("cpu", "paper")
 
 
@@ -145,11 +152,16 @@ def build_config(task: str, *, preset: str = "cpu", method: str | None = None, p
                  config_file: str | None = None) -> dict:
     """Resolve preset file + method/positions tables + ``--set`` + flags into a validated run config."""
     raw = load_toml(config_file) if config_file else load_toml(preset_path(task, preset))
-    unknown = sorted(set(raw) - set(SECTIONS) - {"methods", "positions", "description"})
+    unknown = sorted(set(raw) - set(SECTIONS) - {"methods", "positions", "description", "hsa"})
     if unknown:
         raise ConfigError(f"config file has unknown top-level key(s) {unknown}; allowed: "
-                          f"{', '.join(SECTIONS)}, methods, positions, description")
+                          f"{', '.join(SECTIONS)}, hsa, methods, positions, description")
     cfg = {s: copy.deepcopy(raw.get(s, {})) for s in SECTIONS}
+    if (method if method is not None else cfg["model"].get("method")) == HSA_METHOD:
+        if "hsa" not in raw:
+            raise ConfigError("method 'hsa' needs an [hsa] table (HSAConfig fields) in the config file")
+        cfg["model"] = {"method": HSA_METHOD, **copy.deepcopy(raw["hsa"])}
+        positions = None     # fixed for HSA (see the module docstring)
     cfg["task"].setdefault("name", task)
     if method is not None:
         cfg["model"]["method"] = method
@@ -172,8 +184,6 @@ def build_config(task: str, *, preset: str = "cpu", method: str | None = None, p
 
 def resolve(cfg: Mapping) -> dict:
     """Fill defaults and validate every section; returns a JSON-able dict (raises ConfigError)."""
-    from longsparse.nn import METHODS, POSITIONS, ModelConfig
-
     unknown = sorted(set(cfg) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"unknown config section(s) {unknown}; sections: {', '.join(SECTIONS)}")
@@ -191,16 +201,7 @@ def resolve(cfg: Mapping) -> dict:
     model = dict(cfg.get("model", {}))
     if "vocab_size" in model:
         raise ConfigError("model.vocab_size is set from the task; do not give it")
-    if model.get("method") not in METHODS:
-        raise ConfigError(f"unknown method {model.get('method')!r}; valid methods: {', '.join(METHODS)}")
-    if model.get("positions") not in POSITIONS:
-        raise ConfigError(f"unknown positions {model.get('positions')!r}; valid positions: {', '.join(POSITIONS)}")
-    try:
-        mc = ModelConfig.from_dict({"vocab_size": task.vocab_size, **model})
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"invalid model config: {e}") from None
-    model_cfg = mc.to_dict()
-    del model_cfg["vocab_size"]
+    model_cfg = _resolve_hsa(model, task) if model.get("method") == HSA_METHOD else _resolve_transformer(model, task)
 
     tr = dict(cfg.get("train", {}))
     bad = sorted(set(tr) - set(TRAIN_DEFAULTS))
@@ -209,6 +210,67 @@ def resolve(cfg: Mapping) -> dict:
     train = {**copy.deepcopy(TRAIN_DEFAULTS), **tr}
     _check_train(train, task)
     return {"task": task_cfg, "model": model_cfg, "train": train}
+
+
+def _resolve_hsa(model: dict, task) -> dict:
+    from longsparse.hsa import HSAConfig
+
+    fields = {k: v for k, v in model.items() if k not in ("method", "positions")}
+    if model.get("positions", "hsa") != "hsa":
+        raise ConfigError(f"method 'hsa' has fixed positions ('hsa'), got {model.get('positions')!r}")
+    try:
+        hc = HSAConfig.from_dict({"vocab_size": task.vocab_size, **fields})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid hsa model config: {e}") from None
+    out = hc.to_dict()
+    del out["vocab_size"]
+    return {"method": HSA_METHOD, "positions": "hsa", **out}
+
+
+def _resolve_transformer(model: dict, task) -> dict:
+    from longsparse.nn import METHODS, POSITIONS, ModelConfig
+
+    if model.get("method") not in METHODS:
+        raise ConfigError(f"unknown method {model.get('method')!r}; valid methods: {', '.join(METHODS)}, "
+                          f"{HSA_METHOD}")
+    if model.get("positions") not in POSITIONS:
+        raise ConfigError(f"unknown positions {model.get('positions')!r}; valid positions: {', '.join(POSITIONS)}")
+    try:
+        mc = ModelConfig.from_dict({"vocab_size": task.vocab_size, **model})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid model config: {e}") from None
+    model_cfg = mc.to_dict()
+    del model_cfg["vocab_size"]
+    return model_cfg
+
+
+def build_model(model_cfg: Mapping, vocab_size: int):
+    """The model of a resolved model section: an ``HSAModel`` for method ``hsa``, else a ``Transformer``."""
+    if model_cfg.get("method") == HSA_METHOD:
+        from longsparse.hsa import HSAConfig, HSAModel
+
+        fields = {k: v for k, v in model_cfg.items() if k not in ("method", "positions")}
+        return HSAModel(HSAConfig.from_dict({"vocab_size": vocab_size, **fields}))
+    from longsparse.nn import ModelConfig, Transformer
+
+    return Transformer(ModelConfig.from_dict({"vocab_size": vocab_size, **model_cfg}))
+
+
+_HSA_LABEL_KEYS = ("landmark", "fusion", "weights", "retrieval", "topk", "encoder_layers", "hsa_positions",
+                   "length_scale", "hsa_local")
+
+
+def run_label(cfg: Mapping) -> str:
+    """Series label of a resolved run config: ``method/positions``; HSA runs: ``hsa`` plus the ablation
+    switches that differ from the HSAConfig defaults, e.g. ``hsa[landmark=mean,fusion=standard]``."""
+    m = cfg["model"]
+    if m.get("method") != HSA_METHOD:
+        return f"{m['method']}/{m['positions']}"
+    from longsparse.hsa import HSAConfig
+
+    default = HSAConfig(vocab_size=2)
+    diff = [f"{k}={m[k]}" for k in _HSA_LABEL_KEYS if k in m and m[k] != getattr(default, k)]
+    return "hsa" + (f"[{','.join(diff)}]" if diff else "")
 
 
 def make_task(task_cfg: Mapping):

@@ -28,9 +28,9 @@ from typing import Callable, Mapping, Optional
 import torch
 import torch.nn.functional as F
 
-from longsparse.nn import ModelConfig, Transformer, load_checkpoint, read_checkpoint, save_checkpoint
+from longsparse.nn import load_checkpoint, read_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
-from longsparse.train.config import config_hash, make_task, resolve
+from longsparse.train.config import build_model, config_hash, make_task, resolve
 from longsparse.train.rundir import check_run_dir, checkpoint_path, environment, init_run_dir, now
 
 KILL_ENV = "LONGSPARSE_TEST_KILL_AFTER_STEP"   # tests: SIGKILL this process right after that step
@@ -201,7 +201,7 @@ def _train(cfg, tr, d: Dist, out: Optional[Path], mode, printer, progress) -> di
     d.barrier()
 
     torch.manual_seed(tr["seed"])
-    model = Transformer(ModelConfig.from_dict({"vocab_size": task.vocab_size, **cfg["model"]})).to(dev)
+    model = build_model(cfg["model"], task.vocab_size).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], betas=tuple(tr["betas"]),
                             weight_decay=tr["weight_decay"])
     data_rng = task.rng(tr["seed"], "train")
