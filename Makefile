@@ -10,7 +10,7 @@ setup:
 
 setup-dev:
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e ".[dev,plot]"
+	$(PY) -m pip install -e ".[dev,plot,lm]"
 
 demo: setup
 	longsparse demo
