@@ -8,7 +8,7 @@ path exact: it only bounds memory to O(chunk × Nk).
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 from torch import Tensor

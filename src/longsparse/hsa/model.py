@@ -34,7 +34,6 @@ import math
 from typing import List, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from longsparse.hsa.config import HSAConfig
@@ -228,7 +227,7 @@ class HSAAttention(_Heads):
     # -- forward --------------------------------------------------------------------------------------
     def forward(self, h: Tensor, positions: Tensor, memory: ChunkMemory, record: Optional[list] = None) -> Tensor:
         B, N, _ = h.shape
-        cfg, S = self.cfg, self.cfg.chunk_size
+        cfg = self.cfg
         if memory.n_chunks == 0:
             return h.new_zeros(B, N, cfg.d_model) if record is None else self._record_empty(record, h)
         s, vis, w, sel = self.select(h, positions, memory)

@@ -6,7 +6,6 @@ Every step is resumable: a run directory with ``train_done.json`` is not retrain
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import time
@@ -18,7 +17,7 @@ import torch
 from longsparse.lm.data import load_split
 from longsparse.lm.evaluate import bucket_positions, passkey_accuracy, perplexity_by_length
 from longsparse.lm.tokenizer import load_tokenizer, train_tokenizer
-from longsparse.lm.train import build_model, train_lm
+from longsparse.lm.train import train_lm
 
 SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
 TRAIN_DEFAULTS = {"seq_len": 128, "batch_size": 32, "steps": 1000, "lr": 1e-3, "warmup_steps": 50,

@@ -608,7 +608,6 @@ def threshold_data(n: int = 16, appended: Sequence[int] = (1, 10, 100, 1000, 100
 
 
 def threshold_markdown(data: dict) -> str:
-    gaps = sorted({r["gap"] for r in data["rows"]})
     ms = sorted({r["appended"] for r in data["rows"]})
     lines = ["| mapping | gap below threshold | " + " | ".join(f"m={m:,}" for m in ms) + " |",
              "|---|---|" + "---|" * len(ms)]

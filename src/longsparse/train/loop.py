@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Optional
 import torch
 import torch.nn.functional as F
 
-from longsparse.nn import load_checkpoint, read_checkpoint, save_checkpoint
+from longsparse.nn import load_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
 from longsparse.train.config import build_model, config_hash, make_task, resolve
 from longsparse.train.rundir import check_run_dir, checkpoint_path, environment, init_run_dir, now
