@@ -131,10 +131,6 @@ class HSAConfig:
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "HSAConfig":
-        if not isinstance(d, dict):
-            raise ValueError(f"an HSA config must be a dict, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown HSAConfig field(s): {', '.join(unknown)}")
-        return cls(**d)
+        from longsparse.nn.config import strict_from_dict
+
+        return strict_from_dict(cls, d)

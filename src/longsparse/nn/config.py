@@ -101,10 +101,14 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "ModelConfig":
-        if not isinstance(d, dict):
-            raise ValueError(f"a model config must be a dict, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
-        return cls(**d)
+        return strict_from_dict(cls, d)
+
+
+def strict_from_dict(cls, d: Dict[str, Any]):
+    """Build the config dataclass `cls` from a plain dict, rejecting unknown fields by name."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a {cls.__name__} must be built from a dict, got {type(d).__name__}")
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
+    return cls(**d)
