@@ -141,3 +141,12 @@ def spaced_scores(*shape, spacing: float = 0.3, seed: int = 0, dtype=torch.float
 def _seed_torch():
     """Deterministic torch.randn & co. in every test (hypothesis draws its own data)."""
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: a second intra-op thread only adds contention on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

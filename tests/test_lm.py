@@ -23,13 +23,7 @@ SAMPLE_TRAIN = lmdata.load_split(SAMPLE_DIR, "train")
 UNSEEN = "Ünïcödé ☃ — naïve façade, 12345 tabs\tand\nnewlines  <|endoftext|> 日本語 🎭"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is faster, and much faster on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
