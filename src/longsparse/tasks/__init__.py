@@ -14,12 +14,12 @@ from longsparse.tasks.base import (BOS, EOS, IGNORE_INDEX, PAD, SEP, SPLITS, TES
                                    Example, Score, Task, collate, make_rng, sample_length, score_generated,
                                    score_positions)
 from longsparse.tasks.registry import PRESETS, TASKS, get_task
-from longsparse.tasks.seq2seq import MQMTAR, Copy, MaxRetrieval, Reverse, Sort
+from longsparse.tasks.seq2seq import MQMTAR, Copy, MaxRetrieval, MQMTARInline, Reverse, Sort
 from longsparse.tasks.tokcls import FlipFlop, LocalCount, TwoBack
 
 __all__ = [
     "PAD", "BOS", "SEP", "EOS", "IGNORE_INDEX", "SPLITS", "TRAIN_LENGTHS", "TEST_LENGTHS",
     "Example", "Batch", "Score", "Task", "collate", "make_rng", "sample_length", "score_generated",
     "score_positions", "TASKS", "PRESETS", "get_task",
-    "MQMTAR", "MaxRetrieval", "Copy", "Reverse", "Sort", "LocalCount", "TwoBack", "FlipFlop",
+    "MQMTAR", "MQMTARInline", "MaxRetrieval", "Copy", "Reverse", "Sort", "LocalCount", "TwoBack", "FlipFlop",
 ]

@@ -15,11 +15,11 @@ from dataclasses import fields
 
 from longsparse.tasks.base import Task
 from longsparse.tasks.ruler import MultiQueryNeedle, Passkey, VariableTracking
-from longsparse.tasks.seq2seq import MQMTAR, Copy, MaxRetrieval, Reverse, Sort
+from longsparse.tasks.seq2seq import MQMTAR, Copy, MaxRetrieval, MQMTARInline, Reverse, Sort
 from longsparse.tasks.tokcls import FlipFlop, LocalCount, TwoBack
 
 TASKS: dict[str, type[Task]] = {
-    cls.name: cls for cls in (MQMTAR, MaxRetrieval, Copy, Sort, Reverse, LocalCount, TwoBack, FlipFlop)
+    cls.name: cls for cls in (MQMTAR, MQMTARInline, MaxRetrieval, Copy, Sort, Reverse, LocalCount, TwoBack, FlipFlop)
 }
 
 PRESETS: dict[str, dict[str, dict]] = {name: {"paper": {}, "cpu": {}} for name in TASKS}
@@ -28,6 +28,7 @@ PRESETS: dict[str, dict[str, dict]] = {name: {"paper": {}, "cpu": {}} for name i
 RULER_TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (Passkey, MultiQueryNeedle, VariableTracking)}
 PRESETS.update({name: {"paper": {}, "cpu": {}} for name in RULER_TASKS})
 PRESETS["mqmtar"]["cpu"] = {"alphabet_size": 64, "num_keys": 1000, "num_values": 1000}
+PRESETS["mqmtar_inline"]["cpu"] = {"num_queries": 8}
 
 
 def get_task(name: str, preset: str | None = None, **params) -> Task:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from longsparse.tasks.base import Example, Task
+from longsparse.tasks.base import IGNORE_INDEX, Example, Task
 
 
 def _check_int(task: str, name: str, value, lo: int, hi: int | None = None) -> None:
@@ -161,7 +161,8 @@ class MQMTAR(Task):
             length += 1
         return length
 
-    def _sample(self, length: int, rng: random.Random) -> Example:
+    def _context(self, length: int, rng: random.Random) -> tuple[list[int], list[int], list[int]]:
+        """The L context tokens, the key indices of its pairs and their value indices."""
         n = self.pairs_for(length)
         w = length // n
         pw = self.key_len + 1 + self.value_len
@@ -177,13 +178,45 @@ class MQMTAR(Task):
             src += self.values[vi]
             src += [sp] * (w - pw - off)
         src += [sp] * (length - n * w)
+        return src, key_idx, val_idx
+
+    def _sample(self, length: int, rng: random.Random) -> Example:
+        src, key_idx, val_idx = self._context(length, rng)
         trg: list[int] = []
-        for q in rng.choices(range(n), k=self.num_queries):
+        for q in rng.choices(range(len(key_idx)), k=self.num_queries):
             src.append(self.query_id)
             src += self.keys[key_idx[q]]
             trg.append(self.query_id)
             trg += self.values[val_idx[q]]
         return Example.seq2seq(src, trg, length)
+
+
+@dataclass
+class MQMTARInline(MQMTAR):
+    """MQMTAR with each answer written right after its query (the layout of Zoology's MQAR).
+
+    Same context as ``mqmtar``; then ``num_queries`` blocks ``<Q> k.. <kv> v..``, keys drawn with
+    replacement from the pairs present. A token-classification task: the value tokens are labelled (the
+    logits at ``<kv>`` predict v1, at v1 predict v2, ...), evaluated in one teacher-forced pass; exact match =
+    every value token of every query right. Each query block repeats the context's ``k.. <kv>`` pattern, so a
+    query is answered by the same lookup as in ``mqmtar`` but with the answer supervised next to it; with
+    several queries per sequence this learns in CPU minutes where the grouped layout stays on its plateau.
+    """
+
+    name = "mqmtar_inline"
+    kind = "tokcls"
+    length_doc = ("L = key-value context length; then num_queries blocks of 2+key_len+value_len tokens; "
+                  "total = L + 1 + num_queries*(2+key_len+value_len)")
+
+    def _sample(self, length: int, rng: random.Random) -> Example:
+        x, key_idx, val_idx = self._context(length, rng)
+        y = [IGNORE_INDEX] * len(x)
+        for q in rng.choices(range(len(key_idx)), k=self.num_queries):
+            value = self.values[val_idx[q]]
+            x += [self.query_id, *self.keys[key_idx[q]], self.kv_id, *value]
+            # y[i] is what the logits at x[i] predict: <kv> -> v1, v1 -> v2, ..., nothing after the last value
+            y += [IGNORE_INDEX] * (1 + self.key_len) + list(value) + [IGNORE_INDEX]
+        return Example.tokcls(x, y, length)
 
 
 # ---------------------------------------------------------------------------------------------------------

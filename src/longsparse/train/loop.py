@@ -277,8 +277,9 @@ def _train(cfg, tr, d: Dist, out: Optional[Path], mode, printer, progress) -> di
     if step >= tr["steps"]:
         log(f"run already complete ({step}/{tr['steps']} steps); nothing to do")
         return {"step": step, "first_loss": first_loss, "last_loss": last_loss, "best": best,
-                "history": history, "model": model, "config": cfg, "resumed": True}
+                "history": history, "model": model, "config": cfg, "resumed": True, "trained_steps": 0}
 
+    start_step = step
     bar = _progress_bar(tr["steps"], step, progress and d.main)
     log.bar = bar
     model.train()
@@ -334,7 +335,7 @@ def _train(cfg, tr, d: Dist, out: Optional[Path], mode, printer, progress) -> di
     log(f"[{now()}] done: step {step}, loss {first_loss:.4f} -> {last_loss:.4f}"
         + (f", best mean val exact match {best['key'][0]:.3f} at step {best['step']}" if best else ""))
     return {"step": step, "first_loss": first_loss, "last_loss": last_loss, "best": best, "history": history,
-            "model": model, "config": cfg, "resumed": mode == "resume"}
+            "model": model, "config": cfg, "resumed": mode == "resume", "trained_steps": step - start_step}
 
 
 def _rng_state(rng: random.Random):

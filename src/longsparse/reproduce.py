@@ -1,0 +1,320 @@
+"""`longsparse reproduce synthetic`: the length-generalisation study of docs/results.md, rerunnable.
+
+    longsparse reproduce synthetic [--quick] [--out runs/reproduce] [--report docs/results] [--only sort,copy]
+
+The study is ``configs/reproduce/synthetic.toml`` (``--quick``: ``synthetic-quick.toml``): a list of cells
+(task × method × positions × seed), each trained with ``longsparse train``'s loop from the task's preset plus the
+cell's ``sets``, then evaluated at every length with the best and the last checkpoint. Everything is resumable:
+a finished training is not redone (an interrupted one resumes from its last checkpoint), an evaluation whose
+(checkpoint, length, samples, seed) already has a result file is skipped. The report (markdown tables, JSON,
+PNG per study) is rebuilt from the saved evaluation JSON only.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from longsparse.train.config import ConfigError, configs_dir, load_toml
+
+FORMAT = "longsparse-reproduce"
+CHECKPOINTS = ("best", "last")
+
+
+def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str] = None) -> dict:
+    """The study file, validated: ``{"eval": {...}, "studies": [...]}``."""
+    p = Path(path) if path else configs_dir() / "reproduce" / f"{name}{'-quick' if quick else ''}.toml"
+    if not p.is_file():
+        raise ConfigError(f"no study file {p}")
+    raw = load_toml(p)
+    studies = raw.get("study")
+    if not isinstance(studies, list) or not studies:
+        raise ConfigError(f"{p}: needs at least one [[study]] table")
+    defaults = raw.get("defaults", {})
+    out = []
+    for i, s in enumerate(studies):
+        s = {**defaults, **s}
+        missing = [k for k in ("name", "task", "methods", "positions", "seeds", "lengths", "samples") if k not in s]
+        if missing:
+            raise ConfigError(f"{p}: study #{i + 1} lacks {missing}")
+        unknown = sorted(set(s) - {"name", "task", "preset", "methods", "positions", "seeds", "lengths", "samples",
+                                   "long_samples", "long_from", "sets", "method_sets", "description"})
+        if unknown:
+            raise ConfigError(f"{p}: study {s['name']!r} has unknown key(s) {unknown}")
+        _check_study(p, s)
+        s.setdefault("preset", "cpu")
+        s.setdefault("sets", [])
+        s.setdefault("method_sets", {})
+        s.setdefault("long_samples", s["samples"])
+        s.setdefault("long_from", max(s["lengths"]) + 1)
+        out.append(s)
+    names = [s["name"] for s in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{p}: study names must be unique, got {names}")
+    return {"path": str(p), "studies": out}
+
+
+def _check_study(path: Path, s: dict) -> None:
+    """Fail before any training on what would fail later (unknown task/method/positions, impossible length)."""
+    from longsparse.nn.config import METHODS
+    from longsparse.nn.positions import POSITIONS
+    from longsparse.tasks import get_task
+
+    where = f"{path}: study {s['name']!r}"
+    try:
+        task = get_task(s["task"], s.get("preset", "cpu"))
+        for L in s["lengths"]:
+            task.check_length(L)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    for key, known in (("methods", METHODS), ("positions", POSITIONS)):
+        bad = [x for x in s[key] if x not in known]
+        if bad:
+            raise ConfigError(f"{where}: unknown {key} {bad}; known: {', '.join(known)}")
+
+
+def samples_for(study: dict, length: int) -> int:
+    return study["long_samples"] if length >= study["long_from"] else study["samples"]
+
+
+def cells(study: dict) -> list[dict]:
+    """Every (method, positions, seed) of a study with its run sub-folder and train overrides; seed-major, so
+    that a partial run has every method at the first seed before any at the second."""
+    out = []
+    for seed in study["seeds"]:
+        for m in study["methods"]:
+            for pos in study["positions"]:
+                out.append({"method": m, "positions": pos, "seed": seed,
+                            "run": f"{study['name']}/{m}-{pos}-s{seed}",
+                            "sets": [*study["sets"], *study["method_sets"].get(m, [])]})
+    return out
+
+
+def parse_shard(text: Optional[str]) -> tuple[int, int]:
+    """``"K/N"`` -> (K, N): this process takes every N-th cell starting at the K-th (0-based)."""
+    if not text:
+        return 0, 1
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must look like K/N (e.g. 0/2), got {text!r}") from None
+    if n < 1 or not 0 <= k < n:
+        raise ValueError(f"--shard K/N needs 0 <= K < N, got {text!r}")
+    return k, n
+
+
+def _evaluated(run: Path, checkpoint: str, length: int, samples: int, seed: int = 0) -> bool:
+    for f in sorted((run / "eval").glob("*.json")) if (run / "eval").is_dir() else []:
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if d.get("checkpoint") == checkpoint and d.get("samples") == samples and d.get("seed") == seed and any(
+                int(r["length"]) == length for r in d.get("results", [])):
+            return True
+    return False
+
+
+def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = None, shard: tuple[int, int] = (0, 1),
+              printer: Callable[[str], None] = print) -> list[Path]:
+    """Train and evaluate every cell (resumable); returns the run folders. ``shard=(K, N)`` takes every N-th
+    cell from the K-th, so N processes (one per core) can share a study."""
+    from longsparse.evaluate import evaluate_run
+    from longsparse.train import build_config, train
+
+    out = Path(out)
+    runs, index = [], -1
+    for study in spec["studies"]:
+        if only and study["name"] not in only and study["task"] not in only:
+            continue
+        for c in cells(study):
+            index += 1
+            if index % shard[1] != shard[0]:
+                continue
+            run = out / c["run"]
+            cfg = build_config(study["task"], preset=study["preset"], method=c["method"], positions=c["positions"],
+                               seed=c["seed"], sets=c["sets"])
+            t0 = time.perf_counter()
+            res = train(cfg, str(run), progress=False, printer=lambda s: None)
+            if res["trained_steps"]:
+                printer(f"{c['run']}: trained to step {res['step']} in {time.perf_counter() - t0:.0f} s, "
+                        f"loss {res['first_loss']:.3f} -> {res['last_loss']:.3f}")
+            for ck in CHECKPOINTS:
+                todo = {}
+                for L in study["lengths"]:
+                    n = samples_for(study, L)
+                    if not _evaluated(run, ck, L, n):
+                        todo.setdefault(n, []).append(L)
+                for n, lengths in todo.items():
+                    evaluate_run(run, lengths, samples=n, checkpoint=ck, printer=printer)
+            runs.append(run)
+    return runs
+
+
+# ---- report ------------------------------------------------------------------------------------------------
+def _train_record(run: Path) -> dict:
+    """Steps, wall-clock (first to last metrics record of the training) and the best checkpoint's step."""
+    rec = {"steps": None, "train_seconds": None, "best_step": None}
+    mfile = run / "metrics.jsonl"
+    if mfile.is_file():
+        from datetime import datetime
+
+        lines = [json.loads(x) for x in mfile.read_text().splitlines() if x.strip()]
+        steps = [x for x in lines if "loss" in x]
+        if steps:
+            t = [datetime.fromisoformat(x["time"]) for x in steps]
+            rec["steps"] = steps[-1]["step"]
+            rec["train_seconds"] = round((t[-1] - t[0]).total_seconds(), 1)
+            rec["final_loss"] = round(steps[-1]["loss"], 5)
+    return rec
+
+
+def collect(spec: dict, out: str | Path) -> dict:
+    """Per study: per (method/positions, checkpoint, length) the seeds' exact match (and n, CI per seed)."""
+    from longsparse.report import collect as collect_runs
+
+    out = Path(out)
+    data = {"format": FORMAT, "study_file": spec["path"], "studies": {}}
+    for study in spec["studies"]:
+        sd = {"task": study["task"], "preset": study["preset"], "lengths": study["lengths"], "series": {},
+              "runs": {}}
+        for c in cells(study):
+            run = out / c["run"]
+            if not (run / "eval").is_dir():
+                continue
+            sd["runs"][c["run"]] = _train_record(run)
+            key = f"{c['method']}/{c['positions']}"
+            for ck in CHECKPOINTS:
+                ser = sd["series"].setdefault(key, {}).setdefault(ck, {})
+                for f in sorted((run / "eval").glob("*.json")):
+                    d = json.loads(f.read_text())
+                    if d.get("checkpoint") != ck:
+                        continue
+                    sd["train_hi"] = d["train_lengths"][1]
+                    s = collect_runs([f])[0]
+                    for L, r in s["results"].items():
+                        if L not in study["lengths"] or r["n"] != samples_for(study, L):
+                            continue
+                        per = ser.setdefault(str(L), {})
+                        per[str(c["seed"])] = {"exact_match": r["exact_match"], "ci": r["exact_match_ci"],
+                                               "n": r["n"], "token_accuracy": r["token_accuracy"],
+                                               "checkpoint_step": d.get("checkpoint_step")}
+        for key, by_ck in sd["series"].items():
+            for ck, by_L in by_ck.items():
+                for L, per in by_L.items():
+                    ems = [v["exact_match"] for v in per.values()]
+                    per_summary = {"mean": statistics.fmean(ems), "min": min(ems), "max": max(ems),
+                                   "std": statistics.stdev(ems) if len(ems) > 1 else 0.0, "seeds": len(ems)}
+                    by_L[L] = {"per_seed": per, **per_summary}
+        data["studies"][study["name"]] = sd
+    return data
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def markdown(data: dict, checkpoint: str) -> str:
+    """One table per study: rows = lengths, columns = method/positions, cells = mean [min–max] over seeds."""
+    parts = []
+    for name, sd in data["studies"].items():
+        keys = list(sd["series"])
+        if not keys:
+            continue
+        train_hi = sd.get("train_hi", 64)
+        head = "| length | × |" + "".join(f" {k} |" for k in keys)
+        parts.append(f"**{name}** ({checkpoint} checkpoint; exact match %, mean [min–max] over seeds)\n\n{head}\n"
+                     + "|---:|---:|" + "---:|" * len(keys))
+        for L in sd["lengths"]:
+            row = f"| {L} | {L / train_hi:g} |"
+            for k in keys:
+                r = sd["series"][k].get(checkpoint, {}).get(str(L))
+                if r is None:
+                    row += " – |"
+                else:
+                    spread = "" if r["seeds"] == 1 else f" [{_pct(r['min'])}–{_pct(r['max'])}]"
+                    row += f" {_pct(r['mean'])}{spread} (s={r['seeds']}) |"
+            parts.append(row)
+        parts.append("")
+    return "\n".join(parts)
+
+
+def plot(data: dict, out_dir: Path) -> list[Path]:
+    """Per study: exact match vs length (log x), mean over seeds with the min–max band; best and last panels."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    paths = []
+    for name, sd in data["studies"].items():
+        if not sd["series"]:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+        for ax, ck in zip(axes, CHECKPOINTS):
+            for key, by_ck in sd["series"].items():
+                pts = sorted((int(L), r) for L, r in by_ck.get(ck, {}).items())
+                if not pts:
+                    continue
+                xs = [L for L, _ in pts]
+                line, = ax.plot(xs, [100 * r["mean"] for _, r in pts], marker="o", label=key)
+                ax.fill_between(xs, [100 * r["min"] for _, r in pts], [100 * r["max"] for _, r in pts],
+                                color=line.get_color(), alpha=0.15)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel(f"test length L (trained up to {sd.get('train_hi', 64)})")
+            ax.set_title(f"{name}: {ck} checkpoint")
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("exact match % (mean over seeds, band = min–max)")
+        axes[1].legend(fontsize=8)
+        fig.tight_layout()
+        p = out_dir / f"{name}.png"
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: Callable[[str], None] = print) -> dict:
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    data = collect(spec, out)
+    (report_dir / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    tables = "\n".join(markdown(data, ck) for ck in CHECKPOINTS)
+    (report_dir / "tables.md").write_text(tables)
+    pngs = plot(data, report_dir)
+    printer(tables)
+    printer(f"wrote {report_dir / 'results.json'}, {report_dir / 'tables.md'}"
+            + "".join(f", {p}" for p in pngs))
+    return {"data": data, "tables": tables, "png": pngs}
+
+
+# ---- CLI ---------------------------------------------------------------------------------------------------
+def add_cli(sub) -> None:
+    r = sub.add_parser("reproduce", help="rerun a study from configs/reproduce (train + evaluate + report)")
+    r.add_argument("study", choices=["synthetic"], help="configs/reproduce/<study>.toml")
+    r.add_argument("--quick", action="store_true", help="the tiny smoke version (<study>-quick.toml)")
+    r.add_argument("--config", default=None, help="a study TOML file instead of configs/reproduce/<study>.toml")
+    r.add_argument("--out", default=None, help="run folder (default runs/reproduce[-quick])")
+    r.add_argument("--report", default=None, help="tables/JSON/PNG here (default OUT/report)")
+    r.add_argument("--only", default=None, help="comma list of study names or tasks")
+    r.add_argument("--shard", default=None, help="K/N: run every N-th cell from the K-th (one process per core)")
+    r.add_argument("--report-only", action="store_true", help="rebuild the report from saved results")
+    r.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    spec = load_study(args.study, quick=args.quick, path=args.config)
+    out = Path(args.out or ("runs/reproduce-quick" if args.quick else "runs/reproduce"))
+    only = [s for s in args.only.split(",") if s] if args.only else None
+    if only:
+        known = {s["name"] for s in spec["studies"]} | {s["task"] for s in spec["studies"]}
+        if set(only) - known:
+            raise ConfigError(f"--only: unknown {sorted(set(only) - known)}; the study file has {sorted(known)}")
+    shard = parse_shard(args.shard)
+    if not args.report_only:
+        run_study(spec, out, only=only, shard=shard)
+    build_report(spec, out, args.report or out / "report")
+    return 0
