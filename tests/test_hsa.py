@@ -391,6 +391,7 @@ def test_diagnostics_rank_with_planted_scores():
     (dict(n_upper=3, upper_group_size=2), "multiple"), (dict(entmax_cap=2), "only applies"),
     (dict(weights="entmax", gumbel_noise=1.0), "uncapped entmax"), (dict(chunk_size=0), "chunk_size"),
     (dict(entmax_alpha=1.0, weights="entmax"), "entmax_alpha"), (dict(retrieval="doc"), "unknown retrieval"),
+    (dict(branch_gain=-0.1), "branch_gain"),
 ])
 def test_config_validation(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -402,3 +403,37 @@ def test_config_roundtrip():
     assert HSAConfig.from_dict(c.to_dict()) == c
     with pytest.raises(ValueError, match="unknown HSAConfig"):
         HSAConfig.from_dict({**c.to_dict(), "bogus": 1})
+
+
+# ------------------------------------------- initialisation (docs/hsa/trials/NOTES_branch_gain.md)
+def test_branch_gain_init_keeps_token_identity_and_in_chunk_gradients():
+    """Regression: with the sandwich post-norms at gain 1, the chunk encoder (and the lower sliding-window
+    layers) overwrote each token's state with a chunk/window average at init (within-chunk spread of the
+    keys/values 0.19 instead of 0.97 at d = 64) and the in-chunk attention's q/k gradients were ~100x
+    smaller than with the token states themselves; the encoder/CLS layout then never left chance on passkey.
+    With branch_gain the blocks start near identity: same order of gradient with and without the encoder."""
+    from longsparse.tasks import IGNORE_INDEX, get_task
+    task = get_task("passkey", None, value_len=1, num_values=16, min_distance=32)
+    batch = task.batch((64, 64), 16, rng=task.rng(0, "train"))
+    base = dict(vocab_size=task.vocab_size, d_model=64, n_heads=4, d_ff=128, n_upper=1, topk=4,
+                weights="softmax", hsa_local=False)
+
+    def probe(**kw):
+        torch.manual_seed(0)
+        m = HSAModel(HSAConfig(**{**base, **kw}))
+        loss = F.cross_entropy(m(batch.input_ids).flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX)
+        loss.backward()
+        h = m.upper[0].hsa
+        with torch.no_grad():
+            _, tok = m.encode_chunks(m.run_lower(batch.input_ids)[:, :64])
+        spread = float(tok.std(2).mean() / tok.pow(2).mean().sqrt())
+        return float(h.q_proj.weight.grad.norm() + h.k_proj.weight.grad.norm()), spread, m
+
+    g_tok, s_tok, _ = probe(n_lower=0, encoder_layers=0, landmark="mean")
+    g_enc, s_enc, m = probe(n_lower=2, encoder_layers=1, landmark="encoder_cls")
+    g_old, s_old, _ = probe(n_lower=2, encoder_layers=1, landmark="encoder_cls", branch_gain=1.0)
+    assert s_tok > 0.9 and s_enc > 0.8 and s_old < 0.5
+    assert g_enc > 0.2 * g_tok and g_old < 0.05 * g_tok
+    assert all(torch.all(n.weight == 0.01) for n in m.branch_norms())
+    assert all(torch.all(b.post_hsa_norm.weight == 1) and torch.all(b.post_mlp_norm.weight == 1)
+               for b in m.upper if isinstance(b, HSABlock))

@@ -40,6 +40,14 @@ class HSAConfig:
     hsa_local: keep the sliding-window local path inside HSA layers (paper: yes).
     hsa_impl: dense (scores every chunk; O(N²/S·S) — training) | gather (only the selected chunks; what
       the long-context evaluator uses). Both are exact and tested equal.
+    branch_gain: initial gain of the post-branch ("sandwich") RMSNorms of the residual branches that mix
+      tokens before / beside retrieval: the sliding-window blocks (lower and upper), the chunk-encoder
+      blocks and the local path of HSA blocks (the HSA block's retrieval output and MLP keep gain 1).
+      A post-norm fixes a branch's output RMS to its gain whatever the weights' init, while the token
+      embeddings start at RMS init_std·√d (0.16 at d = 64): with gain 1 every such block overwrites the
+      token identity with a near-uniform window/chunk average, the chunk keys/values lose the value tokens
+      and the model never leaves chance (docs/hsa/trials/NOTES_branch_gain.md). Small gains start these
+      blocks near identity (as LayerScale / ReZero do); they are trained.
     """
     vocab_size: int
     d_model: int = 128
@@ -69,6 +77,7 @@ class HSAConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    branch_gain: float = 0.01
 
     def __post_init__(self):
         if self.head_dim is None and isinstance(self.n_heads, int) and self.n_heads > 0:
@@ -125,6 +134,9 @@ class HSAConfig:
             raise ValueError(f"length_gamma must be >= 0, got {self.length_gamma}")
         if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
             raise ValueError("rope_theta, norm_eps and init_std must be > 0")
+        if isinstance(self.branch_gain, bool) or not isinstance(self.branch_gain, (int, float)) \
+                or not self.branch_gain >= 0:
+            raise ValueError(f"branch_gain must be a number >= 0, got {self.branch_gain!r}")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

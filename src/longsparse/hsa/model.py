@@ -15,7 +15,10 @@ Blocks use the Gemma-2 "sandwich" norms of ``longsparse.nn``. With h = pre_norm(
     HSA block, standard:   x ← x + n₁(SWA(h)) + n₄(HSA(h));   x ← x + n₂(MLP(n₃(x)))
     HSA block, bypass:     x ← x + n₁(SWA(h));                x ← x + n₂(MLP(n₃(x + n₄(HSA(h)))))
 
-i.e. the local sliding-window path always stays on the residual stream (as in [B]); the retrieved
+n₁, n₂ of the sliding-window and encoder blocks and n₁ of the HSA block's local path start at gain
+``branch_gain`` (0.01; HSAConfig) instead of 1, so that at initialisation these blocks are near identity
+and the token identity survives into the chunk keys/values; n₂, n₄ of HSA blocks start at 1.
+The local sliding-window path always stays on the residual stream (as in [B]); the retrieved
 output HSA(h) is either added to it (standard) or only feeds the MLP input (bypass: x_out = x +
 MLP(norm(x + HSA(x))) of SPEC §8 with the local path alongside).
 
@@ -333,10 +336,27 @@ class HSAModel(nn.Module):
         return self.cfg
 
     def reset_parameters(self) -> None:
+        cfg = self.cfg
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, 0.0, self.cfg.init_std)
-        nn.init.normal_(self.encoder.cls, 0.0, 1.0)
+                nn.init.normal_(m.weight, 0.0, cfg.init_std)
+        # the CLS starts small (init_std, like the encoder branches at branch_gain) so that its output, the
+        # landmark, is dominated by what the encoder pooled from the chunk rather than by a constant vector
+        nn.init.normal_(self.encoder.cls, 0.0, cfg.init_std)
+        for norm in self.branch_norms():
+            nn.init.constant_(norm.weight, float(cfg.branch_gain))
+
+    def branch_norms(self) -> List[RMSNorm]:
+        """The post-branch RMSNorms initialised at ``branch_gain`` (see HSAConfig): sliding-window blocks,
+        encoder blocks and the local path of HSA blocks."""
+        out = []
+        for b in list(self.lower) + list(self.encoder.layers) + list(self.upper):
+            if isinstance(b, HSABlock):
+                if b.attn is not None:
+                    out.append(b.post_attn_norm)
+            else:
+                out += [b.post_attn_norm, b.post_mlp_norm]
+        return out
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,7 @@
+#!/bin/bash
+# run trials sequentially with trial2.py: each arg is "name|json"
+for spec in "$@"; do
+  name="${spec%%|*}"; js="${spec#*|}"
+  echo "== $name $js" > "$name.log"
+  python trial2.py "$js" >> "$name.log" 2>&1
+done
