@@ -156,6 +156,23 @@ def test_same_config_resumes_completed_run(tiny_run):
         {k: v for k, v in before.items() if k not in ("sessions.jsonl", "train.log")}
 
 
+def test_run_being_trained_elsewhere_is_refused(tiny_run, tmp_path):
+    from longsparse.train.rundir import run_lock
+
+    out, cfg = tiny_run
+    before = _snapshot(out)
+    with run_lock(out):                        # stands for another process training this run right now
+        with pytest.raises(RunDirError, match="being trained by another process"):
+            train(cfg, str(out), printer=lambda s: None)
+    assert _snapshot(out) == before
+    assert train(cfg, str(out), printer=lambda s: None)["step"] == 6       # free again once released
+    # a folder left with only the lock file (process killed before writing config.json) starts fresh
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / ".lock").write_text("")
+    assert train(cfg, str(fresh), printer=lambda s: None)["step"] == 6
+
+
 def test_folder_without_config_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     cfg = build_config("two_back", method="softmax", steps=2, sets=TINY)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from longsparse.nn import load_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
 from longsparse.train.config import build_model, config_hash, make_task, resolve
-from longsparse.train.rundir import check_run_dir, checkpoint_path, environment, init_run_dir, now
+from longsparse.train.rundir import check_run_dir, checkpoint_path, environment, init_run_dir, now, run_lock
 
 KILL_ENV = "LONGSPARSE_TEST_KILL_AFTER_STEP"   # tests: SIGKILL this process right after that step
 
@@ -168,10 +168,14 @@ def train(config: Mapping, out: Optional[str] = None, *, printer: Optional[Calla
     out_path = Path(out) if out is not None else None
     try:
         mode = "memory"
-        if out_path is not None:
-            mode = check_run_dir(out_path, cfg) if d.main else None
+        if out_path is None or not d.main:
+            if out_path is not None:
+                mode = d.broadcast_obj(None)
+            return _train(cfg, tr, d, out_path, mode, printer, progress)
+        mode = check_run_dir(out_path, cfg)      # before the lock: a refused folder is left untouched
+        with run_lock(out_path):
             mode = d.broadcast_obj(mode)
-        return _train(cfg, tr, d, out_path, mode, printer, progress)
+            return _train(cfg, tr, d, out_path, mode, printer, progress)
     finally:
         d.close()
 

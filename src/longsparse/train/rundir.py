@@ -8,12 +8,15 @@
     RUN/checkpoints/last.pt   model + optimizer + step + RNG / data-stream state (resume)
     RUN/checkpoints/best.pt   model at the best mean validation exact match
     RUN/eval/*.json        `longsparse eval` results, one new file per call
+    RUN/.lock              locked while a process trains here: a second training process is refused
 
 A directory that holds a *different* config is refused (nothing is written); the same config resumes.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import json
 import os
 import platform
@@ -26,6 +29,7 @@ from typing import Mapping
 from longsparse.train.config import ConfigError, config_diff, resolve
 
 CHECKPOINTS = ("best", "last")
+LOCK_NAME = ".lock"      # flock'ed while a process trains into the folder (run_lock)
 
 
 class RunDirError(ValueError):
@@ -86,7 +90,7 @@ def check_run_dir(out: str | os.PathLike, cfg: Mapping) -> str:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise RunDirError(f"{out} exists and is not a directory")
-    if not out.exists() or not any(out.iterdir()):
+    if not out.exists() or not [p for p in out.iterdir() if p.name != LOCK_NAME]:
         return "new"
     cfg_path = out / "config.json"
     if not cfg_path.is_file():
@@ -104,6 +108,25 @@ def check_run_dir(out: str | os.PathLike, cfg: Mapping) -> str:
                           + ("\n  ..." if len(diff) > 20 else "")
                           + "\nUse another --out, or the same settings to resume this run.")
     return "resume"
+
+
+@contextlib.contextmanager
+def run_lock(out: str | os.PathLike):
+    """Hold an exclusive lock on run directory ``out`` while training into it; a second process gets a clear
+    RunDirError instead of interleaving its checkpoints and metrics with the first. The OS drops the lock when
+    the holder dies (even by SIGKILL), so an interrupted run can always be resumed."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / LOCK_NAME, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirError(f"{out} is being trained by another process right now; nothing was changed "
+                              f"(wait for it to finish, or use another --out)") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def init_run_dir(out: str | os.PathLike, cfg: Mapping, env: Mapping) -> None:
