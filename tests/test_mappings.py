@@ -103,6 +103,43 @@ def test_long_rows_and_many_rows(path):
     assert (ls.entmax15(x).double() - ref_exact(x, 1.5)).abs().max() <= TOL
 
 
+def _generic_alpha_rows(n: int, seed: int) -> torch.Tensor:
+    """Rows that steer the generic-α kernel path (a lower bound on τ from a pass over the row, Halley
+    steps with vectorised powers) into its corners: Gaussian rows of several scales, a row of ties,
+    logits around 1e4 (fp32 row sums lose digits there), a row with −inf entries, a one-hot-like row."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randn(n, generator=g) * s for s in (0.25, 1.0, 2.0, 8.0)]
+    rows.append(torch.full((n,), 0.5))
+    rows.append(1e4 + torch.randn(n, generator=g))
+    r = torch.randn(n, generator=g)
+    r[1::3] = float("-inf")
+    rows.append(r)
+    r = torch.randn(n, generator=g) * 0.1
+    r[n // 2] = 40.0
+    rows.append(r)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("n", [1, 7, 1027, 8193])
+@pytest.mark.parametrize("alpha", [1.1, 1.3, 1.6, 1.9])
+def test_generic_alpha_long_rows_values_and_grads(path, alpha, n):
+    x = _generic_alpha_rows(n, int(alpha * 100) + n)
+    ref = ref_entmax(x, alpha)
+    xx = x.clone().requires_grad_()
+    p = ls.entmax(xx, alpha)
+    assert (p.double() - ref).abs().max().item() <= TOL
+    assert ((p.double().sum(-1) - 1).abs() <= 1e-5).all()
+    # exact zeros outside the support (entries of the float64 reference that fp32 can hold)
+    assert (p[ref == 0] == 0).all() and (p[ref > 1e-30] > 0).all()
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(n))
+    p.backward(g)
+    # float64 reference gradient from the reference output: u = p^(2−α), dz = u g − u Σug/Σu
+    u = torch.where(ref > 0, ref.pow(2 - alpha), torch.zeros((), dtype=torch.float64))
+    gd = g.double()
+    dz = u * gd - u * (u * gd).sum(-1, keepdim=True) / u.sum(-1, keepdim=True)
+    assert (xx.grad.double() - dz).abs().max().item() <= TOL
+
+
 # ----------------------------------------------------------------------------- gradients wrt x
 
 @pytest.mark.parametrize("alpha", ALPHAS)

@@ -27,6 +27,20 @@ def _time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+def _time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each of `fns` over `repeats` rounds that call every function once, in turn
+    (after one warm-up call each): load changes on a shared machine then hit all of them alike."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def _fwd_bwd(mapping: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, g: torch.Tensor) -> Callable[[], None]:
     def run():
         xx = x.detach().requires_grad_()
@@ -36,7 +50,9 @@ def _fwd_bwd(mapping: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, g
 
 def bench_mapping(lengths, repeats: int, total_elements: int = 1 << 22) -> list[dict]:
     """Rows of length N (total_elements scores per call), fwd and fwd+bwd, as ratios to torch.softmax
-    and to the `entmax` package (when installed)."""
+    and to the `entmax` package (when installed). Each mapping is timed interleaved with torch.softmax
+    (alternating calls, medians), so that its ratio comes from the same stretch of machine time;
+    softmax_*_s of a row are the softmax medians of that interleaved run."""
     import longsparse as ls
 
     try:
@@ -59,15 +75,14 @@ def bench_mapping(lengths, repeats: int, total_elements: int = 1 << 22) -> list[
         gen = torch.Generator().manual_seed(n)
         x = torch.randn(max(1, total_elements // n), n, generator=gen)
         g = torch.randn(x.shape, generator=gen)
-        t_sm = _time(lambda: softmax(x), repeats)
-        t_sm_fb = _time(_fwd_bwd(softmax, x, g), repeats)
         for name, fn in ours.items():
+            fwd = _time_interleaved({"softmax": lambda: softmax(x), "ours": lambda: fn(x)}, repeats)
+            fb = _time_interleaved({"softmax": _fwd_bwd(softmax, x, g), "ours": _fwd_bwd(fn, x, g)}, repeats)
             row = {"n": n, "rows": x.shape[0], "mapping": name,
-                   "softmax_fwd_s": t_sm, "softmax_fwdbwd_s": t_sm_fb}
-            row["ours_fwd_s"] = _time(lambda: fn(x), repeats)
-            row["ours_fwdbwd_s"] = _time(_fwd_bwd(fn, x, g), repeats)
-            row["fwd_vs_softmax"] = row["ours_fwd_s"] / t_sm
-            row["fwdbwd_vs_softmax"] = row["ours_fwdbwd_s"] / t_sm_fb
+                   "softmax_fwd_s": fwd["softmax"], "softmax_fwdbwd_s": fb["softmax"],
+                   "ours_fwd_s": fwd["ours"], "ours_fwdbwd_s": fb["ours"]}
+            row["fwd_vs_softmax"] = row["ours_fwd_s"] / row["softmax_fwd_s"]
+            row["fwdbwd_vs_softmax"] = row["ours_fwdbwd_s"] / row["softmax_fwdbwd_s"]
             if name in package:
                 pk = package[name]
                 reps = max(1, repeats // 2)   # the package is slow; fewer repeats, same median
