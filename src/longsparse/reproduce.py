@@ -217,14 +217,16 @@ def _pct(x: float) -> str:
 
 
 def markdown(data: dict, checkpoint: str) -> str:
-    """One table per study: rows = lengths, columns = method/positions, cells = mean [min–max] over seeds."""
+    """One table per study: rows = lengths, columns = method/positions (with its number of seeds), cells = mean
+    [min–max] over seeds (and "(s=k)" where fewer seeds than the column's are evaluated at that length)."""
     parts = []
     for name, sd in data["studies"].items():
         keys = list(sd["series"])
         if not keys:
             continue
         train_hi = sd.get("train_hi", 64)
-        head = "| length | × |" + "".join(f" {k} |" for k in keys)
+        seeds = {k: max((r["seeds"] for r in sd["series"][k].get(checkpoint, {}).values()), default=0) for k in keys}
+        head = "| length | × |" + "".join(f" {k} ({seeds[k]} seed{'s' * (seeds[k] != 1)}) |" for k in keys)
         parts.append(f"**{name}** ({checkpoint} checkpoint; exact match %, mean [min–max] over seeds)\n\n{head}\n"
                      + "|---:|---:|" + "---:|" * len(keys))
         for L in sd["lengths"]:
@@ -235,8 +237,15 @@ def markdown(data: dict, checkpoint: str) -> str:
                     row += " – |"
                 else:
                     spread = "" if r["seeds"] == 1 else f" [{_pct(r['min'])}–{_pct(r['max'])}]"
-                    row += f" {_pct(r['mean'])}{spread} (s={r['seeds']}) |"
+                    fewer = f" (s={r['seeds']})" if r["seeds"] != seeds[k] else ""
+                    row += f" {_pct(r['mean'])}{spread}{fewer} |"
             parts.append(row)
+        if checkpoint == "best":
+            steps = []
+            for k in keys:
+                per = next(iter(sd["series"][k].get("best", {}).values()), {}).get("per_seed", {})
+                steps.append(f"{k} " + ", ".join(f"s{sd_}: {v['checkpoint_step']}" for sd_, v in sorted(per.items())))
+            parts.append("\nbest-checkpoint steps: " + "; ".join(steps))
         parts.append("")
     return "\n".join(parts)
 
