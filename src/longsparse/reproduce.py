@@ -189,7 +189,10 @@ def collect(spec: dict, out: str | Path) -> dict:
             for ck in CHECKPOINTS:
                 ser = sd["series"].setdefault(key, {}).setdefault(ck, {})
                 for f in sorted((run / "eval").glob("*.json")):
-                    d = json.loads(f.read_text())
+                    try:
+                        d = json.loads(f.read_text())
+                    except (OSError, json.JSONDecodeError):    # an evaluation killed before its first length
+                        continue
                     if d.get("checkpoint") != ck:
                         continue
                     sd["train_hi"] = d["train_lengths"][1]
