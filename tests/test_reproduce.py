@@ -39,6 +39,10 @@ def test_quick_study_end_to_end_and_resume(tmp_path, capsys):
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep)]) == 0
     assert sorted(out.rglob("eval/*.json")) == files
     assert "trained to step" not in capsys.readouterr().out
+    # an evaluation killed before its first length leaves an empty file: the report skips it
+    (files[0].parent / "eval-killed.json").write_text("")
+    assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep), "--report-only"]) == 0
+    assert json.loads((rep / "results.json").read_text()) == data
 
 
 def test_long_lengths_use_their_own_sample_count():
@@ -50,6 +54,10 @@ def test_committed_study_file_is_valid():
     spec = load_study("synthetic")
     for study in spec["studies"]:
         assert cells(study) and all(L >= 64 for L in study["lengths"])
+    by = {s["name"]: s for s in spec["studies"]}
+    rope = by["mqmtar_inline_rope"]           # `like` copies the recipe, the study's own keys override
+    assert rope["sets"] == by["mqmtar_inline"]["sets"] and rope["positions"] == ["rope"]
+    assert "description" not in rope
 
 
 def test_bad_study_files(tmp_path):
@@ -68,5 +76,8 @@ def test_bad_study_files(tmp_path):
         p.write_text(base + body + "\n")
         with pytest.raises(ConfigError, match=msg):
             load_study(path=str(p))
+    p.write_text('[[study]]\nname = "b"\nlike = "a"\n')
+    with pytest.raises(ConfigError, match="names no earlier study"):
+        load_study(path=str(p))
     with pytest.raises(ConfigError, match="no study file"):
         load_study(path=str(tmp_path / "missing.toml"))

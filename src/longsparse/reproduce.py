@@ -24,7 +24,10 @@ CHECKPOINTS = ("best", "last")
 
 
 def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str] = None) -> dict:
-    """The study file, validated: ``{"eval": {...}, "studies": [...]}``."""
+    """The study file, validated and with defaults filled in: ``{"path": ..., "studies": [study, ...]}``.
+
+    A ``[[study]]`` may say ``like = "<earlier study>"`` to take that study's settings (not its name or
+    description) and override some of them."""
     p = Path(path) if path else configs_dir() / "reproduce" / f"{name}{'-quick' if quick else ''}.toml"
     if not p.is_file():
         raise ConfigError(f"no study file {p}")
@@ -35,6 +38,13 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
     defaults = raw.get("defaults", {})
     out = []
     for i, s in enumerate(studies):
+        if "like" in s:      # inherit an earlier study's settings (not its name/description), then override
+            base = next((dict(b) for b in out if b["name"] == s["like"]), None)
+            if base is None:
+                raise ConfigError(f"{p}: study #{i + 1}: like = {s['like']!r} names no earlier study")
+            for k in ("name", "description"):
+                base.pop(k, None)
+            s = {**base, **{k: v for k, v in s.items() if k != "like"}}
         s = {**defaults, **s}
         missing = [k for k in ("name", "task", "methods", "positions", "seeds", "lengths", "samples") if k not in s]
         if missing:
@@ -120,7 +130,8 @@ def _evaluated(run: Path, checkpoint: str, length: int, samples: int, seed: int 
 def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = None, shard: tuple[int, int] = (0, 1),
               printer: Callable[[str], None] = print) -> list[Path]:
     """Train and evaluate every cell (resumable); returns the run folders. ``shard=(K, N)`` takes every N-th
-    cell from the K-th, so N processes (one per core) can share a study."""
+    of the selected cells (after ``only``) from the K-th, so N processes (one per core) can share a study;
+    the same run is never trained by two processes at once (run directories are locked)."""
     from longsparse.evaluate import evaluate_run
     from longsparse.train import build_config, train
 
@@ -137,6 +148,7 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
             cfg = build_config(study["task"], preset=study["preset"], method=c["method"], positions=c["positions"],
                                seed=c["seed"], sets=c["sets"])
             t0 = time.perf_counter()
+            printer(f"{c['run']}: training ({cfg['train']['steps']} steps; log in {run / 'train.log'})")
             res = train(cfg, str(run), progress=False, printer=lambda s: None)
             if res["trained_steps"]:
                 printer(f"{c['run']}: trained to step {res['step']} in {time.perf_counter() - t0:.0f} s, "
@@ -155,8 +167,8 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
 
 # ---- report ------------------------------------------------------------------------------------------------
 def _train_record(run: Path) -> dict:
-    """Steps, wall-clock (first to last metrics record of the training) and the best checkpoint's step."""
-    rec = {"steps": None, "train_seconds": None, "best_step": None}
+    """Steps, wall clock (first to last training record of metrics.jsonl) and the final logged loss."""
+    rec = {"steps": None, "train_seconds": None, "final_loss": None}
     mfile = run / "metrics.jsonl"
     if mfile.is_file():
         from datetime import datetime
