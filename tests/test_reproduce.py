@@ -32,7 +32,9 @@ def test_quick_study_end_to_end_and_resume(tmp_path, capsys):
         for c in cells(study):
             rec = sd["runs"][c["run"]]
             assert rec["steps"] == 6 and rec["train_seconds"] >= 0
-    assert (rep / "tables.md").read_text().count("| 64 | 1 |") == 2 * len(spec["studies"])
+    tables = (rep / "tables.md").read_text()
+    assert tables.count("| 64 | 1 |") == 4 * len(spec["studies"])       # mean and per-seed, best and last
+    assert "per seed: s0 / s1)" in tables
     files = sorted(out.rglob("eval/*.json"))
     capsys.readouterr()
     # a second call trains nothing and evaluates nothing: every result file is still the same set

@@ -265,6 +265,30 @@ def markdown(data: dict, checkpoint: str) -> str:
     return "\n".join(parts)
 
 
+def markdown_per_seed(data: dict, checkpoint: str) -> str:
+    """The same tables with every seed's value ("s0 / s1 / s2", "–" where that seed is not evaluated yet)."""
+    parts = []
+    for name, sd in data["studies"].items():
+        keys = list(sd["series"])
+        if not keys:
+            continue
+        seeds = sorted({int(x) for k in keys for r in sd["series"][k].get(checkpoint, {}).values()
+                        for x in r["per_seed"]})
+        train_hi = sd.get("train_hi", 64)
+        parts.append(f"**{name}** ({checkpoint} checkpoint; exact match % per seed: "
+                     + " / ".join(f"s{x}" for x in seeds) + ")\n\n| length | × |" + "".join(f" {k} |" for k in keys)
+                     + "\n|---:|---:|" + "---:|" * len(keys))
+        for L in sd["lengths"]:
+            row = f"| {L} | {L / train_hi:g} |"
+            for k in keys:
+                per = sd["series"][k].get(checkpoint, {}).get(str(L), {}).get("per_seed", {})
+                row += " " + " / ".join(_pct(per[str(x)]["exact_match"]) if str(x) in per else "–"
+                                        for x in seeds) + " |"
+            parts.append(row)
+        parts.append("")
+    return "\n".join(parts)
+
+
 def plot(data: dict, out_dir: Path) -> list[Path]:
     """Per study: exact match vs length (log x), mean over seeds with the min–max band; best and last panels."""
     try:
@@ -306,7 +330,8 @@ def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: C
     report_dir.mkdir(parents=True, exist_ok=True)
     data = collect(spec, out)
     (report_dir / "results.json").write_text(json.dumps(data, indent=1) + "\n")
-    tables = "\n".join(markdown(data, ck) for ck in CHECKPOINTS)
+    tables = "\n".join([*(markdown(data, ck) for ck in CHECKPOINTS), "### Per seed\n",
+                         *(markdown_per_seed(data, ck) for ck in CHECKPOINTS)])
     (report_dir / "tables.md").write_text(tables)
     pngs = plot(data, report_dir)
     printer(tables)
