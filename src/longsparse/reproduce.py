@@ -315,7 +315,7 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
             ax.set_xlabel(f"test length L (trained up to {sd.get('train_hi', 64)})")
             ax.set_title(f"{name}: {ck} checkpoint")
             ax.grid(alpha=0.3)
-        axes[0].set_ylabel("exact match % (mean over seeds, band = min–max)")
+        axes[0].set_ylabel("exact match %: seed mean, band min–max")
         axes[1].legend(fontsize=8)
         fig.tight_layout()
         p = out_dir / f"{name}.png"
