@@ -1,7 +1,7 @@
 #!/bin/bash
-# run trials sequentially with trial2.py: each arg is "name|json"
+# run trials sequentially with trial.py: each arg is "name|json"
 for spec in "$@"; do
   name="${spec%%|*}"; js="${spec#*|}"
   echo "== $name $js" > "$name.log"
-  python trial2.py "$js" >> "$name.log" 2>&1
+  python trial.py "$js" >> "$name.log" 2>&1
 done
