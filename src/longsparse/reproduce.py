@@ -115,16 +115,17 @@ def parse_shard(text: Optional[str]) -> tuple[int, int]:
     return k, n
 
 
-def _evaluated(run: Path, checkpoint: str, length: int, samples: int, seed: int = 0) -> bool:
+def _evaluated(run: Path, seed: int = 0) -> set[tuple[str, int, int]]:
+    """(checkpoint, length, samples) already evaluated on test seed ``seed`` in ``run/eval`` (one read per file)."""
+    done = set()
     for f in sorted((run / "eval").glob("*.json")) if (run / "eval").is_dir() else []:
         try:
             d = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, json.JSONDecodeError):     # an evaluation killed before its first length
             continue
-        if d.get("checkpoint") == checkpoint and d.get("samples") == samples and d.get("seed") == seed and any(
-                int(r["length"]) == length for r in d.get("results", [])):
-            return True
-    return False
+        if d.get("seed") == seed:
+            done.update((d.get("checkpoint"), int(r["length"]), d.get("samples")) for r in d.get("results", []))
+    return done
 
 
 def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = None, shard: tuple[int, int] = (0, 1),
@@ -153,11 +154,12 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
             if res["trained_steps"]:
                 printer(f"{c['run']}: trained to step {res['step']} in {time.perf_counter() - t0:.0f} s, "
                         f"loss {res['first_loss']:.3f} -> {res['last_loss']:.3f}")
+            done = _evaluated(run)
             for ck in CHECKPOINTS:
                 todo = {}
                 for L in study["lengths"]:
                     n = samples_for(study, L)
-                    if not _evaluated(run, ck, L, n):
+                    if (ck, L, n) not in done:
                         todo.setdefault(n, []).append(L)
                 for n, lengths in todo.items():
                     evaluate_run(run, lengths, samples=n, checkpoint=ck, printer=printer)
