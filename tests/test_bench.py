@@ -23,6 +23,9 @@ def test_mapping_benchmark_writes_ratios_and_never_overwrites(tmp_path):
 
 def test_attention_worker_measures_time_and_memory():
     r = bench.attention_worker("ours_entmax15", n=64, heads=2, dim=8, backward=True, repeats=1)
-    assert r["seconds"] > 0 and r["extra_peak_bytes"] >= 0
+    assert r["seconds"] > 0 and r["extra_peak_bytes"] >= 0 and "time_vs_sdpa_interleaved" not in r
+    r = bench.attention_worker("ours_entmax15", n=64, heads=2, dim=8, backward=False, repeats=2,
+                               interleave_sdpa=True)
+    assert r["time_vs_sdpa_interleaved"] > 0
     with pytest.raises(ValueError, match="unknown attention method"):
         bench.attention_worker("nope", n=64, heads=2, dim=8, backward=False, repeats=1)

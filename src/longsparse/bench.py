@@ -139,37 +139,50 @@ def _attention_fn(method: str):
     raise ValueError(f"unknown attention method {method!r}; choose from {ATTENTION_METHODS}")
 
 
-def attention_worker(method: str, n: int, heads: int, dim: int, backward: bool, repeats: int) -> dict:
-    """One measurement in a fresh process: median time and peak RSS above the inputs' baseline."""
+def attention_worker(method: str, n: int, heads: int, dim: int, backward: bool, repeats: int,
+                     interleave_sdpa: bool = False) -> dict:
+    """One measurement in a fresh process: median time and peak RSS above the inputs' baseline. With
+    ``interleave_sdpa`` the method and SDPA-softmax are then timed again in alternation (after the memory
+    reading, so SDPA's buffers do not count): ``time_vs_sdpa_interleaved`` is immune to slow load drifts."""
     import resource
 
-    fn = _attention_fn(method)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, dim, generator=gen) for _ in range(3))
+    g = torch.randn(1, heads, n, dim, generator=gen)
     if method.startswith("ours_entmax"):
         import longsparse as ls
         ls.entmax15(torch.zeros(2, 2))          # builds/loads the kernel before the baseline
     if backward:
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        g = torch.randn(1, heads, n, dim, generator=gen)
 
-        def run():
-            fn(q, k, v).backward(g)
-            q.grad = k.grad = v.grad = None
-    else:
-        def run():
-            with torch.no_grad():
-                fn(q, k, v)
+    def runner(fn):
+        if backward:
+            def run():
+                fn(q, k, v).backward(g)
+                q.grad = k.grad = v.grad = None
+        else:
+            def run():
+                with torch.no_grad():
+                    fn(q, k, v)
+        return run
+
+    run = runner(_attention_fn(method))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     seconds = _time(run, repeats)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"seconds": seconds, "extra_peak_bytes": (peak - base) * 1024}
+    out = {"seconds": seconds, "extra_peak_bytes": (peak - base) * 1024}
+    if interleave_sdpa and method != "sdpa_softmax":
+        t = _time_interleaved({"sdpa": runner(_attention_fn("sdpa_softmax")), "method": run}, repeats)
+        out["time_vs_sdpa_interleaved"] = t["method"] / t["sdpa"]
+    return out
 
 
 def bench_attention(lengths, repeats: int, heads: int = 8, dim: int = 64, fwd_only_lengths=(),
-                    max_naive: int = 8192, max_package: int = 4096) -> list[dict]:
+                    max_naive: int = 8192, max_package: int = 4096, max_interleaved: int = 4096) -> list[dict]:
     """Causal attention, B = 1: each (method, N, direction) in its own process so that peak memory
-    (ru_maxrss) is its own. Ratios are to SDPA-softmax at the same N and direction."""
+    (ru_maxrss) is its own. Ratios are to SDPA-softmax at the same N and direction: ``time_vs_sdpa`` from
+    the separate processes, and up to ``max_interleaved`` also ``time_vs_sdpa_interleaved`` (both timed
+    in alternation inside the method's process)."""
     import subprocess
     import sys
 
@@ -184,7 +197,8 @@ def bench_attention(lengths, repeats: int, heads: int = 8, dim: int = 64, fwd_on
                 continue
             reps = repeats if n <= 4096 else 1
             cmd = [sys.executable, "-m", "longsparse.bench", "--attention-worker", method, str(n), str(heads),
-                   str(dim), str(int(backward)), str(reps), str(torch.get_num_threads())]
+                   str(dim), str(int(backward)), str(reps), str(torch.get_num_threads()),
+                   str(int(n <= max_interleaved))]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             row = {"n": n, "method": method, "direction": "fwd+bwd" if backward else "fwd", "heads": heads,
                    "dim": dim, "scores_buffer_bytes": 4 * heads * n * n}
@@ -206,7 +220,8 @@ def _format_attention_row(r: dict) -> str:
     head = f"N={r['n']:>6} {r['direction']:<7} {r['method']:<24}"
     if "error" in r:
         return head + " error: " + r["error"]
-    return (head + f" {r['seconds']:8.3f} s  {r.get('time_vs_sdpa', float('nan')):6.2f}x SDPA  "
+    inter = f" ({r['time_vs_sdpa_interleaved']:.2f}x interleaved)" if "time_vs_sdpa_interleaved" in r else ""
+    return (head + f" {r['seconds']:8.3f} s  {r.get('time_vs_sdpa', float('nan')):6.2f}x SDPA{inter}  "
             f"extra peak {r['extra_peak_bytes'] / 2**20:8.1f} MiB = {r['buffers']:.2f} x (H*N^2 fp32)")
 
 
@@ -222,14 +237,15 @@ def markdown(path: str) -> str:
                        f"{r.get('speedup_vs_package_fwd', float('nan')):.1f} | "
                        f"{r.get('speedup_vs_package_fwdbwd', float('nan')):.1f} |")
     else:
-        out = ["| N | direction | method | time (s) | / SDPA | extra peak (MiB) | × (H·N² fp32) |",
-               "|---:|---|---|---:|---:|---:|---:|"]
+        out = ["| N | direction | method | time (s) | / SDPA | / SDPA, interleaved | extra peak (MiB) | × (H·N² fp32) |",
+               "|---:|---|---|---:|---:|---:|---:|---:|"]
         for r in rows:
             if "error" in r:
-                out.append(f"| {r['n']} | {r['direction']} | {r['method']} | error: {r['error']} | | | |")
+                out.append(f"| {r['n']} | {r['direction']} | {r['method']} | error: {r['error']} | | | | |")
                 continue
+            inter = f"{r['time_vs_sdpa_interleaved']:.2f}" if "time_vs_sdpa_interleaved" in r else "—"
             out.append(f"| {r['n']} | {r['direction']} | {r['method']} | {r['seconds']:.3f} | "
-                       f"{r.get('time_vs_sdpa', float('nan')):.2f} | {r['extra_peak_bytes'] / 2**20:.0f} | "
+                       f"{r.get('time_vs_sdpa', float('nan')):.2f} | {inter} | {r['extra_peak_bytes'] / 2**20:.0f} | "
                        f"{r['buffers']:.2f} |")
     env = data["env"]
     out.append(f"\n_{path}: torch {env['torch']}, {env['threads']} threads, {env['time']}_")
@@ -276,9 +292,11 @@ def main(args) -> int:
 if __name__ == "__main__":   # the per-measurement worker of bench_attention
     import sys
 
-    if len(sys.argv) == 9 and sys.argv[1] == "--attention-worker":
-        _, _, method, n, heads, dim, backward, reps, threads = sys.argv
+    if len(sys.argv) == 10 and sys.argv[1] == "--attention-worker":
+        _, _, method, n, heads, dim, backward, reps, threads, interleave = sys.argv
         torch.set_num_threads(int(threads))
-        print(json.dumps(attention_worker(method, int(n), int(heads), int(dim), bool(int(backward)), int(reps))))
+        print(json.dumps(attention_worker(method, int(n), int(heads), int(dim), bool(int(backward)), int(reps),
+                                          bool(int(interleave)))))
     else:
-        raise SystemExit("usage: python -m longsparse.bench --attention-worker METHOD N H D BACKWARD REPEATS THREADS")
+        raise SystemExit("usage: python -m longsparse.bench --attention-worker METHOD N H D BACKWARD REPEATS "
+                         "THREADS INTERLEAVE_SDPA")

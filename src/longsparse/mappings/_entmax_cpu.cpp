@@ -1,18 +1,18 @@
 // Fused CPU kernel for α-entmax rows (forward and backward), compiled on first use by
 // longsparse/mappings/_kernel.py. One row at a time, rows in parallel:
-//   forward:  one vectorised max pass (the caller's); a branch-free pass collecting the candidates
-//             X_j > -1 (τ ≥ -1 always, so nothing else can be in the support); a bracketed Newton solve
-//             for τ in double on the candidates only; zero the row and write the candidates. α = 1.5
-//             and 2 finish in closed form on the support (exact). Other 1 < α ≤ 2 (fp32 rows) first
-//             bound τ from below with one vectorised pass (group_bound) and collect only the entries
-//             above that bound; their solve takes Halley steps with vectorised powers (pow_pd) and
-//             renormalises the output.
+//   forward:  one vectorised max pass that also flags NaN / +inf; for fp32 rows with 1 < α < 2 a
+//             vectorised pass bounding τ from below (group_bound); a branch-free pass collecting the
+//             candidates X_j above that bound (or above −1: τ ≥ −1 always, so nothing else can be in the
+//             support); a bracketed Newton (α = 1.5, 2) or Halley (other α, vectorised powers pow_pd)
+//             solve for τ in double on the candidates only; zero the row and write the candidates.
+//             α = 1.5 and 2 finish in closed form on the support (exact); other α renormalise.
 //   backward: dz = u ⊙ g − u · (Σ u g)/(Σ u), u = p^{2−α}, two passes.
-// Fully masked rows (all -inf) give zeros. The caller passes each row's max and rejects NaN / +inf.
+// Fully masked rows (all -inf) give zeros; rows with a NaN or +inf are reported to the caller (which raises).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <atomic>
+#include <tuple>
 #include <type_traits>
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -313,7 +313,7 @@ inline double group_bound(const float* x, int64_t n, double alpha, double m) {
 // Bracketed Newton for Σ [X − τ]₊^e = 1 over the candidates X (all > -1, max 0), paired with their
 // column indices idx. The lower bracket only rises and τ* ≥ lo, so candidates at or below lo can never
 // be in the support: they are dropped as the solve goes, which keeps late iterations tiny.
-// lo0: a known lower bound (−1, or group_bound for generic 1 < α ≤ 2, the candidates collected above
+// lo0: a known lower bound (−1, or group_bound for fp32 rows with 1 < α < 2, the candidates collected above
 // it); n_cand: the number of candidates X > −1 or more (for the upper bound). Returns NaN when lo0 > −1
 // turns out not to be a lower bound (f(lo0) < 0: fp32 sums or round-off): the caller starts over.
 double solve_tau(Cands& w, double alpha, int mode, double lo0, size_t n_cand) {
@@ -487,7 +487,7 @@ void forward_row(const scalar_t* x, scalar_t* p, int64_t n, double alpha, double
   double tau;
   double lo0 = -1.0;
   if constexpr (std::is_same_v<scalar_t, float>)
-    if (mode == 0 && alpha <= 2.0 && n < (int64_t{1} << 31)) lo0 = group_bound(x, n, alpha, m);   // generic 1 < α ≤ 2
+    if (mode != 2 && alpha <= 2.0 && n < (int64_t{1} << 31)) lo0 = group_bound(x, n, alpha, m);   // 1 < α < 2
   if (lo0 > -1.0) {
     collect_candidates<scalar_t>(x, n, static_cast<scalar_t>(m + lo0 / am1 - widen), am1, m, w);
     // (n bounds the number of candidates X > −1: hi = −n^(1−α) is a valid upper bound)
@@ -570,25 +570,58 @@ void backward_row(const scalar_t* p, const scalar_t* g, scalar_t* dz, int64_t n,
   for (int64_t j = 0; j < n; ++j) dz[j] = dz[j] * (g[j] - q);
 }
 
-// x: (R, n) contiguous; row_max: (R,) float64, finite or -inf; alpha: (R,) float64 per-row α.
-torch::Tensor entmax_forward(torch::Tensor x, torch::Tensor row_max, torch::Tensor alpha) {
+// The max of x[0, n) and a problem code: 0 finite or −inf entries only, 1 a NaN, 2 a +inf (NaN wins).
+template <typename scalar_t>
+inline int row_max(const scalar_t* x, int64_t n, scalar_t& m) {
+  m = -std::numeric_limits<scalar_t>::infinity();
+  bool nan = false;
+  int64_t j = 0;
+#if defined(__AVX2__)
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    __m256 vmax = _mm256_set1_ps(m), vnan = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) {
+      const __m256 v = _mm256_loadu_ps(x + j);
+      vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      vmax = _mm256_max_ps(vmax, v);
+    }
+    alignas(32) float buf[8];
+    _mm256_store_ps(buf, vmax);
+    for (float b : buf) m = b > m ? b : m;
+    nan = _mm256_movemask_ps(vnan) != 0;
+  }
+#endif
+  for (; j < n; ++j) { nan |= (x[j] != x[j]); m = x[j] > m ? x[j] : m; }
+  if (nan) return 1;
+  return m == std::numeric_limits<scalar_t>::infinity() ? 2 : 0;
+}
+
+// x: (R, n) contiguous; alpha: (R,) float64 per-row α. Returns (p, code): code 0, or 1 if some row has a
+// NaN, 2 if some row has a +inf (those rows are left as zeros; the caller raises).
+std::tuple<torch::Tensor, int64_t> entmax_forward(torch::Tensor x, torch::Tensor alpha) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "entmax kernel: x must be a contiguous 2-D tensor");
-  for (const auto& t : {row_max, alpha})
-    TORCH_CHECK(t.dim() == 1 && t.size(0) == x.size(0) && t.scalar_type() == torch::kFloat64 && t.is_contiguous(),
-                "entmax kernel: row_max and alpha must be contiguous float64 of shape (rows,)");
+  TORCH_CHECK(alpha.dim() == 1 && alpha.size(0) == x.size(0) && alpha.scalar_type() == torch::kFloat64 &&
+              alpha.is_contiguous(), "entmax kernel: alpha must be contiguous float64 of shape (rows,)");
   auto p = torch::empty_like(x);
   const int64_t R = x.size(0), n = x.size(1);
   const double* a = alpha.data_ptr<double>();
-  const double* mx = row_max.data_ptr<double>();
+  std::atomic<int> bad{0};
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "entmax_forward", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* pp = p.data_ptr<scalar_t>();
     at::parallel_for(0, R, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
       Cands w;
-      for (int64_t r = b; r < e; ++r) forward_row<scalar_t>(xp + r * n, pp + r * n, n, a[r], mx[r], w);
+      for (int64_t r = b; r < e; ++r) {
+        scalar_t m;
+        if (const int code = row_max<scalar_t>(xp + r * n, n, m)) {
+          if (code == 1) bad.store(1); else { int zero = 0; bad.compare_exchange_strong(zero, 2); }
+          std::fill(pp + r * n, pp + (r + 1) * n, scalar_t(0));
+          continue;
+        }
+        forward_row<scalar_t>(xp + r * n, pp + r * n, n, a[r], static_cast<double>(m), w);
+      }
     });
   });
-  return p;
+  return {p, static_cast<int64_t>(bad.load())};
 }
 
 torch::Tensor entmax_backward(torch::Tensor p, torch::Tensor g, torch::Tensor alpha) {

@@ -49,9 +49,16 @@ def _check_finite_rows(row_max: Tensor) -> None:
     if torch.compiler.is_compiling():
         return
     if torch.isnan(row_max).any():
-        raise ValueError("entmax input contains NaN")
+        _reject_input(1)
     if torch.isposinf(row_max).any():
-        raise ValueError("entmax input contains +inf (use -inf to mask entries)")
+        _reject_input(2)
+
+
+def _reject_input(problem: int) -> None:
+    """problem 1: a NaN, 2: a +inf among the scores (the fused kernel's codes)."""
+    if problem == 1:
+        raise ValueError("entmax input contains NaN")
+    raise ValueError("entmax input contains +inf (use -inf to mask entries)")
 
 
 def _compute_dtype(dtype: torch.dtype, alpha: AlphaLike = 1.5) -> torch.dtype:
@@ -220,10 +227,10 @@ def _row_alpha(alpha: Union[float, Tensor], z: Tensor, dim: int) -> Tensor:
 
 
 def _kernel_forward(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
-    zr = _rows(z, dim)
-    row_max = zr.amax(-1)
-    _check_finite_rows(row_max)
-    p = _kernel.get().entmax_forward(zr, row_max.to(torch.float64).contiguous(), _row_alpha(alpha, z, dim))
+    # the kernel takes each row's max itself (the row is then in cache) and reports NaN / +inf rows
+    p, bad = _kernel.get().entmax_forward(_rows(z, dim), _row_alpha(alpha, z, dim))
+    if bad:
+        _reject_input(bad)
     moved = list(z.movedim(dim, -1).shape)
     return p.view(moved).movedim(-1, dim)
 
