@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from longsparse.attention.chunked import BlockSpec, ChunkedAttention
+from longsparse.attention.cuda import adasplash_attention
 from longsparse.mappings import entmax
 from longsparse.mappings.entmax import AlphaLike, _alpha_view, _check_alpha_values
 
@@ -67,7 +68,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
     bias). attn_mask: bool (True = attend) or additive, broadcastable to (B, H, Nq, Nk).
     k/v may have fewer heads than q (GQA). Queries sit at the last Nq key positions.
     A query that can attend to nothing gets a zero output.
-    Softmax with path "auto" and no chunk_size goes through torch SDPA when its mask stays small.
+    Softmax with path "auto" and no chunk_size goes through torch SDPA when its mask stays small; on
+    CUDA, entmax/sparsemax with one α, no ALiBi/mask and Nq = Nk go through `adasplash` when installed.
     path: "chunked" (default when nothing but q, k, v, q_scale needs a gradient) walks over blocks of
     ``chunk_size`` queries (None = automatic) with a recomputing backward: memory O(chunk × Nk) both
     ways. "reference" materialises all logits and lets autograd differentiate everything (also
@@ -117,6 +119,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
                                    alibi_slopes=alibi_slopes, q_scale=q_scale, attn_mask=attn_mask, topk=topk,
                                    adatemp_order=adatemp_order)
     head_block = H
+    if name in ("entmax", "sparsemax") and path == "auto" and chunk_size is None:
+        out = adasplash_attention(q, k, v, alpha=2.0 if name == "sparsemax" else alpha, is_causal=is_causal,
+                                  scale=scale, q_scale=q_scale, alibi_slopes=alibi_slopes, attn_mask=attn_mask)
+        if out is not None:
+            return out
     if name == "softmax" and path == "auto" and chunk_size is None:
         out = _sdpa_softmax(q, k, v, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
                             q_scale=q_scale, attn_mask=attn_mask)
