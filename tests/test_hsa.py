@@ -86,6 +86,61 @@ def test_retrieval_reaches_beyond_the_window():
     assert torch.allclose(m(x)[:, 40], m(y)[:, 40], atol=1e-12)
 
 
+@pytest.mark.parametrize("n_lower,n_upper,group", [(1, 2, 1), (2, 1, 1), (0, 2, 2)])
+def test_retrieval_none_never_reads_beyond_the_window(n_lower, n_upper, group):
+    """Sliding-window-only baseline (retrieval='none'): every layer is a window-5 sliding-window layer, so position
+    t reads tokens t − (n_lower + n_upper)·(window − 1) … t only. A token one step further back must not change the
+    output (the same model with retrieval on does change), one inside the receptive field must; the exact fast path
+    (no chunk memory) agrees with the full forward."""
+    W = 5
+    m = make(retrieval="none", n_lower=n_lower, n_upper=n_upper, upper_group_size=group, window=W)
+    assert m.hsa_layers() == [] and len(m.encoder.layers) == 0
+    R = (n_lower + n_upper) * (W - 1)
+    x = ids(2, 61, seed=3)
+    t = 60
+    out = m(x)
+    far, near = t - R - 1, t - R
+    y = x.clone()
+    y[:, far] = (y[:, far] - 4 + 7) % (V - 4) + 4
+    for cut in range(far + 1):                       # every token beyond the window, one at a time
+        z = x.clone()
+        z[:, cut] = (z[:, cut] - 4 + 7) % (V - 4) + 4
+        assert torch.equal(m(z)[:, t], out[:, t]), f"token {cut} (distance {t - cut} > {R}) changed position {t}"
+    z = x.clone()
+    z[:, near] = (z[:, near] - 4 + 7) % (V - 4) + 4
+    assert not torch.allclose(m(z)[:, t], out[:, t]), "a token inside the receptive field must matter"
+    torch.testing.assert_close(hsa_fast_logits(m, x, [0, 17, 59, 60]), out[:, [0, 17, 59, 60]])
+    torch.manual_seed(0)
+    ret = HSAModel(tiny(n_lower=n_lower, n_upper=n_upper, upper_group_size=group, window=W, topk=16)).double().eval()
+    assert not torch.allclose(ret(y)[:, t], ret(x)[:, t]), "with retrieval on, the far token is reachable"
+
+
+def test_retrieval_none_trains_and_scores_needles():
+    from longsparse.hsa import score_needles
+    from longsparse.tasks import get_task
+
+    m = make(dtype=torch.float32, retrieval="none").train()
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+    x = ids(4, 40, seed=5)
+    labels = torch.roll(x, -1, 1)
+    labels[:, -1] = -100
+    losses = []
+    for _ in range(3):
+        loss = F.cross_entropy(m(x).flatten(0, 1), labels.flatten(), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    task = get_task("passkey", None, value_len=1, num_values=16, min_distance=8)
+    torch.manual_seed(0)
+    m = HSAModel(HSAConfig(vocab_size=task.vocab_size, d_model=32, n_heads=2, d_ff=48, n_lower=1, n_upper=1,
+                           chunk_size=4, window=5, retrieval="none")).eval()
+    nd = score_needles(m, task, 64, 4)
+    assert nd["retrieval"] == "none" and nd["recall_at_k"] == 0.0 and nd["mean_needle_weight"] == 0.0
+    assert nd["full_recall"]["k"] == 0 and nd["exact_match_given_miss"]["n"] == 4 and math.isnan(nd["mean_rank"])
+
+
 # ------------------------------------------------------------------------------------- exact fast path
 @pytest.mark.parametrize("kw", [
     dict(), dict(weights="softmax", retrieval="chunk", hsa_positions="rope"),
@@ -340,6 +395,29 @@ def test_gumbel_noise_only_in_training():
     assert not torch.allclose(a, m(x))
 
 
+def test_select_warmup_uses_softmax_topk_then_the_configured_selection():
+    m = make(select_warmup=2, select_warmup_topk=4, topk=2, weights="stickbreaking").train()
+    x = ids(1, 40)
+
+    def n_selected(model):
+        rec = []
+        model(x, record=rec)
+        return int(rec[0]["selected"][0, -1].sum()), rec[0]["weights"][0, -1].sum().item()
+
+    assert n_selected(m.eval())[0] == 2 and int(m.select_steps) == 0      # eval mode: the configured selection
+    m.train()
+    for step in range(2):                                        # warm-up: softmax over the top 4 (Σw = 1)
+        k, wsum = n_selected(m)
+        assert k == 4 and wsum == pytest.approx(1.0)
+    k, wsum = n_selected(m)                                      # then top-2 stick-breaking (Σw < 1)
+    assert k == 2 and wsum < 1 and int(m.select_steps) == 3
+    sd = m.state_dict()
+    assert int(sd["select_steps"]) == 3                          # saved in checkpoints: resume is exact
+    m2 = make(select_warmup=2, select_warmup_topk=4, topk=2, weights="stickbreaking")
+    m2.load_state_dict(sd)
+    assert int(m2.select_steps) == 3 and "select_steps" not in make().state_dict()
+
+
 # ---------------------------------------------------------------------------------------- diagnostics
 def test_retrieval_diagnostics_consistent_fast_and_full():
     from longsparse.tasks import get_task
@@ -391,7 +469,9 @@ def test_diagnostics_rank_with_planted_scores():
     (dict(n_upper=3, upper_group_size=2), "multiple"), (dict(entmax_cap=2), "only applies"),
     (dict(weights="entmax", gumbel_noise=1.0), "uncapped entmax"), (dict(chunk_size=0), "chunk_size"),
     (dict(entmax_alpha=1.0, weights="entmax"), "entmax_alpha"), (dict(retrieval="doc"), "unknown retrieval"),
-    (dict(branch_gain=-0.1), "branch_gain"),
+    (dict(branch_gain=-0.1), "branch_gain"), (dict(retrieval="off"), "unknown retrieval"),
+    (dict(retrieval="none", hsa_local=False), "needs hsa_local"), (dict(select_warmup=-1), "select_warmup"),
+    (dict(select_warmup_topk=0), "select_warmup_topk"),
 ])
 def test_config_validation(kw, msg):
     with pytest.raises(ValueError, match=msg):

@@ -32,6 +32,33 @@ def train_wall(run: Path):
     return None
 
 
+def losses(run: Path):
+    """[(step, loss)] logged in metrics.jsonl (every log_every steps)."""
+    f = run / "metrics.jsonl"
+    out = []
+    if f.exists():
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            if "loss" in rec:
+                out.append((rec["step"], rec["loss"]))
+    return out
+
+
+def final_loss(run: Path):
+    ls = losses(run)
+    return ls[-1][1] if ls else None
+
+
+def plateau_exit(run: Path, below=1.0):
+    """First logged step whose mean training loss is below ``below`` (chance on passkey value_len 1: 1.39)."""
+    return next((s for s, v in losses(run) if v < below), None)
+
+
+def num(x, fmt):
+    """x formatted, '-' for None / NaN (e.g. the rank of a model without retrieval)."""
+    return "-" if x is None or x != x else format(x, fmt)
+
+
 def pct(x):
     return "-" if x is None else f"{100 * x:.0f}"
 
@@ -67,15 +94,16 @@ def main(runs):
             g, m = nd["exact_match_given_recall"], nd["exact_match_given_miss"]
             # files written before the EOS-position fix of score_needles (15:16:30 UTC) -> marked *
             old = "" if ("query_positions" in nd or r["created"] >= "2026-11-21T15:16:30") else "*"
-            print(f"| {name}{old} | {L:,} | {nd['recall_at_k']:.2f} | {nd['full_recall']['rate']:.2f} | "
-                  f"{nd['mean_rank']:.1f} | {nd['mean_needle_weight']:.2f} | "
+            print(f"| {name}{old} | {L:,} | {num(nd['recall_at_k'], '.2f')} | {num(nd['full_recall']['rate'], '.2f')} | "
+                  f"{num(nd['mean_rank'], '.1f')} | {num(nd['mean_needle_weight'], '.2f')} | "
                   f"{pct(g['rate'])}% ({g['n']}) | {pct(m['rate'])}% ({m['n']}) | "
                   f"{r['seconds'] + nd['seconds']:.0f} |")
     print()
-    print("| run | training wall clock (s) |")
-    print("|---|---|")
+    print("| run | training wall clock (s) | final training loss | first logged step with loss < 1 |")
+    print("|---|---|---|---|")
     for r in runs:
-        print(f"| {r.name} | {train_wall(r)} |")
+        ex = plateau_exit(r)
+        print(f"| {r.name} | {train_wall(r)} | {num(final_loss(r), '.4f')} | {'never' if ex is None else ex} |")
 
 
 if __name__ == "__main__":

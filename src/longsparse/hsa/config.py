@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional
 LANDMARKS = ("encoder_cls", "encoder_mean", "mean")
 FUSIONS = ("bypass", "standard")
 WEIGHTS = ("stickbreaking", "softmax", "entmax")
-RETRIEVALS = ("token", "chunk")
+RETRIEVALS = ("token", "chunk", "none")
 HSA_POSITIONS = ("nope", "rope")
 LENGTH_SCALES = ("none", "fixed", "learned")
 HSA_IMPLS = ("dense", "gather")
@@ -31,12 +31,19 @@ class HSAConfig:
       entmax (α-entmax over all visible chunks, ``entmax_alpha``; ``entmax_cap`` keeps at most that many
       non-zero weights; ``topk`` is then unused).
     retrieval: token (each token its own retrieval query; paper) | chunk (one query per chunk of tokens:
-      the mean of the previous chunk's normalised layer inputs, shared by all tokens of the chunk).
+      the mean of the previous chunk's normalised layer inputs, shared by all tokens of the chunk) |
+      none (the sliding-window-only baseline: HSA layers keep only their local sliding-window path — no
+      retrieval, no chunk memory, so nothing beyond the (n_lower + n_upper)·(window − 1) receptive field is
+      read; needs ``hsa_local``; landmark/encoder/selection fields are then unused).
     hsa_positions: nope (paper) | rope (absolute positions inside retrieved chunks).
     length_scale: ASEntmax-style multiplier log(n_visible + 1)^γ of the retrieval query: none | fixed γ =
       ``length_gamma`` | learned γ (one per HSA layer, initialised at ``length_gamma``).
     gumbel_noise: scale of Gumbel noise added to retrieval scores *for the discrete selection only*
       (top-k, or the entmax cap) while training; 0 = off.
+    select_warmup: a selection curriculum — the first ``select_warmup`` training forward passes (counted by the
+      persistent buffer ``HSAModel.select_steps``, so resume is exact) select with softmax weights over the
+      top-``select_warmup_topk`` chunks instead of ``weights``/``topk``; afterwards, and always in eval mode,
+      the configured selection. 0 = off.
     hsa_local: keep the sliding-window local path inside HSA layers (paper: yes).
     hsa_impl: dense (scores every chunk; O(N²/S·S) — training) | gather (only the selected chunks; what
       the long-context evaluator uses). Both are exact and tested equal.
@@ -72,6 +79,8 @@ class HSAConfig:
     length_scale: str = "none"
     length_gamma: float = 1.0
     gumbel_noise: float = 0.0
+    select_warmup: int = 0
+    select_warmup_topk: int = 4
     hsa_local: bool = True
     hsa_impl: str = "dense"
     rope_theta: float = 10000.0
@@ -103,6 +112,8 @@ class HSAConfig:
                      "chunk_size", "window", "topk", "retrieval_dim"):
             pos_int(name)
         pos_int("n_lower", 0)
+        pos_int("select_warmup", 0)
+        pos_int("select_warmup_topk")
         pos_int("encoder_layers", 0)
         if self.encoder_layers > 2:
             raise ValueError(f"encoder_layers must be 0, 1 or 2, got {self.encoder_layers}")
@@ -114,6 +125,9 @@ class HSAConfig:
                               ("length_scale", LENGTH_SCALES), ("hsa_impl", HSA_IMPLS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
+        if self.retrieval == "none" and not self.hsa_local:
+            raise ValueError("retrieval='none' (sliding-window-only baseline) needs hsa_local=True: without "
+                             "retrieval and without the local path an HSA layer would attend to nothing")
         if self.landmark in ("encoder_cls", "encoder_mean") and self.encoder_layers == 0:
             raise ValueError(f"landmark={self.landmark!r} needs encoder_layers >= 1 (use landmark='mean' "
                              f"without an encoder)")

@@ -109,7 +109,10 @@ def score_needles(model: HSAModel, task, length: int, samples: int, *, seed: int
     ``rank`` and ``weight`` (means over layers and answer positions) and the teacher-forced exact match (argmax
     equals the target at every answer position, EOS included) — equal to greedy exact match, since greedy
     decoding produces the target iff every step's argmax given the correct prefix is the next target token.
-    Returns JSON-able summaries incl. exact match given full recall and given a miss."""
+    Returns JSON-able summaries incl. exact match given full recall and given a miss.
+
+    A model without retrieval (``retrieval = "none"``, the sliding-window-only baseline) never selects a needle
+    chunk: recall 0, needle weight 0, every example counts as a miss, and the rank is undefined (NaN)."""
     import math
     import time
 
@@ -141,6 +144,10 @@ def score_needles(model: HSAModel, task, length: int, samples: int, *, seed: int
                                torch.full_like(nval, float("nan"), dtype=torch.float)).tolist()
             rk += (torch.where(valid, rank, torch.zeros_like(rank)).sum((1, 2)) / nval.clamp_min(1)).tolist()
             wt += weight.mean((1, 2)).tolist()
+            if model.cfg.retrieval == "none":           # no HSA layer records a selection
+                rec[-n:] = [0.0] * n
+                rk[-n:] = [float("nan")] * n
+                wt[-n:] = [0.0] * n
             done += n
     finally:
         model.train(was)
@@ -156,7 +163,9 @@ def score_needles(model: HSAModel, task, length: int, samples: int, *, seed: int
 
     hit = [e for e, f in zip(ex, full) if f]
     miss = [e for e, f in zip(ex, full) if not f]
-    return {"n": len(ex), "query_positions": "answer tokens (EOS excluded)", "recall_at_k": mean(rec), "full_recall": rate(full), "mean_rank": mean(rk),
+    no_ret = model.cfg.retrieval == "none"
+    return {"n": len(ex), "query_positions": "answer tokens (EOS excluded)", "retrieval": model.cfg.retrieval,
+            "recall_at_k": mean(rec), "full_recall": rate(full), "mean_rank": float("nan") if no_ret else mean(rk),
             "mean_needle_weight": mean(wt), "exact_match_teacher_forced": rate(ex),
             "exact_match_given_recall": rate(hit), "exact_match_given_miss": rate(miss),
             "topk": model.cfg.topk, "weights": model.cfg.weights, "seconds": round(time.perf_counter() - t0, 3)}

@@ -72,6 +72,8 @@ class HSAFastEvaluator:
     def _update_landmarks(self) -> None:
         S = self.cfg.chunk_size
         have, total = self.landmarks.shape[1], self.length // S
+        if self.cfg.retrieval == "none":     # sliding-window-only baseline: no chunk memory
+            return
         parts = [self.landmarks]
         a = have * S
         while a < total * S:
@@ -107,7 +109,7 @@ class HSAFastEvaluator:
 
     def receptive_field(self) -> int:
         cfg = self.cfg
-        per = cfg.window - 1 if cfg.retrieval == "token" else max(cfg.window - 1, 2 * cfg.chunk_size - 1)
+        per = max(cfg.window - 1, 2 * cfg.chunk_size - 1) if cfg.retrieval == "chunk" else cfg.window - 1
         return cfg.n_upper * per
 
     # -- outputs --------------------------------------------------------------------------------------

@@ -30,6 +30,10 @@ HSA(h) at a token t with position p_t:
     per head: o_tc = softmax_j(q_t·k_cj / √d_h) v_cj   over the S tokens of chunk c (NoPE, or RoPE
           with absolute positions); HSA(h)_t = W_o · Σ_c w_tc o_tc.
 Retrieval selection and chunk weights are shared by all heads of a layer.
+
+retrieval = "none" (the sliding-window-only baseline): HSA blocks have no retrieval branch (x ← x + n₁(SWA(h));
+x ← x + n₂(MLP(n₃(x)))), no chunk memory is built and the chunk encoder has no layers, so the model is a pure
+sliding-window decoder of n_lower + n_upper layers with the same widths.
 """
 from __future__ import annotations
 
@@ -152,7 +156,8 @@ class ChunkEncoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.cls = nn.Parameter(torch.zeros(cfg.d_model))
-        self.layers = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.encoder_layers))
+        n_layers = 0 if cfg.retrieval == "none" else cfg.encoder_layers      # no memory, no encoder
+        self.layers = nn.ModuleList(EncoderBlock(cfg) for _ in range(n_layers))
         self.token_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.landmark_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
 
@@ -186,6 +191,7 @@ class HSAAttention(_Heads):
         self.q_ret = nn.Linear(cfg.d_model, cfg.retrieval_dim, bias=False)
         self.k_ret = nn.Linear(cfg.d_model, cfg.retrieval_dim, bias=False)
         self.ret_scale = 1.0 / math.sqrt(cfg.retrieval_dim)
+        self.warmup_selection = False
         if cfg.length_scale == "learned":
             self.gamma = nn.Parameter(torch.tensor(float(cfg.length_gamma)))
         else:
@@ -223,8 +229,11 @@ class HSAAttention(_Heads):
         noise = None
         if self.training and cfg.gumbel_noise > 0:
             noise = cfg.gumbel_noise * sample_gumbel(s.shape, s.device).to(s.dtype)
-        w, sel = chunk_weights(s, vis, weights=cfg.weights, topk=cfg.topk, alpha=cfg.entmax_alpha,
-                               cap=cfg.entmax_cap, noise=noise)
+        weights, topk = cfg.weights, cfg.topk
+        if self.training and self.warmup_selection:           # HSAConfig.select_warmup (set by HSAModel)
+            weights, topk = "softmax", cfg.select_warmup_topk
+        w, sel = chunk_weights(s, vis, weights=weights, topk=topk, alpha=cfg.entmax_alpha,
+                               cap=cfg.entmax_cap if weights == "entmax" else None, noise=noise)
         return s, vis, w, sel
 
     # -- forward --------------------------------------------------------------------------------------
@@ -294,13 +303,20 @@ class HSABlock(nn.Module):
         self.cfg = cfg
         self.pre_attn_norm, self.post_attn_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
         self.pre_mlp_norm, self.post_mlp_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
-        self.post_hsa_norm = RMSNorm(d, cfg.norm_eps)
         self.attn = SlidingWindowAttention(cfg) if cfg.hsa_local else None
-        self.hsa = HSAAttention(cfg)
+        if cfg.retrieval == "none":          # sliding-window-only baseline: the local path alone
+            self.post_hsa_norm, self.hsa = None, None
+        else:
+            self.post_hsa_norm = RMSNorm(d, cfg.norm_eps)
+            self.hsa = HSAAttention(cfg)
         self.mlp = GeGLU(d, cfg.d_ff)
 
-    def forward(self, x: Tensor, positions: Tensor, memory: ChunkMemory, record: Optional[list] = None) -> Tensor:
+    def forward(self, x: Tensor, positions: Tensor, memory: Optional[ChunkMemory],
+                record: Optional[list] = None) -> Tensor:
         h = self.pre_attn_norm(x)
+        if self.hsa is None:
+            x = x + self.post_attn_norm(self.attn(h, positions))
+            return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
         r = self.post_hsa_norm(self.hsa(h, positions, memory, record))
         if self.attn is not None:
             x = x + self.post_attn_norm(self.attn(h, positions))
@@ -329,6 +345,8 @@ class HSAModel(nn.Module):
                                    for i in range(cfg.n_upper))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.select_warmup > 0:            # training forward passes so far (HSAConfig.select_warmup)
+            self.register_buffer("select_steps", torch.zeros((), dtype=torch.long))
         self.reset_parameters()
 
     @property
@@ -362,7 +380,7 @@ class HSAModel(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def hsa_layers(self) -> List[HSAAttention]:
-        return [b.hsa for b in self.upper if isinstance(b, HSABlock)]
+        return [b.hsa for b in self.upper if isinstance(b, HSABlock) and b.hsa is not None]
 
     # -- pieces (the long-context evaluator runs them on spans) ---------------------------------------
     def run_lower(self, input_ids: Tensor, start: int = 0) -> Tensor:
@@ -380,6 +398,8 @@ class HSAModel(nn.Module):
         return self.encoder(mid.view(B, N // S, S, d))
 
     def build_memory(self, mid: Tensor) -> ChunkMemory:
+        if self.cfg.retrieval == "none":     # nothing reads the memory: an empty one, no encoder pass
+            return ChunkMemory(mid.new_zeros(mid.shape[0], 0, mid.shape[2]), None)
         C = mid.shape[1] // self.cfg.chunk_size
         land, tok = self.encode_chunks(mid[:, :C * self.cfg.chunk_size])
         return ChunkMemory(land, tok)
@@ -399,6 +419,12 @@ class HSAModel(nn.Module):
         if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
             raise ValueError(f"attention_mask must have shape {tuple(input_ids.shape)}, "
                              f"got {tuple(attention_mask.shape)}")
+        if self.cfg.select_warmup > 0:
+            warm = self.training and int(self.select_steps) < self.cfg.select_warmup
+            for layer in self.hsa_layers():
+                layer.warmup_selection = warm
+            if self.training:
+                self.select_steps += 1
         mid = self.run_lower(input_ids)
         memory = self.build_memory(mid)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
