@@ -144,9 +144,8 @@ def score_needles(model: HSAModel, task, length: int, samples: int, *, seed: int
                                torch.full_like(nval, float("nan"), dtype=torch.float)).tolist()
             rk += (torch.where(valid, rank, torch.zeros_like(rank)).sum((1, 2)) / nval.clamp_min(1)).tolist()
             wt += weight.mean((1, 2)).tolist()
-            if model.cfg.retrieval == "none":           # no HSA layer records a selection
+            if model.cfg.retrieval == "none":           # no HSA layer records a selection (rank: set below)
                 rec[-n:] = [0.0] * n
-                rk[-n:] = [float("nan")] * n
                 wt[-n:] = [0.0] * n
             done += n
     finally:
