@@ -201,7 +201,10 @@ class MultiQueryNeedle(_RulerTask):
 
 @dataclass
 class VariableTracking(_RulerTask):
-    """Multi-hop variable tracking (RULER VT): X1 = value, X2 = X1, …; query the last variable."""
+    """Multi-hop variable tracking (RULER VT): X1 = value, X2 = X1, …; query the last variable.
+
+    With ``num_chains = 1`` the answer is the only value token in the sequence, so a model can answer without
+    tracking anything (a passkey); the presets use 2 chains."""
 
     num_hops: int = 2
     num_chains: int = 1
