@@ -1,7 +1,8 @@
 #!/bin/bash
 # usage: trial.sh NAME METHOD [extra --set args...]; the mqmtar_inline study recipe under RoPE plus overrides
 export OMP_NUM_THREADS=1
-cd /work/main
+cd "$(dirname "$0")/../../.."   # the repository root
+mkdir -p runs/rope_trials runs/seq_trials
 name=$1; method=$2; shift 2
 /usr/bin/time -f "train wall %e s" longsparse train --task mqmtar_inline --method $method --positions rope --preset cpu \
   --out runs/rope_trials/$name --set model.d_model=64 --set model.d_ff=128 --set train.steps=2500 --set train.lr=2e-3 \
