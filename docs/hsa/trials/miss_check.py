@@ -1,15 +1,13 @@
 # Which examples does a run "miss" (needle chunk not selected at the answer position) yet answer correctly?
 # usage: python miss_check.py RUN L N   (the same test stream/batches as `longsparse eval`'s score_needles, batch 1)
 import sys, torch
-from longsparse.nn.checkpoint import load_checkpoint
+from longsparse.evaluate.sweep import load_run_model
 from longsparse.train.config import make_task
 from longsparse.hsa import needle_diagnostics
-import json
 torch.set_num_threads(1)
 run, L, N = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-cfg = json.load(open(f"{run}/config.json"))
+model, cfg, _ = load_run_model(run, "last")     # checks the checkpoint against config.json
 task = make_task(cfg["task"])
-model, _ = load_checkpoint(f"{run}/checkpoints/last.pt")
 model.eval()
 rng = task.rng(0, "test")
 S = model.cfg.chunk_size

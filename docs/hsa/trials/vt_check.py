@@ -1,14 +1,13 @@
 # variable_tracking: does a run answer with the queried chain's value, the OTHER chain's value, or something else?
 # usage: python vt_check.py RUN L N   (the same test stream as `longsparse eval`, batch 1; first answer token,
 # teacher-forced logits at the answer position = greedy first token)
-import sys, json, torch
-from longsparse.nn.checkpoint import load_checkpoint
+import sys, torch
+from longsparse.evaluate.sweep import load_run_model
 from longsparse.train.config import make_task
 torch.set_num_threads(1)
 run, L, N = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-cfg = json.load(open(f"{run}/config.json"))
+model, cfg, _ = load_run_model(run, "last")     # checks the checkpoint against config.json
 task = make_task(cfg["task"])
-model, _ = load_checkpoint(f"{run}/checkpoints/last.pt")
 model.eval()
 rng = task.rng(0, "test")
 vals = set(task.values)

@@ -203,7 +203,7 @@ class MultiQueryNeedle(_RulerTask):
 class VariableTracking(_RulerTask):
     """Multi-hop variable tracking (RULER VT): X1 = value, X2 = X1, …; query the last variable.
 
-    With ``num_chains = 1`` the answer is the only value token in the sequence, so a model can answer without
+    With ``num_chains = 1`` the answer's tokens are the only value tokens in the sequence, so a model can answer without
     tracking anything (a passkey); the presets use 2 chains."""
 
     num_hops: int = 2
