@@ -49,7 +49,8 @@ def test_quick_study_end_to_end_and_resume(tmp_path, capsys):
 
 def test_long_lengths_use_their_own_sample_count():
     s = load_study("synthetic", quick=True)["studies"][0]
-    assert samples_for(s, s["long_from"]) == s["long_samples"] != samples_for(s, s["lengths"][0]) == s["samples"]
+    assert samples_for(s, s["long_from"]) == s["long_samples"] != samples_for(s, s["lengths"][1]) == s["samples"]
+    assert samples_for(s, s["lengths"][0]) == s["id_samples"] != s["samples"]      # the in-distribution length
 
 
 def test_committed_study_file_is_valid():
@@ -74,7 +75,9 @@ def test_bad_study_files(tmp_path):
     base = '[[study]]\nname = "a"\npositions = ["nape"]\nseeds = [0]\nsamples = 2\n'
     for body, msg in (('task = "nope"\nmethods = ["softmax"]\nlengths = [64]', "unknown task"),
                       ('task = "copy"\nmethods = ["softmaxx"]\nlengths = [64]', "unknown methods"),
-                      ('task = "mqmtar"\nmethods = ["softmax"]\nlengths = [4]', "too short")):
+                      ('task = "mqmtar"\nmethods = ["softmax"]\nlengths = [4]', "too short"),
+                      ('task = "copy"\nmethods = ["softmax"]\nlengths = [128, 64]', "increasing"),
+                      ('task = "copy"\nmethods = ["softmax"]\nlengths = [64]\nid_samples = 0', "id_samples")):
         p.write_text(base + body + "\n")
         with pytest.raises(ConfigError, match=msg):
             load_study(path=str(p))

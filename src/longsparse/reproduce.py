@@ -50,7 +50,8 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
         if missing:
             raise ConfigError(f"{p}: study #{i + 1} lacks {missing}")
         unknown = sorted(set(s) - {"name", "task", "preset", "methods", "positions", "seeds", "lengths", "samples",
-                                   "long_samples", "long_from", "sets", "method_sets", "description"})
+                                   "long_samples", "long_from", "id_samples", "sets", "method_sets",
+                                   "description"})
         if unknown:
             raise ConfigError(f"{p}: study {s['name']!r} has unknown key(s) {unknown}")
         _check_study(p, s)
@@ -59,6 +60,7 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
         s.setdefault("method_sets", {})
         s.setdefault("long_samples", s["samples"])
         s.setdefault("long_from", max(s["lengths"]) + 1)
+        s.setdefault("id_samples", s["samples"])
         out.append(s)
     names = [s["name"] for s in out]
     if len(set(names)) != len(names):
@@ -79,6 +81,13 @@ def _check_study(path: Path, s: dict) -> None:
             task.check_length(L)
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from None
+    if list(s["lengths"]) != sorted(set(s["lengths"])):
+        raise ConfigError(f"{where}: lengths must be increasing (the first is the in-distribution one), "
+                          f"got {s['lengths']}")
+    for key in ("samples", "long_samples", "id_samples"):
+        v = s.get(key, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{where}: {key} must be an integer >= 1, got {v!r}")
     for key, known in (("methods", METHODS), ("positions", POSITIONS)):
         bad = [x for x in s[key] if x not in known]
         if bad:
@@ -86,6 +95,10 @@ def _check_study(path: Path, s: dict) -> None:
 
 
 def samples_for(study: dict, length: int) -> int:
+    """Examples evaluated at ``length``: ``id_samples`` at the first (in-distribution) length, where the
+    ≥ 99 % bar is checked, ``long_samples`` from ``long_from`` on, ``samples`` in between."""
+    if length == study["lengths"][0]:
+        return study["id_samples"]
     return study["long_samples"] if length >= study["long_from"] else study["samples"]
 
 
