@@ -6,7 +6,7 @@ import json
 import pytest
 
 from longsparse.cli import main
-from longsparse.reproduce import cells, load_study, samples_for
+from longsparse.reproduce import cells, load_study, samples_for, selected
 from longsparse.train.config import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -61,6 +61,15 @@ def test_committed_study_file_is_valid():
     rope = by["mqmtar_inline_rope"]           # `like` copies the recipe, the study's own keys override
     assert rope["sets"] == by["mqmtar_inline"]["sets"] and rope["positions"] == ["rope"]
     assert "description" not in rope
+
+
+def test_only_picks_a_study_by_name_before_its_task():
+    spec = load_study("synthetic")
+    pick = lambda only: [s["name"] for s in spec["studies"] if selected(s, only, spec)]  # noqa: E731
+    assert pick(["mqmtar_inline"]) == ["mqmtar_inline"]          # a study name, not every mqmtar_inline study
+    assert pick(["mqmtar_inline_3l", "flip_flop"]) == ["flip_flop", "mqmtar_inline_3l"]
+    quick = load_study("synthetic", quick=True)
+    assert [s["name"] for s in quick["studies"] if selected(s, ["flip_flop"], quick)] == ["flip_flop-quick"]
 
 
 def test_bad_study_files(tmp_path):

@@ -141,6 +141,13 @@ def _evaluated(run: Path, seed: int = 0) -> set[tuple[str, int, int]]:
     return done
 
 
+def selected(study: dict, only: Sequence[str], spec: dict) -> bool:
+    """Whether ``--only`` picks ``study``: an entry that is a study's name picks that study alone; any other
+    entry picks every study of that task (so ``--only mqmtar_inline`` is not also its _3l/_rope variants)."""
+    names = {s["name"] for s in spec["studies"]}
+    return study["name"] in only or any(x not in names and x == study["task"] for x in only)
+
+
 def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = None, shard: tuple[int, int] = (0, 1),
               printer: Callable[[str], None] = print) -> list[Path]:
     """Train and evaluate every cell (resumable); returns the run folders. ``shard=(K, N)`` takes every N-th
@@ -152,7 +159,7 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
     out = Path(out)
     runs, index = [], -1
     for study in spec["studies"]:
-        if only and study["name"] not in only and study["task"] not in only:
+        if only and not selected(study, only, spec):
             continue
         for c in cells(study):
             index += 1
@@ -363,7 +370,8 @@ def add_cli(sub) -> None:
     r.add_argument("--config", default=None, help="a study TOML file instead of configs/reproduce/<study>.toml")
     r.add_argument("--out", default=None, help="run folder (default runs/reproduce[-quick])")
     r.add_argument("--report", default=None, help="tables/JSON/PNG here (default OUT/report)")
-    r.add_argument("--only", default=None, help="comma list of study names or tasks")
+    r.add_argument("--only", default=None,
+                   help="comma list of study names, or tasks (every study of the task) where no study has that name")
     r.add_argument("--shard", default=None, help="K/N: run every N-th cell from the K-th (one process per core)")
     r.add_argument("--report-only", action="store_true", help="rebuild the report from saved results")
     r.set_defaults(func=_cli)
