@@ -334,6 +334,7 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
                 ax.fill_between(xs, [100 * r["min"] for _, r in pts], [100 * r["max"] for _, r in pts],
                                 color=line.get_color(), alpha=0.15)
             ax.set_xscale("log", base=2)
+            ax.set_ylim(-3, 103)    # the full 0-100 scale: a study near 100 % must not look like a spread
             ax.set_xlabel(f"test length L (trained up to {sd.get('train_hi', 64)})")
             ax.set_title(f"{name}: {ck} checkpoint")
             ax.grid(alpha=0.3)
