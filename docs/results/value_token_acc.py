@@ -4,7 +4,7 @@ Teacher-forced on the test split (seed 0). Reports the accuracy on the first and
 is predicted at `<kv>` (the query's key matched against the context: a lookup two tokens back), v2 at v1 (find
 v1 in the context, copy the token after it) — and puts every labelled token into one class, counting how many
 there are and how many are wrong:
-  v1, key collision   the queried key shares exactly one of its tokens with another key of the context
+  v1, key collision   another key of the context has the same first or the same second token (not both)
   v1, other           any other first value token
   v2, v1 collision    another value of the context starts with the same token as the queried value, so
                       "find v1 after <kv>, copy the next token" is ambiguous and only the key decides
