@@ -288,3 +288,21 @@ def test_runs_under_bf16_autocast(mapping):
     out.float().sum().backward()
     assert torch.isfinite(q.grad).all()
     torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("mapping", ["entmax", "sparsemax", "topk", "adatemp", "asentmax"])
+@pytest.mark.parametrize("n", [37, 130])
+def test_auto_path_with_gradients_equals_chunked(mapping, n):
+    """"auto" differentiates short rows (≤ 128 keys) through the dense path and long ones through the
+    chunked path; either way the output and every gradient equal the chunked path's, masked rows included."""
+    q, k, v = _qkv(nq=n, nk=n)
+    mask = torch.ones(B, 1, n, n, dtype=torch.bool)
+    mask[0, :, 5] = False                       # a query that can see nothing
+    kw = dict(mapping=mapping, alibi_slopes=torch.tensor([1.0, 0.5, 0.0, 0.0]), q_scale=torch.rand(B, H, n) + 0.5,
+              attn_mask=mask, topk=8)
+    auto = _run("auto", q, k, v, **kw)
+    chunked = _run("chunked", q, k, v, **kw)
+    for a, c in zip(auto, chunked):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+    assert (auto[0][0, :, 5] == 0).all()
