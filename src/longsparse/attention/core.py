@@ -34,9 +34,9 @@ _AUTO_CHUNK_ELEMENTS = 1 << 24
 # Queries per block below which q·kᵀ turns memory-bound (it re-reads k for every block).
 _MIN_ROWS = 256
 # Short rows that "auto" differentiates through the materialised logits with autograd instead of the
-# chunked path's recomputing backward (training at the synthetic tasks' lengths): fwd+bwd of entmax /
-# adatemp at B 64, H 4, N 64 took 0.6-0.8x the chunked time, at N 128 0.8-0.9x, at N 512 1.5-1.7x (CPU).
-_AUTO_REFERENCE_MAX_KEYS = 128
+# chunked path's recomputing backward, which costs a second forward (training at the synthetic tasks'
+# lengths): 0.5-0.9x its time for entmax / adatemp at 32-64 keys, none at 128 (`longsparse bench short`).
+_AUTO_REFERENCE_MAX_KEYS = 64
 _AUTO_REFERENCE_ELEMENTS = 1 << 22     # and at most this many logits (a few such buffers are kept)
 
 
@@ -79,7 +79,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
     backward: memory O(chunk × Nk) both ways. "reference" materialises all logits and lets autograd
     differentiate everything (also alpha, alibi_slopes and a float attn_mask). "auto" takes reference
     when alpha, alibi_slopes or attn_mask needs a gradient, or for a gradient through short rows
-    (≤ 128 keys, ≤ 4 M logits, no autocast: faster than recomputing), else chunked.
+    (≤ 64 keys, ≤ 4 M logits, no autocast: faster than recomputing), else chunked.
     """
     _check_shapes(q, k, v)
     name = _ALIASES.get(mapping, mapping)
