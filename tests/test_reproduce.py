@@ -7,6 +7,7 @@ import pytest
 
 from longsparse.cli import main
 from longsparse.reproduce import cells, load_study, samples_for, selected
+from longsparse.train import build_config
 from longsparse.train.config import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -61,6 +62,11 @@ def test_committed_study_file_is_valid():
     rope = by["mqmtar_inline_rope"]           # `like` copies the recipe, the study's own keys override
     assert rope["sets"] == by["mqmtar_inline"]["sets"] and rope["positions"] == ["rope"]
     assert "description" not in rope
+    fast = by["mqmtar_inline_3l_lr4e-3_4k"]   # `more_sets` appends to the inherited sets; the later setting wins
+    assert fast["sets"] == [*by["mqmtar_inline_3l"]["sets"], "train.lr=4e-3", "train.steps=4000"]
+    cfg = build_config(fast["task"], preset=fast["preset"], method="softmax", positions="nape", seed=0,
+                       sets=fast["sets"])
+    assert cfg["train"]["lr"] == 4e-3 and cfg["train"]["steps"] == 4000 and cfg["model"]["n_layers"] == 3
 
 
 def test_only_picks_a_study_by_name_before_its_task():

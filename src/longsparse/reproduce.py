@@ -27,7 +27,8 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
     """The study file, validated and with defaults filled in: ``{"path": ..., "studies": [study, ...]}``.
 
     A ``[[study]]`` may say ``like = "<earlier study>"`` to take that study's settings (not its name or
-    description) and override some of them."""
+    description) and override some of them; ``more_sets = [...]`` appends train overrides to the ``sets``
+    it has (the later of two settings of one key wins), so a variant names only what it changes."""
     p = Path(path) if path else configs_dir() / "reproduce" / f"{name}{'-quick' if quick else ''}.toml"
     if not p.is_file():
         raise ConfigError(f"no study file {p}")
@@ -46,6 +47,8 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
                 base.pop(k, None)
             s = {**base, **{k: v for k, v in s.items() if k != "like"}}
         s = {**defaults, **s}
+        if "more_sets" in s:
+            s["sets"] = [*s.get("sets", []), *s.pop("more_sets")]
         missing = [k for k in ("name", "task", "methods", "positions", "seeds", "lengths", "samples") if k not in s]
         if missing:
             raise ConfigError(f"{p}: study #{i + 1} lacks {missing}")
