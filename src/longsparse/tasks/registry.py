@@ -6,6 +6,7 @@ where listed below, and results obtained with it must say so:
 
 * mqmtar/cpu: alphabet 64 and 1,000 keys / 1,000 values (instead of 256 and 10,000 / 10,000), same layout,
   pair density and 4 queries — fewer symbol embeddings to learn.
+* mqmtar_inline/cpu: 8 queries (instead of 4) per example, so each example supervises more retrievals.
 * every other task: identical to "paper" (the tasks are already small; the model and step budget are
   what the training presets shrink).
 """
