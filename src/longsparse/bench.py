@@ -220,8 +220,8 @@ def bench_attention(lengths, repeats: int, heads: int = 8, dim: int = 64, fwd_on
 
 
 def bench_short(lengths, repeats: int, batch: int = 64, heads: int = 4, dim: int = 16) -> list[dict]:
-    """Attention fwd+bwd at training shapes of the synthetic tasks (NAPE-like ALiBi on half the heads,
-    q-scales on all): ``path="auto"`` (dense autograd up to 64 keys) against ``path="chunked"`` (the
+    """Causal attention fwd+bwd at training shapes of the synthetic tasks (NAPE-like ALiBi on half the
+    heads, q-scales on all): ``path="auto"`` (dense autograd up to 64 keys) against ``path="chunked"`` (the
     recomputing backward), timed interleaved, per mapping and length."""
     import longsparse as ls
 
@@ -237,7 +237,7 @@ def bench_short(lengths, repeats: int, batch: int = 64, heads: int = 4, dim: int
                 def call():
                     leaves = [t.detach().requires_grad_() for t in (q, k, v, q_scale)]
                     out = ls.attention(*leaves[:3], q_scale=leaves[3], mapping=mapping, alibi_slopes=slopes,
-                                       path=path)
+                                       is_causal=True, path=path)
                     out.backward(up)
                 return call
             t = _time_interleaved({"auto": run("auto"), "chunked": run("chunked")}, repeats)
