@@ -67,6 +67,26 @@ def test_cached_generation_equals_full_forward(method, positions):
     assert torch.equal(a[:1], c)
 
 
+def test_layer_cache_growth_equals_concatenation():
+    """The preallocated cache returns exactly the concatenation of everything appended, across growths and
+    appends of several tokens; under autograd it concatenates, so gradients reach every appended key."""
+    from longsparse.nn import LayerCache
+    torch.manual_seed(0)
+    cache, ks, vs = LayerCache(), [], []
+    for m in (5, 1, 1, 3, 1, 7, 1, 1, 20):
+        k, v = torch.randn(2, 3, m, 4), torch.randn(2, 3, m, 4)
+        ks.append(k)
+        vs.append(v)
+        got_k, got_v = cache.append(k, v)
+        assert torch.equal(got_k, torch.cat(ks, 2)) and torch.equal(got_v, torch.cat(vs, 2))
+    assert cache.n == 40 and torch.equal(cache.k, torch.cat(ks, 2))
+    cache, first = LayerCache(), torch.randn(1, 1, 3, 2, requires_grad=True)
+    cache.append(first, first)
+    k, _ = cache.append(torch.randn(1, 1, 1, 2, requires_grad=True), torch.randn(1, 1, 1, 2))
+    k.sum().backward()
+    assert first.grad is not None and torch.equal(first.grad, torch.ones_like(first))
+
+
 @pytest.mark.parametrize("method,positions", [("asentmax", "nape"), ("ssmax", "rope"), ("entmax", "alibi")])
 def test_padding_and_logits_for_last_are_exact(method, positions):
     torch.manual_seed(3)

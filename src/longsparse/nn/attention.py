@@ -16,18 +16,43 @@ from longsparse.nn.scalers import ASEntmaxScaler, SSMaxScaler, StaticASEntmaxSca
 
 
 class LayerCache:
-    """Keys (RoPE already applied) and values of one layer: (B, H, N, Dh) each."""
+    """Keys (RoPE already applied) and values of one layer: (B, H, N, Dh) each.
+
+    Stored in buffers with spare room that double when full, so a decoding step writes one row instead of
+    copying the whole cache (``torch.cat`` per step made long greedy generation quadratic in copies: half
+    of the step time at 4,096 cached tokens). Under autograd it concatenates, so no graph sees a buffer
+    that a later step writes into."""
 
     def __init__(self):
-        self.k: Optional[Tensor] = None
-        self.v: Optional[Tensor] = None
+        self._k: Optional[Tensor] = None
+        self._v: Optional[Tensor] = None
+        self.n = 0
+
+    @property
+    def k(self) -> Optional[Tensor]:
+        return None if self._k is None else self._k[:, :, :self.n]
+
+    @property
+    def v(self) -> Optional[Tensor]:
+        return None if self._v is None else self._v[:, :, :self.n]
 
     def append(self, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
-        if self.k is not None:
-            k = torch.cat((self.k, k), dim=2)
-            v = torch.cat((self.v, v), dim=2)
-        self.k, self.v = k, v
-        return k, v
+        if self._k is None or (torch.is_grad_enabled() and (k.requires_grad or v.requires_grad)):
+            if self._k is not None:
+                k, v = torch.cat((self.k, k), dim=2), torch.cat((self.v, v), dim=2)
+            self._k, self._v, self.n = k, v, k.shape[2]
+            return k, v
+        n, m = self.n, k.shape[2]
+        if n + m > self._k.shape[2]:
+            cap = max(2 * self._k.shape[2], n + m)
+            grown_k = self._k.new_empty(*self._k.shape[:2], cap, self._k.shape[3])
+            grown_v = self._v.new_empty(*self._v.shape[:2], cap, self._v.shape[3])
+            grown_k[:, :, :n], grown_v[:, :, :n] = self.k, self.v
+            self._k, self._v = grown_k, grown_v
+        self._k[:, :, n:n + m] = k
+        self._v[:, :, n:n + m] = v
+        self.n = n + m
+        return self.k, self.v
 
 
 class Attention(nn.Module):
