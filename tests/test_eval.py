@@ -84,6 +84,16 @@ def test_scores_do_not_depend_on_batch_size(runs):
             assert a[k] == b[k] == c[k], (name, k)
 
 
+def test_default_batch_tokens_by_task_kind():
+    """Generated targets get the wider decoding budget, single-pass tasks the memory one; explicit wins."""
+    from longsparse.evaluate import DECODE_BATCH_TOKENS, DEFAULT_BATCH_TOKENS, eval_batch_size
+    copy, flip = make_task({"name": "copy"}), make_task({"name": "flip_flop"})
+    assert eval_batch_size(copy, 2048, 10_000) == DECODE_BATCH_TOKENS // (2 * 2048 + 3)
+    assert eval_batch_size(flip, 2048, 10_000) == DEFAULT_BATCH_TOKENS // len(flip.sample(2048, flip.rng(0)).input_ids)
+    assert eval_batch_size(copy, 2048, 10_000, batch_tokens=4099) == 1
+    assert eval_batch_size(copy, 64, 20) == 20
+
+
 def test_long_length_through_chunked_path(runs):
     """A 16K-token flip-flop example, one at a time (batch size adapts to the length)."""
     path, res = evaluate_run(runs["flip_flop"], "16k", samples=1, checkpoint="last", printer=None,

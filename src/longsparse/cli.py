@@ -129,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--samples", type=int, default=100, help="examples per length (default 100)")
     e.add_argument("--checkpoint", default="best", choices=["best", "last"])
     e.add_argument("--seed", type=int, default=0, help="test-stream seed")
-    e.add_argument("--batch-tokens", type=int, default=1 << 15,
-                   help="tokens per evaluation batch (batch size adapts to the length)")
+    e.add_argument("--batch-tokens", type=int, default=None,
+                   help="tokens per evaluation batch (batch size adapts to the length); default 32768, "
+                        "131072 for generated targets (copy, sort, ...)")
     e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     e.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     e.set_defaults(func=_eval)

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from longsparse.evaluate.core import DEFAULT_BATCH_TOKENS, score_length
+from longsparse.evaluate.core import score_length
 from longsparse.nn import load_checkpoint
 from longsparse.train.config import HSA_METHOD, make_task, run_label
 from longsparse.train.rundir import (RunDirError, checkpoint_path, environment, new_result_path, normalise, now,
@@ -94,7 +94,7 @@ def load_run_model(run: str | Path, which: str = "best", device: str | torch.dev
 
 
 def evaluate_run(run: str | Path, lengths, *, samples: int = 100, checkpoint: str = "best", seed: int = 0,
-                 batch_tokens: int = DEFAULT_BATCH_TOKENS, device: str = "auto", bf16: bool = False,
+                 batch_tokens: Optional[int] = None, device: str = "auto", bf16: bool = False,
                  printer: Optional[Callable[[str], None]] = print, write: bool = True) -> tuple[Optional[Path], dict]:
     """Evaluate a run at each length; returns (path of the new result file or None, result dict)."""
     run = Path(run)
