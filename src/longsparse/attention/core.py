@@ -73,7 +73,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
     bias). attn_mask: bool (True = attend) or additive, broadcastable to (B, H, Nq, Nk).
     k/v may have fewer heads than q (GQA). Queries sit at the last Nq key positions.
     A query that can attend to nothing gets a zero output.
-    Softmax with path "auto" and no chunk_size goes through torch SDPA when its mask stays small; on
+    Softmax with path "auto" and no chunk_size goes through torch SDPA when its mask stays small, adaptive
+    temperature too while its (B, H, Nq, Nk) logits do (θ from one pass without autograd); on
     CUDA, entmax/sparsemax with one α, no ALiBi/mask and Nq = Nk go through `adasplash` when installed.
     path: "chunked" walks over blocks of ``chunk_size`` queries (None = automatic) with a recomputing
     backward: memory O(chunk × Nk) both ways. "reference" materialises all logits and lets autograd
@@ -135,6 +136,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
                             q_scale=q_scale, attn_mask=attn_mask)
         if out is not None:
             return out
+    if name == "adatemp" and path == "auto" and chunk_size is None:
+        out = _sdpa_adatemp(q, k, v, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
+                            q_scale=q_scale, attn_mask=attn_mask, order=adatemp_order)
+        if out is not None:
+            return out
     wants_grad = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
                                                  for t in (q, k, v, q_scale))
     short = Nk <= _AUTO_REFERENCE_MAX_KEYS and B * H * Nq * Nk <= _AUTO_REFERENCE_ELEMENTS
@@ -171,18 +177,52 @@ def _sdpa_softmax(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale: fl
         return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
     if (H if alibi_slopes is not None else 1) * Nq * Nk > _AUTO_CHUNK_ELEMENTS:
         return None
-    bias = torch.zeros((), dtype=q.dtype)
-    if alibi_slopes is not None:
-        dist = (torch.arange(Nk - Nq, Nk).unsqueeze(-1) - torch.arange(Nk)).to(q.dtype)
-        bias = -alibi_slopes.detach().to(q.dtype).view(-1, 1, 1) * dist
-    if attn_mask is not None:
-        bias = bias + (attn_mask.to(q.dtype) if attn_mask.dtype != torch.bool else
-                       torch.zeros((), dtype=q.dtype).masked_fill(~attn_mask, float("-inf")))
-    if is_causal:
-        future = torch.arange(Nk).unsqueeze(0) > torch.arange(Nk - Nq, Nk).unsqueeze(-1)
-        bias = bias + torch.zeros((), dtype=q.dtype).masked_fill(future, float("-inf"))
+    bias = _additive_bias(Nq, Nk, q.dtype, q.device, alibi_slopes=alibi_slopes, attn_mask=attn_mask,
+                          is_causal=is_causal)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.expand(B, H, Nq, Nk) if bias.dim() else None,
                                           scale=scale)
+
+
+def _sdpa_adatemp(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale: float,
+                  alibi_slopes: Optional[Tensor], q_scale: Optional[Tensor], attn_mask: Optional[Tensor],
+                  order: str):
+    """Adaptive temperature as softmax(θ·z) through SDPA: θ per row (a constant for the gradient) from one
+    pass over the logits without autograd, then q and the bias scaled by θ. One differentiated attention
+    instead of the chunked path's two, plus its recomputing backward. Returns None (use the chunked path)
+    when the (B, H, Nq, Nk) logits and θ-scaled bias are too large to materialise."""
+    import torch.nn.functional as F
+
+    B, H, Nq, _ = q.shape
+    Nk = k.shape[2]
+    if B * H * Nq * Nk > _AUTO_CHUNK_ELEMENTS:
+        return None
+    with torch.no_grad():
+        theta = adaptive_temperature(dense_logits(q, k, scale=scale, q_scale=q_scale, alibi_slopes=alibi_slopes,
+                                                  attn_mask=attn_mask, is_causal=is_causal), order).to(q.dtype)
+        bias = _additive_bias(Nq, Nk, q.dtype, q.device, alibi_slopes=alibi_slopes, attn_mask=attn_mask,
+                              is_causal=is_causal)
+        bias = (theta * bias).expand(B, H, Nq, Nk) if bias.dim() else None    # θ ≥ 1 keeps -inf at -inf
+    if q_scale is not None:
+        q = q * q_scale.unsqueeze(-1).to(q.dtype)
+    return F.scaled_dot_product_attention(q * theta, k, v, attn_mask=bias, scale=scale)
+
+
+def _additive_bias(Nq: int, Nk: int, dtype: torch.dtype, device: torch.device, *, alibi_slopes: Optional[Tensor],
+                   attn_mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    """ALiBi, attn_mask and the causal mask as one additive bias broadcastable to (B, H, Nq, Nk), −inf where
+    masked; a 0-dim zero when there is none. Queries sit at the last Nq key positions."""
+    zero = torch.zeros((), dtype=dtype, device=device)
+    bias = zero
+    if alibi_slopes is not None:
+        dist = (torch.arange(Nk - Nq, Nk, device=device).unsqueeze(-1) - torch.arange(Nk, device=device)).to(dtype)
+        bias = -alibi_slopes.detach().to(dtype).view(-1, 1, 1) * dist
+    if attn_mask is not None:
+        bias = bias + (attn_mask.to(dtype) if attn_mask.dtype != torch.bool else
+                       zero.masked_fill(~attn_mask, float("-inf")))
+    if is_causal:
+        future = torch.arange(Nk, device=device).unsqueeze(0) > torch.arange(Nk - Nq, Nk, device=device).unsqueeze(-1)
+        bias = bias + zero.masked_fill(future, float("-inf"))
+    return bias
 
 
 def dense_logits(q: Tensor, k: Tensor, *, scale: float, q_scale: Optional[Tensor] = None,
@@ -262,8 +302,7 @@ def adaptive_temperature(z: Tensor, order: str = "original") -> Tensor:
     al., 2024). θ is a constant for the gradient (computed without autograd)."""
     with torch.no_grad():
         p = entmax(z.detach(), 1.0)
-        logp = torch.log_softmax(z.detach(), dim=-1)
-        h = -torch.where(p > 0, p * logp, torch.zeros((), dtype=p.dtype)).sum(-1, keepdim=True)
+        h = -torch.special.xlogy(p, p).sum(-1, keepdim=True)     # 0·log 0 = 0 (masked keys, masked rows)
         poly = torch.zeros_like(h)
         for c in ADATEMP_POLY[order]:
             poly = poly * h + c
