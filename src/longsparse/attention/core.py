@@ -35,7 +35,7 @@ _AUTO_CHUNK_ELEMENTS = 1 << 24
 _MIN_ROWS = 256
 # Short rows that "auto" differentiates through the materialised logits with autograd instead of the
 # chunked path's recomputing backward, which costs a second forward (training at the synthetic tasks'
-# lengths): 0.67-0.95x its time for entmax / adatemp at 32-64 keys (`longsparse bench short`).
+# lengths): 0.70-0.95x its time for entmax at 32-64 keys (`longsparse bench short`; adatemp takes SDPA).
 _AUTO_REFERENCE_MAX_KEYS = 64
 _AUTO_REFERENCE_ELEMENTS = 1 << 22     # and at most this many logits (a few such buffers are kept)
 
