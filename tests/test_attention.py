@@ -141,16 +141,16 @@ def test_reference_matches_float64_brute_force(case):
     torch.testing.assert_close(out.double(), expect, atol=2e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("order", ["original", "reversed"])
+@pytest.mark.parametrize("case", ["adatemp", "adatemp_reversed", "topk"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_adatemp_sdpa_path_matches_brute_force(order, causal):
-    """"auto" runs adaptive temperature through SDPA (θ from a no-grad pass, q and bias scaled by θ):
-    the float64 brute force with ALiBi, an additive mask and a masked key, and decoding rows too."""
+def test_sdpa_after_logits_matches_brute_force(case, causal):
+    """"auto" runs adaptive temperature and top-k through SDPA after a no-grad pass over the logits (θ
+    scales q and the bias / the k largest stay unmasked): the float64 brute force with ALiBi, an additive
+    mask and a masked key, and decoding rows too."""
     q, k, v = _qkv(seed=2)
     mask = torch.randn(1, H, N, N, generator=torch.Generator().manual_seed(6))
     mask[..., 2] = float("-inf")
-    kw = dict(mapping="adatemp", adatemp_order=order, is_causal=causal, attn_mask=mask,
-              alibi_slopes=torch.tensor([1.0, 0.5, 0.25, 0.0]))
+    kw = dict(CASES[case], is_causal=causal, attn_mask=mask, alibi_slopes=torch.tensor([1.0, 0.5, 0.25, 0.0]))
     out = ls.attention(q * 4, k, v, **kw)       # × 4: sharper rows, so that θ > 1 on some and 1 on others
     torch.testing.assert_close(out.double(), brute_force(q * 4, k, v, **kw), atol=2e-6, rtol=1e-5)
     if causal:
@@ -311,7 +311,7 @@ def test_runs_under_bf16_autocast(mapping):
 @pytest.mark.parametrize("n", [37, 70])
 def test_auto_path_with_gradients_equals_chunked(mapping, n):
     """"auto" differentiates short rows (≤ 64 keys) through the dense path and long ones through the
-    chunked path (adaptive temperature: SDPA); either way the output and every gradient equal the chunked
+    chunked path (adaptive temperature, top-k: SDPA); either way the output and every gradient equal the chunked
     path's, masked rows included."""
     q, k, v = _qkv(nq=n, nk=n)
     mask = torch.ones(B, 1, n, n, dtype=torch.bool)
@@ -321,7 +321,7 @@ def test_auto_path_with_gradients_equals_chunked(mapping, n):
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
         auto = _run("auto", q, k, v, **kw)
-    if mapping == "adatemp":    # SDPA with the θ-scaled bias, at both lengths: one score-sized buffer
+    if mapping in ("adatemp", "topk"):   # SDPA with a materialised bias at both lengths: one score-sized buffer
         assert max(saved) == B * H * n * n
     else:
         assert (max(saved) >= B * H * n * n) == (n <= 64)  # the dense path keeps score-sized buffers

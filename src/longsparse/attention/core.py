@@ -74,7 +74,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
     k/v may have fewer heads than q (GQA). Queries sit at the last Nq key positions.
     A query that can attend to nothing gets a zero output.
     Softmax with path "auto" and no chunk_size goes through torch SDPA when its mask stays small, adaptive
-    temperature too while its (B, H, Nq, Nk) logits do (θ from one pass without autograd); on
+    temperature and top-k too while their (B, H, Nq, Nk) logits do (θ or the selection from one pass
+    without autograd); on
     CUDA, entmax/sparsemax with one α, no ALiBi/mask and Nq = Nk go through `adasplash` when installed.
     path: "chunked" walks over blocks of ``chunk_size`` queries (None = automatic) with a recomputing
     backward: memory O(chunk × Nk) both ways. "reference" materialises all logits and lets autograd
@@ -136,9 +137,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
                             q_scale=q_scale, attn_mask=attn_mask)
         if out is not None:
             return out
-    if name == "adatemp" and path == "auto" and chunk_size is None:
-        out = _sdpa_adatemp(q, k, v, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
-                            q_scale=q_scale, attn_mask=attn_mask, order=adatemp_order)
+    if name in ("adatemp", "topk") and path == "auto" and chunk_size is None:
+        out = _sdpa_after_logits(q, k, v, name=name, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
+                                 q_scale=q_scale, attn_mask=attn_mask, topk=topk, order=adatemp_order)
         if out is not None:
             return out
     wants_grad = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
@@ -183,13 +184,14 @@ def _sdpa_softmax(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale: fl
                                           scale=scale)
 
 
-def _sdpa_adatemp(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale: float,
-                  alibi_slopes: Optional[Tensor], q_scale: Optional[Tensor], attn_mask: Optional[Tensor],
-                  order: str):
-    """Adaptive temperature as softmax(θ·z) through SDPA: θ per row (a constant for the gradient) from one
-    pass over the logits without autograd, then q and the bias scaled by θ. One differentiated attention
-    instead of the chunked path's two, plus its recomputing backward. Returns None (use the chunked path)
-    when the (B, H, Nq, Nk) logits and θ-scaled bias are too large to materialise."""
+def _sdpa_after_logits(q: Tensor, k: Tensor, v: Tensor, *, name: str, is_causal: bool, scale: float,
+                       alibi_slopes: Optional[Tensor], q_scale: Optional[Tensor], attn_mask: Optional[Tensor],
+                       topk: int, order: str):
+    """Adaptive temperature and top-k as softmax through SDPA, after one pass over the logits without
+    autograd: adatemp = softmax(θ·z) with θ per row a constant for the gradient, so q and the bias are scaled
+    by θ; top-k = softmax over the k largest logits, whose selection has no gradient, so the rest are masked.
+    One differentiated attention instead of the chunked path's (adatemp: two, plus the recomputing backward).
+    Returns None (use the chunked path) when the (B, H, Nq, Nk) logits and bias are too large to materialise."""
     import torch.nn.functional as F
 
     B, H, Nq, _ = q.shape
@@ -197,14 +199,22 @@ def _sdpa_adatemp(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale: fl
     if B * H * Nq * Nk > _AUTO_CHUNK_ELEMENTS:
         return None
     with torch.no_grad():
-        theta = adaptive_temperature(dense_logits(q, k, scale=scale, q_scale=q_scale, alibi_slopes=alibi_slopes,
-                                                  attn_mask=attn_mask, is_causal=is_causal), order).to(q.dtype)
+        z = dense_logits(q, k, scale=scale, q_scale=q_scale, alibi_slopes=alibi_slopes, attn_mask=attn_mask,
+                         is_causal=is_causal)
         bias = _additive_bias(Nq, Nk, q.dtype, q.device, alibi_slopes=alibi_slopes, attn_mask=attn_mask,
                               is_causal=is_causal)
-        bias = (theta * bias).expand(B, H, Nq, Nk) if bias.dim() else None    # θ ≥ 1 keeps -inf at -inf
+        if name == "adatemp":
+            theta = adaptive_temperature(z, order).to(q.dtype)
+            bias = theta * bias if bias.dim() else None          # θ ≥ 1 keeps −inf at −inf
+        else:       # the same selection as map_scores: ties with the k-th largest stay in
+            thresh = z.topk(min(topk, Nk), dim=-1).values[..., -1:]
+            bias = bias + torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(z < thresh, float("-inf"))
+        bias = None if bias is None else bias.expand(B, H, Nq, Nk)
     if q_scale is not None:
         q = q * q_scale.unsqueeze(-1).to(q.dtype)
-    return F.scaled_dot_product_attention(q * theta, k, v, attn_mask=bias, scale=scale)
+    if name == "adatemp":
+        q = q * theta
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
 def _additive_bias(Nq: int, Nk: int, dtype: torch.dtype, device: torch.device, *, alibi_slopes: Optional[Tensor],
