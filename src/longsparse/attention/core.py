@@ -198,9 +198,10 @@ def _sdpa_after_logits(q: Tensor, k: Tensor, v: Tensor, *, name: str, is_causal:
     Nk = k.shape[2]
     if B * H * Nq * Nk > _AUTO_CHUNK_ELEMENTS:
         return None
+    if q_scale is not None:
+        q = q * q_scale.unsqueeze(-1).to(q.dtype)
     with torch.no_grad():
-        z = dense_logits(q, k, scale=scale, q_scale=q_scale, alibi_slopes=alibi_slopes, attn_mask=attn_mask,
-                         is_causal=is_causal)
+        z = dense_logits(q, k, scale=scale, alibi_slopes=alibi_slopes, attn_mask=attn_mask, is_causal=is_causal)
         bias = _additive_bias(Nq, Nk, q.dtype, q.device, alibi_slopes=alibi_slopes, attn_mask=attn_mask,
                               is_causal=is_causal)
         if name == "adatemp":
@@ -210,8 +211,6 @@ def _sdpa_after_logits(q: Tensor, k: Tensor, v: Tensor, *, name: str, is_causal:
             thresh = z.topk(min(topk, Nk), dim=-1).values[..., -1:]
             bias = bias + torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(z < thresh, float("-inf"))
         bias = None if bias is None else bias.expand(B, H, Nq, Nk)
-    if q_scale is not None:
-        q = q * q_scale.unsqueeze(-1).to(q.dtype)
     if name == "adatemp":
         q = q * theta
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
