@@ -19,8 +19,8 @@ class LayerCache:
     """Keys (RoPE already applied) and values of one layer: (B, H, N, Dh) each.
 
     Stored in buffers with spare room that double when full, so a decoding step writes one row instead of
-    copying the whole cache (``torch.cat`` per step made long greedy generation quadratic in copies: half
-    of the step time at 4,096 cached tokens). Under autograd it concatenates, so no graph sees a buffer
+    copying the whole cache (``torch.cat`` per step made long greedy generation quadratic in copies; at
+    ~4,100 cached tokens a step takes 0.62-0.74x the concatenating time: docs/results/trials/decode_speed.py). Under autograd it concatenates, so no graph sees a buffer
     that a later step writes into."""
 
     def __init__(self):
