@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
+import torch
 
 from longsparse.cli import main
 from longsparse.reproduce import cells, load_study, samples_for, selected
@@ -13,9 +15,23 @@ from longsparse.train.config import ConfigError
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_quick_study_end_to_end_and_resume(tmp_path, capsys):
-    out, rep = tmp_path / "runs", tmp_path / "report"
-    assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep)]) == 0
+@pytest.fixture(scope="module")
+def quick_study(tmp_path_factory):
+    """The quick study trained, evaluated and reported once: (run folder, report folder). One thread, as in the
+    tests that retrain a cell of it and expect the same numbers."""
+    tmp = tmp_path_factory.mktemp("quick")
+    out, rep = tmp / "runs", tmp / "report"
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep)]) == 0
+    finally:
+        torch.set_num_threads(n)
+    return out, rep
+
+
+def test_quick_study_end_to_end_and_resume(quick_study, capsys):
+    out, rep = quick_study
     spec = load_study("synthetic", quick=True)
     data = json.loads((rep / "results.json").read_text())
     for study in spec["studies"]:
@@ -46,6 +62,59 @@ def test_quick_study_end_to_end_and_resume(tmp_path, capsys):
     (files[0].parent / "eval-killed.json").write_text("")
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep), "--report-only"]) == 0
     assert json.loads((rep / "results.json").read_text()) == data
+
+
+def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tmp_path, capsys):
+    """A fresh machine has the committed results.json but none of the run folders: rebuilding or resuming the
+    study there must keep every archived result, train nothing that is archived, and retrain only what is not."""
+    _, rep0 = quick_study
+    data = json.loads((rep0 / "results.json").read_text())
+    spec = load_study("synthetic", quick=True)
+    rep, out = tmp_path / "report", tmp_path / "runs"
+    shutil.copytree(rep0, rep)
+    capsys.readouterr()
+    assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep)]) == 0
+    printed = capsys.readouterr().out
+    n_cells = sum(len(cells(s)) for s in spec["studies"])
+    assert printed.count("every result is in the archive") == n_cells and "training" not in printed
+    assert not out.exists()
+    assert json.loads((rep / "results.json").read_text()) == data
+
+    # one archived number missing: only that cell is trained again; training and evaluation are seeded, so the
+    # rebuilt report equals the original
+    study = spec["studies"][0]
+    cell = cells(study)[-1]
+    key, L = f"{cell['method']}/{cell['positions']}", str(study["lengths"][-1])
+    partial = json.loads(json.dumps(data))
+    del partial["studies"][study["name"]]["series"][key]["last"][L]["per_seed"][str(cell["seed"])]
+    (rep / "results.json").write_text(json.dumps(partial))
+    assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("training (") == 1 and f"{cell['run']}: training" in printed
+    assert [p.relative_to(out).as_posix() for p in out.glob("*/*")] == [cell["run"]]
+    rebuilt = json.loads((rep / "results.json").read_text())
+    sd, sd0 = rebuilt["studies"][study["name"]], data["studies"][study["name"]]
+    assert sd["series"] == sd0["series"]
+    assert {k: v for k, v in sd["runs"][cell["run"]].items() if k != "train_seconds"} == \
+        {k: v for k, v in sd0["runs"][cell["run"]].items() if k != "train_seconds"}
+
+    # an archived cell recorded under another config is dropped, with a message, not mixed in
+    stale = json.loads(json.dumps(data))
+    stale["studies"][study["name"]]["runs"][cells(study)[0]["run"]]["config_hash"] = "0" * 16
+    (rep / "results.json").write_text(json.dumps(stale))
+    shutil.rmtree(out)
+    assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep), "--report-only"]) == 0
+    assert "archived results dropped" in capsys.readouterr().out
+    series = json.loads((rep / "results.json").read_text())["studies"][study["name"]]["series"]
+    c0 = cells(study)[0]
+    assert str(c0["seed"]) not in series[f"{c0['method']}/{c0['positions']}"]["last"][L]["per_seed"]
+
+    # a results.json that is not a report is refused before anything is written over it
+    for text in ("{", json.dumps({"format": "something-else"})):
+        (rep / "results.json").write_text(text)
+        assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep)]) == 2
+        assert "results.json" in capsys.readouterr().err
+        assert (rep / "results.json").read_text() == text
 
 
 def test_long_lengths_use_their_own_sample_count():

@@ -8,6 +8,11 @@ cell's ``sets``, then evaluated at every length with the best and the last check
 a finished training is not redone (an interrupted one resumes from its last checkpoint), an evaluation whose
 (checkpoint, length, samples, seed) already has a result file is skipped. The report (markdown tables, JSON,
 PNG per study) is rebuilt from the saved evaluation JSON only.
+
+The report's ``results.json`` is also the study's archive: run folders (checkpoints, eval files) live outside git
+and are gone on a fresh machine, so a rebuild keeps every per-seed result of the previous ``results.json`` that
+no run folder replaces, and a cell whose results are all archived is not trained again. An archived cell whose
+recorded config hash differs from the study file's current one is dropped (with a message), never mixed in.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from longsparse.train.config import ConfigError, configs_dir, load_toml
+from longsparse.train.config import ConfigError, build_config, config_hash, configs_dir, load_toml, resolve
 
 FORMAT = "longsparse-reproduce"
 CHECKPOINTS = ("best", "last")
@@ -131,6 +136,48 @@ def parse_shard(text: Optional[str]) -> tuple[int, int]:
     return k, n
 
 
+def load_archive(report_dir: str | Path) -> Optional[dict]:
+    """The ``results.json`` of an earlier report in ``report_dir`` (None if there is none yet). A file that is not
+    such a report is an error: building over it would lose what it holds."""
+    p = Path(report_dir) / "results.json"
+    if not p.is_file():
+        return None
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{p} is not readable JSON ({e}); it is the archive of earlier results, so nothing was "
+                          "written: repair it (git checkout) or choose another --report") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("studies"), dict):
+        raise ConfigError(f"{p} is not a {FORMAT} report; nothing was written: choose another --report")
+    return data
+
+
+def cell_hash(study: dict, cell: dict) -> str:
+    """The config hash a cell's run folder has (the identity that training resumes under)."""
+    return config_hash(resolve(build_config(study["task"], preset=study["preset"], method=cell["method"],
+                                            positions=cell["positions"], seed=cell["seed"], sets=cell["sets"])))
+
+
+def archived(archive: Optional[dict], study: dict, cell: dict, chash: str) -> dict[tuple[str, int], dict]:
+    """A cell's results in the archive, ``{(checkpoint, length): per-seed record}``, for the lengths and sample
+    counts the study asks for now; empty if the archive's record of the run names another config hash (records
+    written before hashes were kept carry none and are taken as they are)."""
+    sd = (archive or {}).get("studies", {}).get(study["name"])
+    if not sd:
+        return {}
+    rec_hash = sd.get("runs", {}).get(cell["run"], {}).get("config_hash")
+    if rec_hash not in (None, chash):
+        return {}
+    out = {}
+    by_ck = sd.get("series", {}).get(f"{cell['method']}/{cell['positions']}", {})
+    for ck in CHECKPOINTS:
+        for L in study["lengths"]:
+            r = by_ck.get(ck, {}).get(str(L), {}).get("per_seed", {}).get(str(cell["seed"]))
+            if r is not None and r.get("n") == samples_for(study, L):
+                out[(ck, L)] = r
+    return out
+
+
 def _evaluated(run: Path, seed: int = 0) -> set[tuple[str, int, int]]:
     """(checkpoint, length, samples) already evaluated on test seed ``seed`` in ``run/eval`` (one read per file)."""
     done = set()
@@ -152,12 +199,14 @@ def selected(study: dict, only: Sequence[str], spec: dict) -> bool:
 
 
 def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = None, shard: tuple[int, int] = (0, 1),
-              printer: Callable[[str], None] = print) -> list[Path]:
+              archive: Optional[dict] = None, printer: Callable[[str], None] = print) -> list[Path]:
     """Train and evaluate every cell (resumable); returns the run folders. ``shard=(K, N)`` takes every N-th
     of the selected cells (after ``only``) from the K-th, so N processes (one per core) can share a study;
-    the same run is never trained by two processes at once (run directories are locked)."""
+    the same run is never trained by two processes at once (run directories are locked). A cell whose every
+    evaluation is in ``archive`` (an earlier report, see ``load_archive``) and that has no run folder here is
+    skipped: it was run on another machine."""
     from longsparse.evaluate import evaluate_run
-    from longsparse.train import build_config, train
+    from longsparse.train import train
 
     out = Path(out)
     runs, index = [], -1
@@ -169,6 +218,10 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
             if index % shard[1] != shard[0]:
                 continue
             run = out / c["run"]
+            old = archived(archive, study, c, cell_hash(study, c))
+            if not run.exists() and len(old) == len(CHECKPOINTS) * len(study["lengths"]):
+                printer(f"{c['run']}: every result is in the archive (run elsewhere); skipped")
+                continue
             cfg = build_config(study["task"], preset=study["preset"], method=c["method"], positions=c["positions"],
                                seed=c["seed"], sets=c["sets"])
             t0 = time.perf_counter()
@@ -192,8 +245,12 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
 
 # ---- report ------------------------------------------------------------------------------------------------
 def _train_record(run: Path) -> dict:
-    """Steps, wall clock (first to last training record of metrics.jsonl) and the final logged loss."""
-    rec = {"steps": None, "train_seconds": None, "final_loss": None}
+    """Steps, wall clock (first to last training record of metrics.jsonl), the final logged loss and the
+    config hash of the run (what an archived result is matched against later)."""
+    from longsparse.train.rundir import read_config
+
+    rec = {"steps": None, "train_seconds": None, "final_loss": None,
+           "config_hash": config_hash(read_config(run)) if (run / "config.json").is_file() else None}
     mfile = run / "metrics.jsonl"
     if mfile.is_file():
         from datetime import datetime
@@ -208,41 +265,64 @@ def _train_record(run: Path) -> dict:
     return rec
 
 
-def collect(spec: dict, out: str | Path) -> dict:
-    """Per study: per (method/positions, checkpoint, length) the seeds' exact match (and n, CI per seed)."""
+def _run_results(run: Path, study: dict) -> tuple[dict[tuple[str, int], dict], Optional[int]]:
+    """A run folder's evaluations, ``{(checkpoint, length): per-seed record}`` at the study's lengths and sample
+    counts (a later file wins), and the training length the model saw at most."""
     from longsparse.report import collect as collect_runs
 
+    res, train_hi = {}, None
+    for f in sorted((run / "eval").glob("*.json")) if (run / "eval").is_dir() else []:
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):    # an evaluation killed before its first length
+            continue
+        if d.get("checkpoint") not in CHECKPOINTS:
+            continue
+        train_hi = d["train_lengths"][1]
+        for L, r in collect_runs([f])[0]["results"].items():
+            if L in study["lengths"] and r["n"] == samples_for(study, L):
+                res[(d["checkpoint"], L)] = {"exact_match": r["exact_match"], "ci": r["exact_match_ci"], "n": r["n"],
+                                             "token_accuracy": r["token_accuracy"],
+                                             "checkpoint_step": d.get("checkpoint_step")}
+    return res, train_hi
+
+
+def collect(spec: dict, out: str | Path, archive: Optional[dict] = None,
+            printer: Callable[[str], None] = print) -> dict:
+    """Per study: per (method/positions, checkpoint, length) the seeds' exact match (and n, CI per seed), from the
+    run folders under ``out`` and, for what no run folder holds, from ``archive`` (an earlier report)."""
     out = Path(out)
     data = {"format": FORMAT, "study_file": spec["path"], "studies": {}}
     for study in spec["studies"]:
+        old_sd = (archive or {}).get("studies", {}).get(study["name"], {})
         sd = {"task": study["task"], "preset": study["preset"], "lengths": study["lengths"], "series": {},
               "runs": {}}
+        if "train_hi" in old_sd:
+            sd["train_hi"] = old_sd["train_hi"]
         for c in cells(study):
-            run = out / c["run"]
-            if not (run / "eval").is_dir():
+            run, chash = out / c["run"], cell_hash(study, c)
+            old, old_rec = archived(archive, study, c, chash), old_sd.get("runs", {}).get(c["run"])
+            if old_rec and not old:
+                printer(f"{c['run']}: archived results dropped: recorded for config {old_rec.get('config_hash')}, "
+                        f"the study file now gives {chash}")
+            new, train_hi = _run_results(run, study)
+            for k in old.keys() & new.keys():
+                if old[k]["exact_match"] != new[k]["exact_match"]:
+                    printer(f"{c['run']}: {k[0]} checkpoint at {k[1]}: archived exact match "
+                            f"{old[k]['exact_match']:.4f} replaced by this run folder's {new[k]['exact_match']:.4f}")
+            results = {**old, **new}
+            if not results:
                 continue
-            sd["runs"][c["run"]] = _train_record(run)
-            key = f"{c['method']}/{c['positions']}"
+            if train_hi is not None:
+                sd["train_hi"] = train_hi
+            sd["runs"][c["run"]] = _train_record(run) if (run / "metrics.jsonl").is_file() else old_rec
+            by_ck = sd["series"].setdefault(f"{c['method']}/{c['positions']}", {})
             for ck in CHECKPOINTS:
-                ser = sd["series"].setdefault(key, {}).setdefault(ck, {})
-                for f in sorted((run / "eval").glob("*.json")):
-                    try:
-                        d = json.loads(f.read_text())
-                    except (OSError, json.JSONDecodeError):    # an evaluation killed before its first length
-                        continue
-                    if d.get("checkpoint") != ck:
-                        continue
-                    sd["train_hi"] = d["train_lengths"][1]
-                    s = collect_runs([f])[0]
-                    for L, r in s["results"].items():
-                        if L not in study["lengths"] or r["n"] != samples_for(study, L):
-                            continue
-                        per = ser.setdefault(str(L), {})
-                        per[str(c["seed"])] = {"exact_match": r["exact_match"], "ci": r["exact_match_ci"],
-                                               "n": r["n"], "token_accuracy": r["token_accuracy"],
-                                               "checkpoint_step": d.get("checkpoint_step")}
-        for key, by_ck in sd["series"].items():
-            for ck, by_L in by_ck.items():
+                for L in study["lengths"]:
+                    if (ck, L) in results:
+                        by_ck.setdefault(ck, {}).setdefault(str(L), {})[str(c["seed"])] = results[(ck, L)]
+        for by_ck in sd["series"].values():
+            for by_L in by_ck.values():
                 for L, per in by_L.items():
                     ems = [v["exact_match"] for v in per.values()]
                     per_summary = {"mean": statistics.fmean(ems), "min": min(ems), "max": max(ems),
@@ -352,10 +432,14 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
 
 
 def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: Callable[[str], None] = print) -> dict:
+    """Tables, JSON and plots in ``report_dir``, from the run folders under ``out`` on top of the previous
+    ``report_dir/results.json`` (so results whose run folders are gone are kept)."""
     report_dir = Path(report_dir)
+    data = collect(spec, out, load_archive(report_dir), printer)
     report_dir.mkdir(parents=True, exist_ok=True)
-    data = collect(spec, out)
-    (report_dir / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    tmp = report_dir / "results.json.tmp"      # written whole, then renamed: a killed rebuild leaves the old one
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(report_dir / "results.json")
     tables = "\n".join([*(markdown(data, ck) for ck in CHECKPOINTS), "### Per seed\n",
                          *(markdown_per_seed(data, ck) for ck in CHECKPOINTS)])
     (report_dir / "tables.md").write_text(tables)
@@ -390,7 +474,8 @@ def _cli(args) -> int:
         if set(only) - known:
             raise ConfigError(f"--only: unknown {sorted(set(only) - known)}; the study file has {sorted(known)}")
     shard = parse_shard(args.shard)
+    report = args.report or out / "report"
     if not args.report_only:
-        run_study(spec, out, only=only, shard=shard)
-    build_report(spec, out, args.report or out / "report")
+        run_study(spec, out, only=only, shard=shard, archive=load_archive(report))
+    build_report(spec, out, report)
     return 0
