@@ -73,9 +73,16 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
     rep, out = tmp_path / "report", tmp_path / "runs"
     shutil.copytree(rep0, rep)
     capsys.readouterr()
+    # a dry run against an empty archive plans every cell, against the full one none; it writes nothing
+    n_cells = sum(len(cells(s)) for s in spec["studies"])
+    assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(tmp_path / "none"),
+                 "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("would train") == n_cells
+    assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep), "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("every result is in the archive") == n_cells
+    assert not out.exists() and not (tmp_path / "none").exists()
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep)]) == 0
     printed = capsys.readouterr().out
-    n_cells = sum(len(cells(s)) for s in spec["studies"])
     assert printed.count("every result is in the archive") == n_cells and "training" not in printed
     assert not out.exists()
     assert json.loads((rep / "results.json").read_text()) == data

@@ -199,12 +199,15 @@ def selected(study: dict, only: Sequence[str], spec: dict) -> bool:
 
 
 def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = None, shard: tuple[int, int] = (0, 1),
-              archive: Optional[dict] = None, printer: Callable[[str], None] = print) -> list[Path]:
+              archive: Optional[dict] = None, dry_run: bool = False,
+              printer: Callable[[str], None] = print) -> list[Path]:
     """Train and evaluate every cell (resumable); returns the run folders. ``shard=(K, N)`` takes every N-th
     of the selected cells (after ``only``) from the K-th, so N processes (one per core) can share a study;
     the same run is never trained by two processes at once (run directories are locked). A cell whose every
     evaluation is in ``archive`` (an earlier report, see ``load_archive``) and that has no run folder here is
-    skipped: it was run on another machine."""
+    skipped: it was run on another machine. A cell that is trained again is evaluated again at every length, so
+    each seed's numbers come from one model (the report prints any archived number that changes).
+    ``dry_run``: only print what would be done."""
     from longsparse.evaluate import evaluate_run
     from longsparse.train import train
 
@@ -224,6 +227,13 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
                 continue
             cfg = build_config(study["task"], preset=study["preset"], method=c["method"], positions=c["positions"],
                                seed=c["seed"], sets=c["sets"])
+            if dry_run:
+                done = _evaluated(run)
+                todo = sum((ck, L, samples_for(study, L)) not in done for ck in CHECKPOINTS for L in study["lengths"])
+                printer(f"{c['run']}: would train ({cfg['train']['steps']} steps; "
+                        f"{'its run folder exists' if run.exists() else 'new'}) and evaluate {todo} "
+                        f"(checkpoint, length) pairs")
+                continue
             t0 = time.perf_counter()
             printer(f"{c['run']}: training ({cfg['train']['steps']} steps; log in {run / 'train.log'})")
             res = train(cfg, str(run), progress=False, printer=lambda s: None)
@@ -457,11 +467,16 @@ def add_cli(sub) -> None:
     r.add_argument("--quick", action="store_true", help="the tiny smoke version (<study>-quick.toml)")
     r.add_argument("--config", default=None, help="a study TOML file instead of configs/reproduce/<study>.toml")
     r.add_argument("--out", default=None, help="run folder (default runs/reproduce[-quick])")
-    r.add_argument("--report", default=None, help="tables/JSON/PNG here (default OUT/report)")
+    r.add_argument("--report", default=None,
+                   help="tables/JSON/PNG here (default OUT/report); its results.json, if any, is the archive the "
+                        "report is rebuilt on (results of run folders that are gone are kept; archived cells are "
+                        "not retrained)")
     r.add_argument("--only", default=None,
                    help="comma list of study names, or tasks (every study of the task) where no study has that name")
     r.add_argument("--shard", default=None, help="K/N: run every N-th cell from the K-th (one process per core)")
     r.add_argument("--report-only", action="store_true", help="rebuild the report from saved results")
+    r.add_argument("--dry-run", action="store_true",
+                   help="print which cells would be trained / evaluated / skipped as archived; change nothing")
     r.set_defaults(func=_cli)
 
 
@@ -475,6 +490,9 @@ def _cli(args) -> int:
             raise ConfigError(f"--only: unknown {sorted(set(only) - known)}; the study file has {sorted(known)}")
     shard = parse_shard(args.shard)
     report = args.report or out / "report"
+    if args.dry_run:
+        run_study(spec, out, only=only, shard=shard, archive=load_archive(report), dry_run=True)
+        return 0
     if not args.report_only:
         run_study(spec, out, only=only, shard=shard, archive=load_archive(report))
     build_report(spec, out, report)
