@@ -104,6 +104,15 @@ def test_report_from_synthetic_json(tmp_path):
     assert merged["format"] == "longsparse-report"
     assert [s["name"] for s in merged["series"]] == ["softmax/nape", "asentmax/nape"]
     assert [r["length"] for r in merged["series"][1]["results"]] == [64, 128, 1024]
+    # its own results.json is rebuilt; anything else there (a study's archive) is refused, nothing written
+    assert build_report([tmp_path / "a"], tmp_path / "rep", printer=None)["series"]
+    archive = tmp_path / "study" / "results.json"
+    archive.parent.mkdir()
+    for text in ('{"format": "longsparse-reproduce", "studies": {}}', "{"):
+        archive.write_text(text)
+        with pytest.raises(ReportError, match="not a `longsparse report` file"):
+            build_report([tmp_path / "a"], archive.parent, printer=None)
+        assert archive.read_text() == text and sorted(archive.parent.iterdir()) == [archive]
     try:
         import matplotlib  # noqa: F401
         assert rep["png"].exists() and rep["png"].stat().st_size > 1000

@@ -131,11 +131,26 @@ def plot(series: list[dict], path: Path) -> Path:
     return path
 
 
+def _check_not_foreign(path: Path) -> None:
+    """A results.json that this command did not write (e.g. a study's archive, docs/results/results.json) is
+    never overwritten: refuse before writing anything."""
+    if not path.exists():
+        return
+    try:
+        fmt = json.loads(path.read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        fmt = None
+    if fmt != MERGED_FORMAT:
+        raise ReportError(f"{path} exists and is not a `longsparse report` file (format {fmt!r}); nothing was "
+                          "written: choose another --out")
+
+
 def build_report(inputs: Iterable[str | Path], out: str | Path, *, printer=print, title: str | None = None) -> dict:
     """Write ``out/results.md``, ``out/results.json`` and (with matplotlib) ``out/accuracy_vs_length.png``.
     Returns {"markdown", "json", "png" (None without matplotlib), "png_error", "table", "series"}."""
     series = collect(inputs)
     out = Path(out)
+    _check_not_foreign(out / "results.json")
     out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(series)
     md = out / "results.md"
