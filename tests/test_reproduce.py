@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,10 +112,22 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
     (rep / "results.json").write_text(json.dumps(stale))
     shutil.rmtree(out)
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep), "--report-only"]) == 0
-    assert "archived results dropped" in capsys.readouterr().out
+    assert "archived results dropped: recorded for config 0000" in capsys.readouterr().out
     series = json.loads((rep / "results.json").read_text())["studies"][study["name"]]["series"]
     c0 = cells(study)[0]
     assert str(c0["seed"]) not in series[f"{c0['method']}/{c0['positions']}"]["last"][L]["per_seed"]
+
+    # so are archived results at a sample count the study file no longer asks for
+    (rep / "results.json").write_text(json.dumps(data))
+    toml = tmp_path / "quick.toml"
+    text = Path(spec["path"]).read_text()
+    assert "long_samples = 2\n" in text
+    toml.write_text(text.replace("long_samples = 2\n", "long_samples = 3\n", 1))
+    assert main(["reproduce", "synthetic", "--config", str(toml), "--out", str(out), "--report", str(rep),
+                 "--report-only"]) == 0
+    assert "archived results dropped: at lengths or sample counts" in capsys.readouterr().out
+    series = json.loads((rep / "results.json").read_text())["studies"][study["name"]]["series"]
+    assert L not in series[key]["last"]
 
     # a results.json that is not a report is refused before anything is written over it
     for text in ("{", json.dumps({"format": "something-else"})):

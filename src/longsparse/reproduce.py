@@ -7,7 +7,7 @@ The study is ``configs/reproduce/synthetic.toml`` (``--quick``: ``synthetic-quic
 cell's ``sets``, then evaluated at every length with the best and the last checkpoint. Everything is resumable:
 a finished training is not redone (an interrupted one resumes from its last checkpoint), an evaluation whose
 (checkpoint, length, samples, seed) already has a result file is skipped. The report (markdown tables, JSON,
-PNG per study) is rebuilt from the saved evaluation JSON only.
+PNG per study) is rebuilt from the saved evaluation JSON and the archive below, never from anything else.
 
 The report's ``results.json`` is also the study's archive: run folders (checkpoints, eval files) live outside git
 and are gone on a fresh machine, so a rebuild keeps every per-seed result of the previous ``results.json`` that
@@ -152,30 +152,31 @@ def load_archive(report_dir: str | Path) -> Optional[dict]:
     return data
 
 
-def cell_hash(study: dict, cell: dict) -> str:
-    """The config hash a cell's run folder has (the identity that training resumes under)."""
-    return config_hash(resolve(build_config(study["task"], preset=study["preset"], method=cell["method"],
-                                            positions=cell["positions"], seed=cell["seed"], sets=cell["sets"])))
+def cell_config(study: dict, cell: dict) -> dict:
+    """The training config of a cell: the task's preset plus the study's and the method's overrides."""
+    return build_config(study["task"], preset=study["preset"], method=cell["method"], positions=cell["positions"],
+                        seed=cell["seed"], sets=cell["sets"])
 
 
-def archived(archive: Optional[dict], study: dict, cell: dict, chash: str) -> dict[tuple[str, int], dict]:
+def cell_hash(cfg: dict) -> str:
+    """The config hash a cell's run folder gets (the identity that training resumes under)."""
+    return config_hash(resolve(cfg))
+
+
+def archived(archive: Optional[dict], study: dict, cell: dict, chash: str) -> tuple[dict[tuple[str, int], dict], int]:
     """A cell's results in the archive, ``{(checkpoint, length): per-seed record}``, for the lengths and sample
-    counts the study asks for now; empty if the archive's record of the run names another config hash (records
-    written before hashes were kept carry none and are taken as they are)."""
-    sd = (archive or {}).get("studies", {}).get(study["name"])
-    if not sd:
-        return {}
-    rec_hash = sd.get("runs", {}).get(cell["run"], {}).get("config_hash")
-    if rec_hash not in (None, chash):
-        return {}
-    out = {}
+    counts the study asks for now, and how many other archived results of the cell that leaves out. Nothing is
+    taken if the archive's record of the run names another config hash (records written before hashes were kept
+    carry none and are taken as they are)."""
+    sd = (archive or {}).get("studies", {}).get(study["name"], {})
     by_ck = sd.get("series", {}).get(f"{cell['method']}/{cell['positions']}", {})
-    for ck in CHECKPOINTS:
-        for L in study["lengths"]:
-            r = by_ck.get(ck, {}).get(str(L), {}).get("per_seed", {}).get(str(cell["seed"]))
-            if r is not None and r.get("n") == samples_for(study, L):
-                out[(ck, L)] = r
-    return out
+    mine = {(ck, int(L)): per["per_seed"][str(cell["seed"])] for ck, by_L in by_ck.items()
+            for L, per in by_L.items() if str(cell["seed"]) in per.get("per_seed", {})}
+    if sd.get("runs", {}).get(cell["run"], {}).get("config_hash") not in (None, chash):
+        return {}, len(mine)
+    kept = {(ck, L): r for (ck, L), r in mine.items()
+            if ck in CHECKPOINTS and L in study["lengths"] and r.get("n") == samples_for(study, L)}
+    return kept, len(mine) - len(kept)
 
 
 def _evaluated(run: Path, seed: int = 0) -> set[tuple[str, int, int]]:
@@ -221,12 +222,11 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
             if index % shard[1] != shard[0]:
                 continue
             run = out / c["run"]
-            old = archived(archive, study, c, cell_hash(study, c))
+            cfg = cell_config(study, c)
+            old, _ = archived(archive, study, c, cell_hash(cfg))
             if not run.exists() and len(old) == len(CHECKPOINTS) * len(study["lengths"]):
                 printer(f"{c['run']}: every result is in the archive (run elsewhere); skipped")
                 continue
-            cfg = build_config(study["task"], preset=study["preset"], method=c["method"], positions=c["positions"],
-                               seed=c["seed"], sets=c["sets"])
             if dry_run:
                 done = _evaluated(run)
                 todo = sum((ck, L, samples_for(study, L)) not in done for ck in CHECKPOINTS for L in study["lengths"])
@@ -310,11 +310,13 @@ def collect(spec: dict, out: str | Path, archive: Optional[dict] = None,
         if "train_hi" in old_sd:
             sd["train_hi"] = old_sd["train_hi"]
         for c in cells(study):
-            run, chash = out / c["run"], cell_hash(study, c)
-            old, old_rec = archived(archive, study, c, chash), old_sd.get("runs", {}).get(c["run"])
-            if old_rec and not old:
-                printer(f"{c['run']}: archived results dropped: recorded for config {old_rec.get('config_hash')}, "
-                        f"the study file now gives {chash}")
+            run, chash = out / c["run"], cell_hash(cell_config(study, c))
+            (old, dropped), old_rec = archived(archive, study, c, chash), old_sd.get("runs", {}).get(c["run"])
+            if dropped:
+                stale = (old_rec or {}).get("config_hash") not in (None, chash)
+                why = (f"recorded for config {old_rec['config_hash']}, the study file now gives {chash}" if stale
+                       else "at lengths or sample counts the study no longer asks for")
+                printer(f"{c['run']}: {dropped} archived results dropped: {why}")
             new, train_hi = _run_results(run, study)
             for k in old.keys() & new.keys():
                 if old[k]["exact_match"] != new[k]["exact_match"]:
