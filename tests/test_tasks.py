@@ -3,7 +3,6 @@
 The reference solvers below read only the decoded token *names* produced by ``describe`` and recompute the
 answer with their own logic, independently of the generators' code paths.
 """
-import time
 
 import pytest
 import torch
@@ -151,21 +150,9 @@ def test_reference_solver_property(name, L, seed):
 def test_reference_solver_at_65536():
     for name in ("mqmtar", "mqmtar_inline", "flip_flop", "sort"):
         task = get_task(name)
-        t0 = time.perf_counter()
         ex = task.sample(65536, task.rng(0, "test"))
-        assert time.perf_counter() - t0 < 2.0  # linear work: tens of ms
         expected, trg = reference(task, ex)
         assert trg == expected
-
-
-@pytest.mark.parametrize("name", ["mqmtar", "copy", "local_count"])
-def test_batch_is_fast(name):
-    task = get_task(name)
-    task.batch(64, 64)
-    t0 = time.perf_counter()
-    for _ in range(5):
-        task.batch(64, 64)
-    assert (time.perf_counter() - t0) / 5 < 0.05  # a few ms in practice; loose bound for a shared machine
 
 
 # ---- lengths, layout, label conventions ----------------------------------------------------------------
