@@ -192,6 +192,19 @@ def _evaluated(run: Path, seed: int = 0) -> set[tuple[str, int, int]]:
     return done
 
 
+def _to_evaluate(study: dict, run: Path) -> list[tuple[str, int, list[int]]]:
+    """(checkpoint, samples, lengths) still to evaluate in ``run``: one entry per evaluation call."""
+    done, out = _evaluated(run), []
+    for ck in CHECKPOINTS:
+        by_n: dict[int, list[int]] = {}
+        for L in study["lengths"]:
+            n = samples_for(study, L)
+            if (ck, L, n) not in done:
+                by_n.setdefault(n, []).append(L)
+        out += [(ck, n, lengths) for n, lengths in by_n.items()]
+    return out
+
+
 def selected(study: dict, only: Sequence[str], spec: dict) -> bool:
     """Whether ``--only`` picks ``study``: an entry that is a study's name picks that study alone; any other
     entry picks every study of that task (so ``--only mqmtar_inline`` is not also its _3l/_rope variants)."""
@@ -228,10 +241,9 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
                 printer(f"{c['run']}: every result is in the archive (run elsewhere); skipped")
                 continue
             if dry_run:
-                done = _evaluated(run)
-                todo = sum((ck, L, samples_for(study, L)) not in done for ck in CHECKPOINTS for L in study["lengths"])
+                pairs = sum(len(lengths) for _, _, lengths in _to_evaluate(study, run))
                 printer(f"{c['run']}: would train ({cfg['train']['steps']} steps; "
-                        f"{'its run folder exists' if run.exists() else 'new'}) and evaluate {todo} "
+                        f"{'its run folder exists' if run.exists() else 'new'}) and evaluate {pairs} "
                         f"(checkpoint, length) pairs")
                 continue
             t0 = time.perf_counter()
@@ -240,15 +252,8 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
             if res["trained_steps"]:
                 printer(f"{c['run']}: trained to step {res['step']} in {time.perf_counter() - t0:.0f} s, "
                         f"loss {res['first_loss']:.3f} -> {res['last_loss']:.3f}")
-            done = _evaluated(run)
-            for ck in CHECKPOINTS:
-                todo = {}
-                for L in study["lengths"]:
-                    n = samples_for(study, L)
-                    if (ck, L, n) not in done:
-                        todo.setdefault(n, []).append(L)
-                for n, lengths in todo.items():
-                    evaluate_run(run, lengths, samples=n, checkpoint=ck, printer=printer)
+            for ck, n, lengths in _to_evaluate(study, run):
+                evaluate_run(run, lengths, samples=n, checkpoint=ck, printer=printer)
             runs.append(run)
     return runs
 
