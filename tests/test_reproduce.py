@@ -137,6 +137,35 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
         assert (rep / "results.json").read_text() == text
 
 
+def test_archive_is_updated_after_every_cell(tmp_path, monkeypatch, capsys):
+    """Run folders do not outlive a session: a study stopped between cells (here: training of the second cell
+    fails) must already have the first cell's results in the report's results.json."""
+    import longsparse.train as train_mod
+
+    real_train, calls = train_mod.train, []
+
+    def train_then_fail(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise KeyboardInterrupt("session over")
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "train", train_then_fail)
+    out, rep = tmp_path / "runs", tmp_path / "report"
+    assert main(["reproduce", "synthetic", "--quick", "--only", "flip_flop-quick", "--out", str(out),
+                 "--report", str(rep)]) == 130
+    printed = capsys.readouterr()
+    assert printed.out.count("report and archive updated") == 1 and "interrupted" in printed.err
+    study = next(s for s in load_study("synthetic", quick=True)["studies"] if s["name"] == "flip_flop-quick")
+    first, second = cells(study)
+    series = json.loads((rep / "results.json").read_text())["studies"]["flip_flop-quick"]["series"]
+    key = f"{first['method']}/{first['positions']}"
+    assert set(series) == {key}                    # the finished cell only; the interrupted one has nothing yet
+    for ck in ("best", "last"):
+        assert sorted(int(L) for L in series[key][ck]) == study["lengths"]
+    assert not list(rep.glob("*.tmp"))
+
+
 def test_long_lengths_use_their_own_sample_count():
     s = load_study("synthetic", quick=True)["studies"][0]
     assert samples_for(s, s["long_from"]) == s["long_samples"] != samples_for(s, s["lengths"][1]) == s["samples"]

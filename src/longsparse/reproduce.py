@@ -17,6 +17,7 @@ recorded config hash differs from the study file's current one is dropped (with 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -214,6 +215,7 @@ def selected(study: dict, only: Sequence[str], spec: dict) -> bool:
 
 def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = None, shard: tuple[int, int] = (0, 1),
               archive: Optional[dict] = None, dry_run: bool = False,
+              after_cell: Optional[Callable[[], None]] = None,
               printer: Callable[[str], None] = print) -> list[Path]:
     """Train and evaluate every cell (resumable); returns the run folders. ``shard=(K, N)`` takes every N-th
     of the selected cells (after ``only``) from the K-th, so N processes (one per core) can share a study;
@@ -221,7 +223,8 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
     evaluation is in ``archive`` (an earlier report, see ``load_archive``) and that has no run folder here is
     skipped: it was run on another machine. A cell that is trained again is evaluated again at every length, so
     each seed's numbers come from one model (the report prints any archived number that changes).
-    ``dry_run``: only print what would be done."""
+    ``dry_run``: only print what would be done. ``after_cell`` is called once a cell is trained and evaluated
+    (the CLI rebuilds the report there, so a session that ends mid-study keeps its finished cells)."""
     from longsparse.evaluate import evaluate_run
     from longsparse.train import train
 
@@ -255,6 +258,8 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
             for ck, n, lengths in _to_evaluate(study, run):
                 evaluate_run(run, lengths, samples=n, checkpoint=ck, printer=printer)
             runs.append(run)
+            if after_cell is not None:
+                after_cell()
     return runs
 
 
@@ -454,7 +459,9 @@ def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: C
     report_dir = Path(report_dir)
     data = collect(spec, out, load_archive(report_dir), printer)
     report_dir.mkdir(parents=True, exist_ok=True)
-    tmp = report_dir / "results.json.tmp"      # written whole, then renamed: a killed rebuild leaves the old one
+    # written whole, then renamed: a killed rebuild leaves the old one; the temporary name is per process because
+    # the shards of a study rebuild the same report after each of their cells
+    tmp = report_dir / f"results.json.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     tmp.replace(report_dir / "results.json")
     tables = "\n".join([*(markdown(data, ck) for ck in CHECKPOINTS), "### Per seed\n",
@@ -501,6 +508,10 @@ def _cli(args) -> int:
         run_study(spec, out, only=only, shard=shard, archive=load_archive(report), dry_run=True)
         return 0
     if not args.report_only:
-        run_study(spec, out, only=only, shard=shard, archive=load_archive(report))
+        def update_archive() -> None:
+            build_report(spec, out, report, printer=lambda s: None)
+            print(f"report and archive updated: {Path(report) / 'results.json'}")
+
+        run_study(spec, out, only=only, shard=shard, archive=load_archive(report), after_cell=update_archive)
     build_report(spec, out, report)
     return 0
