@@ -13,6 +13,7 @@ The report's ``results.json`` is also the study's archive: run folders (checkpoi
 and are gone on a fresh machine, so a rebuild keeps every per-seed result of the previous ``results.json`` that
 no run folder replaces, and a cell whose results are all archived is not trained again. An archived cell whose
 recorded config hash differs from the study file's current one is dropped (with a message), never mixed in.
+The CLI rebuilds the report after every finished cell, so the archive holds every cell a session finished.
 """
 from __future__ import annotations
 
