@@ -13,7 +13,8 @@ The report's ``results.json`` is also the study's archive: run folders (checkpoi
 and are gone on a fresh machine, so a rebuild keeps every per-seed result of the previous ``results.json`` that
 no run folder replaces, and a cell whose results are all archived is not trained again. An archived cell whose
 recorded config hash differs from the study file's current one is dropped (with a message), never mixed in.
-The CLI rebuilds the report after every finished cell, so the archive holds every cell a session finished.
+The CLI updates the archive (``results.json``; tables and plots only at the end of the command) after every
+cell that trained or evaluated something, so the archive holds every cell a session finished.
 """
 from __future__ import annotations
 
@@ -224,8 +225,8 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
     evaluation is in ``archive`` (an earlier report, see ``load_archive``) and that has no run folder here is
     skipped: it was run on another machine. A cell that is trained again is evaluated again at every length, so
     each seed's numbers come from one model (the report prints any archived number that changes).
-    ``dry_run``: only print what would be done. ``after_cell`` is called once a cell is trained and evaluated
-    (the CLI rebuilds the report there, so a session that ends mid-study keeps its finished cells)."""
+    ``dry_run``: only print what would be done. ``after_cell`` is called after each cell that trained or evaluated
+    anything (the CLI updates the archive there, so a session that ends mid-study keeps its finished cells)."""
     from longsparse.evaluate import evaluate_run
     from longsparse.train import train
 
@@ -256,10 +257,11 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
             if res["trained_steps"]:
                 printer(f"{c['run']}: trained to step {res['step']} in {time.perf_counter() - t0:.0f} s, "
                         f"loss {res['first_loss']:.3f} -> {res['last_loss']:.3f}")
-            for ck, n, lengths in _to_evaluate(study, run):
+            pending = _to_evaluate(study, run)
+            for ck, n, lengths in pending:
                 evaluate_run(run, lengths, samples=n, checkpoint=ck, printer=printer)
             runs.append(run)
-            if after_cell is not None:
+            if after_cell is not None and (res["trained_steps"] or pending):    # only when something new is saved
                 after_cell()
     return runs
 
@@ -454,17 +456,25 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
     return paths
 
 
-def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: Callable[[str], None] = print) -> dict:
-    """Tables, JSON and plots in ``report_dir``, from the run folders under ``out`` on top of the previous
-    ``report_dir/results.json`` (so results whose run folders are gone are kept)."""
+def update_archive(spec: dict, out: str | Path, report_dir: str | Path,
+                   printer: Callable[[str], None] = print) -> dict:
+    """Rebuild ``report_dir/results.json`` (the archive) from the run folders under ``out`` on top of the previous
+    one (so results whose run folders are gone are kept); no tables or plots. Returns the data written."""
     report_dir = Path(report_dir)
     data = collect(spec, out, load_archive(report_dir), printer)
     report_dir.mkdir(parents=True, exist_ok=True)
     # written whole, then renamed: a killed rebuild leaves the old one; the temporary name is per process because
-    # the shards of a study rebuild the same report after each of their cells
+    # the shards of a study update the same archive after each of their cells
     tmp = report_dir / f"results.json.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     tmp.replace(report_dir / "results.json")
+    return data
+
+
+def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: Callable[[str], None] = print) -> dict:
+    """The archive (``update_archive``), then tables and plots from it, in ``report_dir``."""
+    report_dir = Path(report_dir)
+    data = update_archive(spec, out, report_dir, printer)
     tables = "\n".join([*(markdown(data, ck) for ck in CHECKPOINTS), "### Per seed\n",
                          *(markdown_per_seed(data, ck) for ck in CHECKPOINTS)])
     (report_dir / "tables.md").write_text(tables)
@@ -509,10 +519,10 @@ def _cli(args) -> int:
         run_study(spec, out, only=only, shard=shard, archive=load_archive(report), dry_run=True)
         return 0
     if not args.report_only:
-        def update_archive() -> None:
-            build_report(spec, out, report, printer=lambda s: None)
-            print(f"report and archive updated: {Path(report) / 'results.json'}")
+        def after_cell() -> None:     # the archive only (cheap); tables and plots once, below
+            update_archive(spec, out, report, printer=lambda s: None)
+            print(f"archive updated: {Path(report) / 'results.json'}")
 
-        run_study(spec, out, only=only, shard=shard, archive=load_archive(report), after_cell=update_archive)
+        run_study(spec, out, only=only, shard=shard, archive=load_archive(report), after_cell=after_cell)
     build_report(spec, out, report)
     return 0

@@ -2,7 +2,8 @@
 # usage: docs/results/long/eval_long.sh STUDY LENGTH SAMPLES CHECKPOINT RUN_NAME...
 # Evaluates runs of a study (runs/reproduce/STUDY/RUN_NAME) at one length beyond the study's own lengths, one
 # process, one thread, and copies each evaluation JSON here as STUDY__RUN_NAME__LENGTH__CHECKPOINT.json.
-# The study's report does not read these files (its lengths stop at 64x); docs/results.md tabulates them.
+# The study's report does not read these files (its lengths stop at 64x); tabulate them with
+#   longsparse report docs/results/long/*.json --out docs/results/long/report
 set -euo pipefail
 cd "$(dirname "$0")/../../.."   # the repository root
 export OMP_NUM_THREADS=1
@@ -13,7 +14,6 @@ for name in "$@"; do
   if [ -e "$dest" ]; then echo "$dest exists; skipped"; continue; fi
   log=$run/eval_long_${length}_${ck}.log
   longsparse eval "$run" --lengths "$length" --samples "$samples" --checkpoint "$ck" > "$log" 2>&1
-  newest=$(ls -t "$run"/eval/eval-*.json | head -1)
-  cp "$newest" "$dest"
+  cp "$(sed -n 's/^results: //p' "$log")" "$dest"     # the file this evaluation wrote (its last line names it)
   tail -n 2 "$log" | head -1
 done
