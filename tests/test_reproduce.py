@@ -50,6 +50,10 @@ def test_quick_study_end_to_end_and_resume(quick_study, capsys):
         for c in cells(study):
             rec = sd["runs"][c["run"]]
             assert rec["steps"] == 6 and rec["train_seconds"] >= 0
+            # evaluation wall clock: the sum of the eval JSON's per-length seconds at the study's lengths
+            evals = [json.loads(f.read_text()) for f in (out / c["run"] / "eval").glob("*.json")]
+            assert rec["eval_seconds"] == pytest.approx(
+                sum(r["seconds"] for d in evals for r in d["results"]), abs=0.1)
     tables = (rep / "tables.md").read_text()
     assert tables.count("| 64 | 1 |") == 4 * len(spec["studies"])       # mean and per-seed, best and last
     assert "per seed: s0 / s1)" in tables
@@ -104,8 +108,9 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
     rebuilt = json.loads((rep / "results.json").read_text())
     sd, sd0 = rebuilt["studies"][study["name"]], data["studies"][study["name"]]
     assert sd["series"] == sd0["series"]
-    assert {k: v for k, v in sd["runs"][cell["run"]].items() if k != "train_seconds"} == \
-        {k: v for k, v in sd0["runs"][cell["run"]].items() if k != "train_seconds"}
+    timing = ("train_seconds", "eval_seconds")
+    assert {k: v for k, v in sd["runs"][cell["run"]].items() if k not in timing} == \
+        {k: v for k, v in sd0["runs"][cell["run"]].items() if k not in timing}
 
     # an archived cell recorded under another config is dropped, with a message, not mixed in
     stale = json.loads(json.dumps(data))

@@ -288,12 +288,13 @@ def _train_record(run: Path) -> dict:
     return rec
 
 
-def _run_results(run: Path, study: dict) -> tuple[dict[tuple[str, int], dict], Optional[int]]:
+def _run_results(run: Path, study: dict) -> tuple[dict[tuple[str, int], dict], Optional[int], Optional[float]]:
     """A run folder's evaluations, ``{(checkpoint, length): per-seed record}`` at the study's lengths and sample
-    counts (a later file wins), and the training length the model saw at most."""
+    counts (a later file wins), the training length the model saw at most, and the evaluation wall clock of
+    those records (seconds, summed; None without any)."""
     from longsparse.report import collect as collect_runs
 
-    res, train_hi = {}, None
+    res, train_hi, seconds = {}, None, {}
     for f in sorted((run / "eval").glob("*.json")) if (run / "eval").is_dir() else []:
         try:
             d = json.loads(f.read_text())
@@ -307,7 +308,9 @@ def _run_results(run: Path, study: dict) -> tuple[dict[tuple[str, int], dict], O
                 res[(d["checkpoint"], L)] = {"exact_match": r["exact_match"], "ci": r["exact_match_ci"], "n": r["n"],
                                              "token_accuracy": r["token_accuracy"],
                                              "checkpoint_step": d.get("checkpoint_step")}
-    return res, train_hi
+                seconds[(d["checkpoint"], L)] = r.get("seconds")
+    timed = [x for x in seconds.values() if x is not None]
+    return res, train_hi, round(sum(timed), 1) if timed else None
 
 
 def collect(spec: dict, out: str | Path, archive: Optional[dict] = None,
@@ -330,7 +333,7 @@ def collect(spec: dict, out: str | Path, archive: Optional[dict] = None,
                 why = (f"recorded for config {old_rec['config_hash']}, the study file now gives {chash}" if stale
                        else "at lengths or sample counts the study no longer asks for")
                 printer(f"{c['run']}: {dropped} archived results dropped: {why}")
-            new, train_hi = _run_results(run, study)
+            new, train_hi, eval_seconds = _run_results(run, study)
             for k in old.keys() & new.keys():
                 if old[k]["exact_match"] != new[k]["exact_match"]:
                     printer(f"{c['run']}: {k[0]} checkpoint at {k[1]}: archived exact match "
@@ -340,7 +343,8 @@ def collect(spec: dict, out: str | Path, archive: Optional[dict] = None,
                 continue
             if train_hi is not None:
                 sd["train_hi"] = train_hi
-            sd["runs"][c["run"]] = _train_record(run) if (run / "metrics.jsonl").is_file() else old_rec
+            sd["runs"][c["run"]] = ({**_train_record(run), "eval_seconds": eval_seconds}
+                                    if (run / "metrics.jsonl").is_file() else old_rec)
             by_ck = sd["series"].setdefault(f"{c['method']}/{c['positions']}", {})
             for ck in CHECKPOINTS:
                 for L in study["lengths"]:
