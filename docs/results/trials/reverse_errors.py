@@ -2,7 +2,8 @@
 
 For every wrong example of the test split (seed 0) at length L: the index of the first wrong output token
 (in buckets of 8), and how often the two target tokens before it occur in the source as that adjacent pair.
-A model that finds its place in the source by the last two tokens it wrote cannot tell two occurrences apart.
+A model that finds its place in the source by the last two tokens it wrote cannot tell two occurrences apart;
+so it also counts the sources in which no adjacent pair occurs twice, and how many of those the model gets right.
 usage: python docs/results/trials/reverse_errors.py RUN [SAMPLES=1000] [LENGTH=64]   (last checkpoint)
 """
 import collections
@@ -27,7 +28,7 @@ def main(run: str, samples: int = 1000, length: int = 64) -> None:
         sys.exit(f"{run} is a {task.name!r} run, not reverse")
     rng = task.rng(0, "test")
     where, pair, all_pairs = collections.Counter(), collections.Counter(), collections.Counter()
-    done = wrong = 0
+    done = wrong = unique = unique_right = 0
     while done < samples:
         b = task.batch(length, min(250, samples - done), rng=rng)
         pred = predict(model, task, b)
@@ -36,7 +37,11 @@ def main(run: str, samples: int = 1000, length: int = 64) -> None:
             tgt, out = src[::-1] + [EOS], pred[i].tolist()
             for t in range(2, len(src)):             # every position, for comparison
                 all_pairs[_pair_count(src, tgt, t)] += 1
-            if out[:len(tgt)] == tgt:
+            right = out[:len(tgt)] == tgt
+            if len(set(zip(src, src[1:]))) == len(src) - 1:   # no adjacent pair occurs twice
+                unique += 1
+                unique_right += right
+            if right:
                 continue
             wrong += 1
             t = next(j for j in range(len(tgt)) if out[j] != tgt[j])
@@ -49,6 +54,7 @@ def main(run: str, samples: int = 1000, length: int = 64) -> None:
     print("occurrences in the source of the pair written before the first error (occurrences: count):",
           sorted(pair.items()))
     print("the same over every output position of every example:", sorted(all_pairs.items()))
+    print(f"sources with no repeated adjacent pair: {unique} of {done}; right among them: {unique_right}")
 
 
 def _pair_count(src: list[int], tgt: list[int], t: int) -> int:
