@@ -25,7 +25,8 @@ def key_class(task, x: list[int], s: int, start: int, length: int) -> str:
     if s >= start + length:
         return "query blocks"
     if x[s] == task.space_id:
-        return "_ after v2" if x[s - 1] != task.space_id and x[s - 3] == task.kv_id else "_ other"
+        after_v2 = s - 3 >= start and x[s - 1] != task.space_id and x[s - 3] == task.kv_id
+        return "_ after v2" if after_v2 else "_ other"
     if x[s] == task.kv_id:
         return "<kv>"
     if x[s - 1] == task.kv_id:
@@ -42,28 +43,28 @@ def attention_profile(run: str, which: str, length: int, samples: int) -> dict:
     batch = task.batch(length, samples, seed=0, split="test")
     with torch.no_grad(), capture(model, what=("attn",)) as cap:
         model(batch.input_ids, attention_mask=batch.attention_mask)
-    queries = []                         # (example, query <kv> position, its pair's context v1 position, context start)
+    queries = []                         # (example, query <kv> position, its pair's context v1 position)
+    classes = []                         # per example, the key class of every position
     for b in range(samples):
         x = batch.input_ids[b].tolist()
         start = x.index(task.query_id) - length           # the context: the L tokens before the first <Q>
         v1_at = {(x[t - 2], x[t - 1]): t + 1 for t in range(start, start + length) if x[t] == task.kv_id}
-        queries += [(b, t, v1_at[(x[t - 2], x[t - 1])], start)
+        queries += [(b, t, v1_at[(x[t - 2], x[t - 1])])
                     for t in range(start + length, len(x)) if x[t] == task.kv_id]
+        classes.append([key_class(task, x, s, start, length) for s in range(len(x))])
     out = {"run": run, "checkpoint": which, "step": extra.get("step"), "length": length, "samples": samples,
            "queries": len(queries), "layers": []}
     for layer in cap.layers:
-        p = cap[layer]["attn"].mean(1)                     # (B, N, N), averaged over heads
+        p = cap[layer]["attn"].mean(1).tolist()            # (B, N, N), averaged over heads
         row = {}
         for name, shift in (("query <kv> -> v1", 0), ("query v1 -> v2", 1)):
             mass: dict[str, float] = {}
             on_answer = 0.0
-            for b, t, a, start in queries:
-                x = batch.input_ids[b].tolist()
+            for b, t, a in queries:
                 q = t + shift
-                on_answer += p[b, q, a + shift].item()
-                for s in range(q + 1):
-                    c = key_class(task, x, s, start, length)
-                    mass[c] = mass.get(c, 0.0) + p[b, q, s].item()
+                on_answer += p[b][q][a + shift]
+                for c, w in zip(classes[b][:q + 1], p[b][q]):
+                    mass[c] = mass.get(c, 0.0) + w
             row[name] = {"on_answer": round(on_answer / len(queries), 4),
                          "by_key_class": {c: round(m / len(queries), 4) for c, m in sorted(mass.items())}}
         out["layers"].append(row)
