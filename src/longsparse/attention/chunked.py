@@ -26,7 +26,7 @@ class BlockSpec:
 
     def __init__(self, *, name: str, alpha: AlphaLike, is_causal: bool, scale: float,
                  alibi_slopes: Optional[Tensor], attn_mask: Optional[Tensor], topk: int, adatemp_order: str,
-                 first_pos: int, block: int, head_block: int, dtype: torch.dtype):
+                 first_pos: int, block: int, head_block: int, dtype: torch.dtype, device: torch.device):
         self.name, self.alpha, self.is_causal, self.scale = name, alpha, is_causal, scale
         self.alibi_slopes = None if alibi_slopes is None else alibi_slopes.detach().to(dtype).view(1, -1, 1, 1)
         if attn_mask is not None and attn_mask.dim() < 4:
@@ -34,21 +34,24 @@ class BlockSpec:
         self.attn_mask, self.topk, self.adatemp_order = attn_mask, topk, adatemp_order
         self.first_pos, self.block, self.head_block, self.dtype = first_pos, block, head_block, dtype
 
-        # the fused CPU kernel does scale, ALiBi, the causal mask and α-entmax in one in-place pass
-        self.fused = (name in ("entmax", "sparsemax") and attn_mask is None and dtype in (torch.float32, torch.float64)
+        # the fused CPU kernel does scale, ALiBi, the causal mask and α-entmax in one in-place pass (on CPU
+        # tensors only: it reads the data pointers directly)
+        self.fused = (device.type == "cpu" and name in ("entmax", "sparsemax") and attn_mask is None
+                      and dtype in (torch.float32, torch.float64)
                       and _kernel.get() is not None
                       and (not isinstance(alpha, Tensor) or (alpha.dim() == 4 and alpha.shape[0] == 1
                                                              and alpha.shape[2] == alpha.shape[3] == 1)))
 
     def _per_block_rows(self, value, heads: slice, batch: int, n_heads: int):
-        """A per-head quantity (float, (1, H, 1, 1) tensor or None) as float64 (batch × heads-in-block,)."""
+        """A per-head quantity (float, (1, H, 1, 1) tensor or None) as float64 (batch × heads-in-block,), on
+        the CPU, for the fused kernel."""
         if value is None:
-            return torch.empty(0, dtype=torch.float64)
+            return torch.empty(0, dtype=torch.float64, device="cpu")
         if isinstance(value, Tensor):
             v = value.detach().reshape(-1).to(torch.float64)
             v = v.expand(n_heads) if v.numel() == 1 else v
             return v[heads].repeat(batch).contiguous()
-        return torch.full((batch * len(range(n_heads)[heads]),), float(value), dtype=torch.float64)
+        return torch.full((batch * len(range(n_heads)[heads]),), float(value), dtype=torch.float64, device="cpu")
 
     def fused_probabilities(self, qs: Tensor, k: Tensor, heads: slice, rows: slice, n_heads: int) -> Tensor:
         z = torch.matmul(qs, k.transpose(-1, -2))
@@ -133,7 +136,7 @@ class ChunkedAttention(torch.autograd.Function):
         qc, kc, vc = q.to(cdt), k.to(cdt), v.to(cdt)
         sc = None if q_scale is None else q_scale.to(cdt)
         nq, nk = q.shape[2], k.shape[2]
-        out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=cdt)
+        out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=cdt, device=q.device)
         for h, r, kend in spec.blocks(q.shape[1], nq, nk):
             qs = qc[:, h, r] if sc is None else qc[:, h, r] * sc[:, h, r, None]
             if spec.fused:

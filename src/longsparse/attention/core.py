@@ -159,7 +159,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
             chunk_size = min(chunk_size, max(_MIN_ROWS, -(-Nq // 8)))
     spec = BlockSpec(name=name, alpha=alpha, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
                      attn_mask=attn_mask, topk=topk, adatemp_order=adatemp_order, first_pos=first_pos,
-                     block=chunk_size, head_block=head_block, dtype=cdt)
+                     block=chunk_size, head_block=head_block, dtype=cdt, device=q.device)
     return ChunkedAttention.apply(q, k, v, q_scale, spec)
 
 
@@ -273,16 +273,16 @@ def apply_bias_and_masks(z: Tensor, first_pos: int, *, alibi_slopes: Optional[Te
     """Adds ALiBi (slopes viewed (1, H, 1, 1)) and masks to logits z (B, H, n, kend) of the query rows
     at absolute positions first_pos … first_pos + n − 1, in place where possible."""
     n, kend = z.shape[-2], z.shape[-1]
-    q_pos = torch.arange(first_pos, first_pos + n, dtype=z.dtype).unsqueeze(-1)
+    q_pos = torch.arange(first_pos, first_pos + n, dtype=z.dtype, device=z.device).unsqueeze(-1)
     if alibi_slopes is not None:
-        dist = q_pos - torch.arange(kend, dtype=z.dtype)
+        dist = q_pos - torch.arange(kend, dtype=z.dtype, device=z.device)
         z = z.sub_(alibi_slopes * dist)
     if attn_mask is not None:
         z = z.masked_fill_(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else z.add_(attn_mask.to(z.dtype))
     if is_causal and kend > first_pos + 1:
         # only keys after the first row's position can be in the future of some row
         tail = z[..., first_pos + 1:]
-        future = torch.arange(first_pos + 1, kend).unsqueeze(0) > q_pos.long()
+        future = torch.arange(first_pos + 1, kend, device=z.device).unsqueeze(0) > q_pos.long()
         tail.masked_fill_(future, float("-inf"))
     return z
 

@@ -123,7 +123,7 @@ def _safe_softmax(z: Tensor, dim: int) -> Tensor:
     """softmax whose fully masked (all −inf) rows are zeros instead of NaN."""
     row_max = z.amax(dim, keepdim=True)
     p = torch.softmax(z, dim)
-    return torch.where(row_max == float("-inf"), torch.zeros((), dtype=p.dtype), p)
+    return torch.where(row_max == float("-inf"), p.new_zeros(()), p)
 
 
 def _shifted_scores(z: Tensor, am1: Union[float, Tensor], dim: int):
@@ -131,7 +131,7 @@ def _shifted_scores(z: Tensor, am1: Union[float, Tensor], dim: int):
     row_max = z.amax(dim, keepdim=True)
     _check_finite_rows(row_max)
     masked = row_max == float("-inf")
-    row_max = torch.where(masked, torch.zeros((), dtype=z.dtype), row_max)
+    row_max = torch.where(masked, z.new_zeros(()), row_max)
     return (z - row_max) * am1, masked
 
 
@@ -142,8 +142,8 @@ def _newton_tau(X: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
     exponent = 1.0 / am1
     shape = list(X.shape)
     shape[dim] = 1
-    lo = torch.full(shape, -1.0, dtype=X.dtype)          # f(lo) ≥ 0
-    hi = -(torch.as_tensor(float(n), dtype=X.dtype) ** (-am1)) * torch.ones(shape, dtype=X.dtype)  # f(hi) ≤ 0
+    lo = X.new_full(shape, -1.0)          # f(lo) ≥ 0
+    hi = -(X.new_full(shape, float(n)) ** (-am1))   # f(hi) ≤ 0
     tau = lo.clone()
     width = 2 * (hi - lo)
     tol = 4 * torch.finfo(X.dtype).eps
@@ -187,9 +187,9 @@ def _finish_entmax15(X: Tensor, tau: Tensor, dim: int) -> Tensor:
     """Exact τ for α = 1.5 on the support {X > τ}: Σ_S (X − τ)² = 1."""
     support = X > tau
     k = support.sum(dim, keepdim=True).clamp_min(1).to(X.dtype)
-    Xs = torch.where(support, X, torch.zeros((), dtype=X.dtype))
+    Xs = torch.where(support, X, X.new_zeros(()))
     mean = Xs.sum(dim, keepdim=True) / k
-    ss = torch.where(support, (X - mean) ** 2, torch.zeros((), dtype=X.dtype)).sum(dim, keepdim=True)
+    ss = torch.where(support, (X - mean) ** 2, X.new_zeros(())).sum(dim, keepdim=True)
     tau = mean - ((1 - ss).clamp_min(0) / k).sqrt()
     d = (X - tau).clamp_min_(0)
     return d * d
@@ -199,7 +199,7 @@ def _finish_sparsemax(X: Tensor, tau: Tensor, dim: int) -> Tensor:
     """Exact τ for α = 2 on the support {X > τ}: Σ_S (X − τ) = 1."""
     support = X > tau
     k = support.sum(dim, keepdim=True).clamp_min(1).to(X.dtype)
-    tau = (torch.where(support, X, torch.zeros((), dtype=X.dtype)).sum(dim, keepdim=True) - 1) / k
+    tau = (torch.where(support, X, X.new_zeros(())).sum(dim, keepdim=True) - 1) / k
     return (X - tau).clamp_min_(0)
 
 
@@ -223,7 +223,7 @@ def _row_alpha(alpha: Union[float, Tensor], z: Tensor, dim: int) -> Tensor:
     if isinstance(alpha, Tensor):
         a = alpha.detach().to(torch.float64).expand(shape)
         return a.movedim(dim, -1).reshape(-1).contiguous()
-    return torch.full((z.numel() // z.shape[dim],), float(alpha), dtype=torch.float64)
+    return torch.full((z.numel() // z.shape[dim],), float(alpha), dtype=torch.float64, device=z.device)
 
 
 def _kernel_forward(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
@@ -252,7 +252,7 @@ def entmax_forward(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
         p = _finish_sparsemax(X, tau, dim)
     else:
         p = _finish_generic(X, tau, alpha, dim)
-    return torch.where(masked, torch.zeros((), dtype=p.dtype), p)
+    return torch.where(masked, p.new_zeros(()), p)
 
 
 # ----------------------------------------------------------------------------- backward pieces
@@ -267,7 +267,7 @@ def _support_weights(p: Tensor, alpha: Union[float, Tensor]) -> Tensor:
         if alpha == 1.0:
             return p
     u = p.pow(2 - alpha)
-    return torch.where(p > 0, u, torch.zeros((), dtype=p.dtype))
+    return torch.where(p > 0, u, p.new_zeros(()))
 
 
 def entmax_jvp_backward(p: Tensor, grad: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
@@ -286,7 +286,7 @@ def entmax_alpha_backward(p: Tensor, grad: Tensor, alpha: Tensor, dim: int) -> T
         ∂p_i/∂α = (p_i − û_i)/(α−1)² − (p_i log p_i − û_i Σ_j p_j log p_j)/(α−1),  û = u/Σu."""
     u = _support_weights(p, alpha)
     u_hat = u / u.sum(dim, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
-    plogp = torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), torch.zeros((), dtype=p.dtype))
+    plogp = torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), p.new_zeros(()))
     neg_entropy = plogp.sum(dim, keepdim=True)
     am1 = alpha - 1
     dp_dalpha = (p - u_hat) / am1 ** 2 - (plogp - u_hat * neg_entropy) / am1

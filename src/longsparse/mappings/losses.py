@@ -16,7 +16,7 @@ from longsparse.mappings.entmax import AlphaLike, entmax
 def tsallis_entropy(p: Tensor, alpha: AlphaLike, dim: int = -1) -> Tensor:
     """H_α(p) = (1 − Σ p^α)/(α(α−1)) for α > 1, −Σ p log p for α = 1."""
     if not isinstance(alpha, Tensor) and alpha == 1:
-        return -torch.where(p > 0, p * torch.log(p.clamp_min(1e-38)), torch.zeros((), dtype=p.dtype)).sum(dim)
+        return -torch.where(p > 0, p * torch.log(p.clamp_min(1e-38)), p.new_zeros(())).sum(dim)
     a = torch.as_tensor(alpha, dtype=p.dtype)
     return ((1 - p.pow(a).sum(dim, keepdim=True)) / (a * (a - 1))).squeeze(dim)
 

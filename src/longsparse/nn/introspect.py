@@ -61,7 +61,7 @@ class Capture:
             if "entropy" in self.what:
                 allowed = torch.isfinite(dense_logits(q.detach(), k.detach(), scale=attn.scale,
                                                       attn_mask=attn_mask)).sum(-1)
-                h = -torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros((), dtype=p.dtype)).sum(-1)
+                h = -torch.where(p > 0, p * p.clamp_min(1e-300).log(), p.new_zeros(())).sum(-1)
                 n = allowed.to(p.dtype)
                 rec["entropy"] = torch.where(n > 1, h / n.clamp_min(2).log(), torch.zeros_like(h)).float().cpu()
         self.calls.setdefault(attn.layer_idx, []).append(rec)

@@ -247,7 +247,7 @@ def plot_p0_grid(data: dict, path: Path) -> None:
 # ---- 3a. dispersion on synthetic logits --------------------------------------------------------------------
 def _entropy_support(p: torch.Tensor) -> tuple:
     n = p.shape[-1]
-    h = -torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros((), dtype=p.dtype)).sum(-1)
+    h = -torch.where(p > 0, p * p.clamp_min(1e-300).log(), p.new_zeros(())).sum(-1)
     return h / math.log(n), (p > 0).sum(-1).to(p.dtype)
 
 

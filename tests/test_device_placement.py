@@ -1,0 +1,80 @@
+"""Tensors made inside the library follow their inputs' device (found on the first GPU run, session 26).
+
+Without a GPU these tests make the *default* device "meta" while every input lives on the CPU: a tensor that
+the code creates without ``device=`` then lands on meta, and mixing it with the CPU inputs raises, as a CPU
+tensor mixed with CUDA inputs does on a GPU. The results must equal those computed without the trick.
+"""
+import pytest
+import torch
+
+import longsparse as ls
+from longsparse.attention.chunked import BlockSpec
+from longsparse.nn import METHODS, POSITIONS, ModelConfig
+from longsparse.nn.model import Transformer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MAPPINGS = [("softmax", {}), ("entmax", {"alpha": 1.5}), ("sparsemax", {}), ("topk", {"topk": 8}), ("adatemp", {})]
+
+
+class default_device_meta:
+    def __enter__(self):
+        torch.set_default_device("meta")
+
+    def __exit__(self, *exc):
+        torch.set_default_device("cpu")
+
+
+def _attention_and_grads(q, k, v, **kw):
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out = ls.attention(q, k, v, **kw)
+    out.backward(torch.ones_like(out))
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+@pytest.mark.parametrize("mapping,extra", MAPPINGS)
+@pytest.mark.parametrize("bias", ["none", "alibi", "q_scale"])
+@pytest.mark.parametrize("path", ["auto", "chunked", "reference"])
+def test_attention_makes_nothing_on_the_default_device(mapping, extra, bias, path):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 80, 16, generator=g) for _ in range(3))
+    if bias == "alibi":
+        extra = {**extra, "alibi_slopes": torch.tensor([0.5, 0.25, 0.0, 0.0])}
+    elif bias == "q_scale":
+        extra = {**extra, "q_scale": 0.5 + torch.rand(2, 4, 80, generator=g)}
+    want = _attention_and_grads(q, k, v, mapping=mapping, path=path, **extra)
+    with default_device_meta():
+        got = _attention_and_grads(q, k, v, mapping=mapping, path=path, **extra)
+    for a, b in zip(got, want):
+        assert a.device.type == "cpu"
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_model_makes_nothing_on_the_default_device(method, positions):
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64, method=method,
+                                    positions=positions))
+    x = torch.randint(0, 50, (2, 40))
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[1, 30:] = False
+    long_x = torch.randint(0, 50, (1, 300))    # no gradient: the chunked attention path
+    want = model(x, attention_mask=mask)
+    with torch.no_grad():
+        want_long = model(long_x)
+    with default_device_meta():
+        got = model(x, attention_mask=mask)
+        got.backward(torch.ones_like(got))
+        with torch.no_grad():
+            got_long = model(long_x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_long, want_long)
+
+
+def test_fused_cpu_kernel_is_never_chosen_for_other_devices():
+    # the kernel reads raw data pointers: given CUDA tensors it crashed the process (segmentation fault)
+    kw = dict(name="entmax", alpha=1.5, is_causal=True, scale=0.25, alibi_slopes=None, attn_mask=None, topk=32,
+              adatemp_order="original", first_pos=0, block=16, head_block=4, dtype=torch.float32)
+    assert not BlockSpec(**kw, device=torch.device("cuda", 0)).fused
+    assert not BlockSpec(**kw, device=torch.device("meta")).fused
