@@ -32,7 +32,7 @@ def fake_cuda(monkeypatch):
     return calls
 
 
-def _qkv(B=2, H=3, N=12, D=8, requires_grad=True):
+def _qkv(B=2, H=3, N=64, D=16, requires_grad=True):
     g = torch.Generator().manual_seed(0)
     return [torch.randn(B, H, N, D, generator=g).requires_grad_(requires_grad) for _ in range(3)]
 
@@ -41,21 +41,22 @@ def _qkv(B=2, H=3, N=12, D=8, requires_grad=True):
 @pytest.mark.parametrize("causal", [True, False])
 def test_adasplash_path_folds_scale_and_q_scale_exactly(fake_cuda, mapping, alpha, causal):
     q, k, v = _qkv()
-    q_scale = torch.rand(2, 3, 12) + 0.5 if mapping == "asentmax" else None
+    q_scale = torch.rand(2, 3, 64) + 0.5 if mapping == "asentmax" else None
     kw = dict(mapping=mapping, alpha=alpha, is_causal=causal, scale=0.37, q_scale=q_scale)
     out = ls.attention(q, k, v, **kw)
-    assert fake_cuda == [{"alpha": alpha, "is_causal": causal, "shape": (2, 3, 12, 8)}]
+    assert fake_cuda == [{"alpha": alpha, "is_causal": causal, "shape": (2, 3, 64, 16)}]
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
     ref = ls.attention(q, k, v, path="reference", **kw)
     ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    # float32 rounding of the folded q over 64-key rows: ~1.5e-5 at most seen
+    torch.testing.assert_close(out, ref, atol=5e-5, rtol=5e-5)
     for a, b in zip(grads, ref_grads):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a, b, atol=5e-5, rtol=5e-5)
 
 
 def test_adasplash_path_is_skipped_when_it_cannot_express_the_call(fake_cuda, monkeypatch):
     q, k, v = _qkv(requires_grad=False)
-    H, N = 3, 12
+    H, N = 3, 64
     ls.attention(q, k, v, mapping="entmax", alibi_slopes=torch.full((H,), 0.1))
     ls.attention(q, k, v, mapping="entmax", attn_mask=torch.ones(N, N, dtype=torch.bool))
     ls.attention(q[:, :, -4:], k, v, mapping="entmax")                       # decoding: Nq < Nk
@@ -64,6 +65,10 @@ def test_adasplash_path_is_skipped_when_it_cannot_express_the_call(fake_cuda, mo
     ls.attention(q, k, v, mapping="entmax", path="chunked")
     ls.attention(q, k, v, mapping="entmax", chunk_size=4)
     ls.attention(q, k, v, mapping="softmax")
+    # lengths and head sizes its kernels reject: not a power of two, under its 64-token tile, head dim 8
+    ls.attention(*(t[:, :, :48] for t in (q, k, v)), mapping="entmax")
+    ls.attention(*(t[:, :, :32] for t in (q, k, v)), mapping="entmax")
+    ls.attention(*(t[..., :8] for t in (q, k, v)), mapping="entmax")
     monkeypatch.setenv("LONGSPARSE_ADASPLASH", "0")
     ls.attention(q, k, v, mapping="entmax")
     assert fake_cuda == []
@@ -71,11 +76,11 @@ def test_adasplash_path_is_skipped_when_it_cannot_express_the_call(fake_cuda, mo
 
 def test_gqa_reaches_adasplash_with_repeated_heads(fake_cuda):
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(1, 4, 10, 8, generator=g)
-    k, v = (torch.randn(1, 2, 10, 8, generator=g) for _ in range(2))
+    q = torch.randn(1, 4, 64, 16, generator=g)
+    k, v = (torch.randn(1, 2, 64, 16, generator=g) for _ in range(2))
     out = ls.attention(q, k, v, mapping="entmax")
     ref = ls.attention(q, k, v, mapping="entmax", path="reference")
-    assert fake_cuda[0]["shape"] == (1, 4, 10, 8)
+    assert fake_cuda[0]["shape"] == (1, 4, 64, 16)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 

@@ -2,7 +2,8 @@
 `pip install longsparse[cuda]`), used when it is installed and the call is one it computes exactly.
 
 adasplash takes (B, H, N, D) q, k, v with N equal for queries and keys, one α in (1, 2], causal or
-not, and always scales the logits by 1/√D. A custom scale and per-query q-scales (SSMax/ASEntmax) are
+not, and always scales the logits by 1/√D. Its kernels (0.2.x) also need N a power of two and at least 64, and D
+one of 16, 32, 64, 128, 256: other calls stopped with an assertion on a GPU (session 26), so they stay here. A custom scale and per-query q-scales (SSMax/ASEntmax) are
 folded into q, which is exact up to rounding: z = (q·s·scale·√D)·k / √D. Everything else (ALiBi/NAPE
 slopes, masks, decoding with Nq < Nk, per-head α) is not expressible there and stays on the chunked path.
 LONGSPARSE_ADASPLASH=0 turns this path off.
@@ -17,6 +18,8 @@ import torch
 from torch import Tensor
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_HEAD_DIMS = (16, 32, 64, 128, 256)
+_MIN_LEN = 64     # adasplash's block-mask tile
 
 
 def _on_cuda(t: Tensor) -> bool:
@@ -43,6 +46,9 @@ def adasplash_attention(q: Tensor, k: Tensor, v: Tensor, *, alpha, is_causal: bo
     if isinstance(alpha, Tensor) or not 1.0 < float(alpha) <= 2.0:     # one α for all heads only
         return None
     if q.shape[2] != k.shape[2] or q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return None
+    n = q.shape[2]
+    if n < _MIN_LEN or n & (n - 1) or q.shape[-1] not in _HEAD_DIMS:
         return None
     mod = _module()
     if mod is None:
