@@ -1,19 +1,20 @@
 #!/bin/bash
-# Session 26's one GPU call (docs/results.md section 4 and section 1, RoPE): eight trainings at once on one GPU,
+# Session 25's first GPU call (docs/results.md sections 1 and 4; it ran as gpu26.sh writing runs/gpu26 — the
+# session was miscounted and the files renamed after; its output is in gpu25_call1/): eight trainings at once on one GPU,
 # each stopped after TRAIN_SECONDS (its metrics.jsonl and last checkpoint keep what it reached), then a short
 # evaluation of each, plus the CUDA checks of ls.attention and the real adasplash tests.
 #   init question at the paper's width (4 layers, d 512, 16 heads x 32, FFN 1024; NAPE; ASEntmax):
 #     reference vs scale-aware init, seeds 0 and 1, lr 5e-4, 200 warm-up steps, batch 64
 #   RoPE on mqmtar_inline (softmax) with GPU-sized budgets: r11-r14 below
-# usage (repository root, on the GPU machine): bash docs/results/trials/gpu26.sh OUTDIR [TRAIN_SECONDS]
+# usage (repository root, on the GPU machine): bash docs/results/trials/gpu25.sh OUTDIR [TRAIN_SECONDS]
 # needs: python3 with torch (CUDA); adasplash/entmax wheels in .whl for the adasplash tests (optional)
 set -u
-OUT=${1:?usage: gpu26.sh OUTDIR [TRAIN_SECONDS]}
+OUT=${1:?usage: gpu25.sh OUTDIR [TRAIN_SECONDS]}
 T=${2:-420}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 LS="python3 -m longsparse.cli"
 DEV=${DEVICE:-cuda}   # DEVICE=cpu: a dry test of this script on a machine without a GPU
-R=runs/gpu26
+R=runs/gpu25
 mkdir -p "$R" "$OUT"
 { date; nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; } \
   > "$OUT/env.txt" 2>&1
@@ -87,6 +88,6 @@ for run in "$R"/r1?_*/; do   # one JSON per run: a run without a checkpoint does
     > "${run%/}.value_token_acc.log" 2>&1 &
 done
 wait
-tar czf "$OUT/gpu26_runs.tar.gz" --exclude='*.pt' "$R"
+tar czf "$OUT/gpu25_runs.tar.gz" --exclude='*.pt' "$R"
 rm -f "$OUT/progress.tar.gz"
 echo "done after $SECONDS s"

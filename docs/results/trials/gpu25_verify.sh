@@ -1,15 +1,16 @@
 #!/bin/bash
-# Session 26's second GPU call, after the device fixes that gpu26.sh's call made necessary: the CUDA checks again,
+# Session 25's second GPU call (it ran as gpu26_verify.sh writing runs/gpu26v, renamed after like gpu25.sh; its
+# output is in gpu25_call2/), after the device fixes that the first call made necessary: the CUDA checks again,
 # the init question at the paper's width for what time is left (ASEntmax, NAPE, 4 layers x d 512, reference vs
 # scale-aware init, seed 0, lr 1e-3), and a short training + long-length evaluation of the other methods on CUDA.
-# usage (repository root, on the GPU machine): bash docs/results/trials/gpu26_verify.sh OUTDIR [TRAIN_SECONDS]
+# usage (repository root, on the GPU machine): bash docs/results/trials/gpu25_verify.sh OUTDIR [TRAIN_SECONDS]
 set -u
-OUT=${1:?usage: gpu26_verify.sh OUTDIR [TRAIN_SECONDS]}
+OUT=${1:?usage: gpu25_verify.sh OUTDIR [TRAIN_SECONDS]}
 T=${2:-210}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 LS="python3 -m longsparse.cli"
 DEV=${DEVICE:-cuda}   # DEVICE=cpu: a dry test of this script on a machine without a GPU
-R=runs/gpu26v
+R=runs/gpu25v
 mkdir -p "$R" "$OUT"
 common=(--task mqmtar_inline --preset cpu --set train.device=$DEV --set "train.val_lengths=[64]"
         --set train.val_samples=128 --set train.val_every=100 --set train.ckpt_every=100 --set train.log_every=25
@@ -53,5 +54,5 @@ for run in "$R"/init_*/; do
     > "${run%/}.eval.log" 2>&1 &
 done
 wait
-tar czf "$OUT/gpu26v_runs.tar.gz" --exclude='*.pt' "$R"
+tar czf "$OUT/gpu25v_runs.tar.gz" --exclude='*.pt' "$R"
 echo "done after $SECONDS s"
