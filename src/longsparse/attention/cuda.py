@@ -1,12 +1,14 @@
 """The CUDA fast path of `attention` for α-entmax: the optional `adasplash` package (Triton kernels,
-`pip install longsparse[cuda]`), used when it is installed and the call is one it computes exactly.
+`pip install longsparse[cuda]`), used when it is installed and the call is one it accepts.
 
 adasplash takes (B, H, N, D) q, k, v with N equal for queries and keys, one α in (1, 2], causal or
-not, and always scales the logits by 1/√D. Its kernels (0.2.x) also need N a power of two and at least 64, and D
-one of 16, 32, 64, 128, 256: other calls stopped with an assertion on a GPU (session 25), so they stay here. A custom scale and per-query q-scales (SSMax/ASEntmax) are
-folded into q, which is exact up to rounding: z = (q·s·scale·√D)·k / √D. Everything else (ALiBi/NAPE
-slopes, masks, decoding with Nq < Nk, per-head α) is not expressible there and stays on the chunked path.
-LONGSPARSE_ADASPLASH=0 turns this path off.
+not, and always scales the logits by 1/√D. Its kernels (0.2.x) also need N a power of two and ≥ 64, and D one of
+16, 32, 64, 128, 256: other calls stop there with an assertion (seen on a GPU in session 25), so they stay on our path.
+A custom scale and per-query q-scales (SSMax/ASEntmax) are folded into q, which is exact up to rounding:
+z = (q·s·scale·√D)·k / √D. Everything else (ALiBi/NAPE slopes, masks, decoding with Nq < Nk, per-head α)
+is not expressible there and stays on the chunked path. LONGSPARSE_ADASPLASH=0 turns this path off.
+How close adasplash's results are to the reference is not measured yet: the GPU test
+(tests/test_attention_cuda.py) did not finish in session 25's time on the GPU.
 """
 from __future__ import annotations
 
