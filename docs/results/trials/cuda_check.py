@@ -41,8 +41,8 @@ def main(out_path: str) -> None:
                 if with_scale:
                     kw["q_scale"] = q_scale
                 ref = run(q, k, v, w, path="reference", **kw)
+                kc = {a: (b.float().cuda() if isinstance(b, torch.Tensor) else b) for a, b in kw.items()}
                 for path in ("auto", "chunked", "reference"):
-                    kc = {a: (b.float().cuda() if isinstance(b, torch.Tensor) else b) for a, b in kw.items()}
                     row = {"mapping": mapping, **extra, "alibi": with_alibi, "q_scale": with_scale, "path": path}
                     case = f"{mapping:9s} {extra} alibi={with_alibi:d} scale={with_scale:d} {path:9s} "
                     t0 = time.perf_counter()

@@ -69,6 +69,8 @@ fi
 export PYTHONPATH=$PYTHONPATH:/tmp/site
 LONGSPARSE_KERNEL=0 python3 docs/results/trials/cuda_check.py "$OUT/cuda_check.json" >> "$OUT/cuda_check.log" 2>&1
 python3 -m pytest -q -rs -p no:cacheprovider tests/test_attention_cuda.py >> "$OUT/cuda_check.log" 2>&1
+# a partial copy every minute in case the call is cut off (it starts only after the checks above, which took
+# 408 s in the first call, so there it never got to write one)
 ( while sleep 60; do tar czf "$OUT/progress.tar.gz" --exclude='*.pt' "$R" 2> /dev/null; done ) &
 ticker=$!
 wait "${pids[@]}"

@@ -34,11 +34,9 @@ class BlockSpec:
         self.attn_mask, self.topk, self.adatemp_order = attn_mask, topk, adatemp_order
         self.first_pos, self.block, self.head_block, self.dtype = first_pos, block, head_block, dtype
 
-        # the fused CPU kernel does scale, ALiBi, the causal mask and α-entmax in one in-place pass (on CPU
-        # tensors only: it reads the data pointers directly)
-        self.fused = (device.type == "cpu" and name in ("entmax", "sparsemax") and attn_mask is None
-                      and dtype in (torch.float32, torch.float64)
-                      and _kernel.get() is not None
+        # the fused CPU kernel does scale, ALiBi, the causal mask and α-entmax in one in-place pass
+        self.fused = (name in ("entmax", "sparsemax") and attn_mask is None
+                      and dtype in (torch.float32, torch.float64) and _kernel.usable_on(device)
                       and (not isinstance(alpha, Tensor) or (alpha.dim() == 4 and alpha.shape[0] == 1
                                                              and alpha.shape[2] == alpha.shape[3] == 1)))
 

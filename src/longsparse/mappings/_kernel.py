@@ -12,6 +12,8 @@ import platform
 import warnings
 from pathlib import Path
 
+import torch
+
 _SOURCE = Path(__file__).with_name("_entmax_cpu.cpp")
 _module = None
 _failed = False
@@ -49,3 +51,9 @@ def get():
         warnings.warn(f"longsparse: fused CPU entmax kernel unavailable ({type(exc).__name__}: {exc}); "
                       "using the pure-PyTorch solver", RuntimeWarning, stacklevel=2)
     return _module
+
+
+def usable_on(device) -> bool:
+    """Whether the kernel may take tensors on `device`: CPU only (it reads raw data pointers; given CUDA
+    tensors it crashed the process, session 25), and only when it is built."""
+    return torch.device(device).type == "cpu" and get() is not None

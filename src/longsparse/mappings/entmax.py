@@ -209,7 +209,7 @@ def _finish_generic(X: Tensor, tau: Tensor, alpha: Union[float, Tensor], dim: in
 
 
 def _use_kernel(z: Tensor) -> bool:
-    return z.device.type == "cpu" and not torch.compiler.is_compiling() and _kernel.get() is not None
+    return not torch.compiler.is_compiling() and _kernel.usable_on(z.device)
 
 
 def _rows(t: Tensor, dim: int) -> Tensor:
