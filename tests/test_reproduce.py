@@ -64,6 +64,12 @@ def test_quick_study_end_to_end_and_resume(quick_study, capsys):
     assert sorted(out.rglob("eval/*.json")) == files
     printed = capsys.readouterr().out
     assert "trained to step" not in printed and "archive updated" not in printed
+    # and a dry run says so: every cell trained already, nothing left to evaluate
+    n_cells = sum(len(cells(s)) for s in load_study("synthetic", quick=True)["studies"])
+    assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("trained already") == n_cells and "would train" not in printed
+    assert printed.count("would evaluate 0 (checkpoint, length) pairs") == n_cells
     # an evaluation killed before its first length leaves an empty file: the report skips it
     (files[0].parent / "eval-killed.json").write_text("")
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep), "--report-only"]) == 0

@@ -247,9 +247,16 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
                 continue
             if dry_run:
                 pairs = sum(len(lengths) for _, _, lengths in _to_evaluate(study, run))
-                printer(f"{c['run']}: would train ({cfg['train']['steps']} steps; "
-                        f"{'its run folder exists' if run.exists() else 'new'}) and evaluate {pairs} "
-                        f"(checkpoint, length) pairs")
+                steps = cfg["train"]["steps"]
+                # the loop always logs the loss of its last step, so metrics.jsonl tells a finished run
+                done = _train_record(run)["steps"] if run.exists() else None
+                if done is not None and done >= steps:
+                    plan = f"trained already ({done} steps)"
+                elif run.exists():
+                    plan = f"would resume training (step {done or 0} of {steps})"
+                else:
+                    plan = f"would train ({steps} steps; new)"
+                printer(f"{c['run']}: {plan} and would evaluate {pairs} (checkpoint, length) pairs")
                 continue
             t0 = time.perf_counter()
             printer(f"{c['run']}: training ({cfg['train']['steps']} steps; log in {run / 'train.log'})")
