@@ -252,8 +252,9 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
                 done = _train_record(run)["steps"] if run.exists() else None
                 if done is not None and done >= steps:
                     plan = f"trained already ({done} steps)"
-                elif run.exists():
-                    plan = f"would resume training (step {done or 0} of {steps})"
+                elif run.exists():    # stopped, or still training in another process
+                    plan = (f"partly trained ({done or 0} of {steps} steps logged); would resume from its last "
+                            f"checkpoint")
                 else:
                     plan = f"would train ({steps} steps; new)"
                 printer(f"{c['run']}: {plan} and would evaluate {pairs} (checkpoint, length) pairs")
