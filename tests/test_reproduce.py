@@ -231,3 +231,49 @@ def test_bad_study_files(tmp_path):
         load_study(path=str(p))
     with pytest.raises(ConfigError, match="no study file"):
         load_study(path=str(tmp_path / "missing.toml"))
+
+
+def test_study_checkpoints_and_test_seed(tmp_path):
+    """A study may evaluate only some checkpoints, on its own test stream: only those are evaluated, read back
+    and archived (an evaluation of the same run on another test seed is never mixed in)."""
+    from longsparse.evaluate import evaluate_run
+    from longsparse.reproduce import collect, run_study
+
+    p = tmp_path / "s.toml"
+    p.write_text('[[study]]\nname = "t"\ntask = "flip_flop"\nmethods = ["softmax"]\npositions = ["nape"]\n'
+                 'seeds = [0]\nlengths = [64, 128]\nsamples = 3\ncheckpoints = ["last"]\ntest_seed = 7\n'
+                 'sets = ["train.steps=4", "train.warmup_steps=1", "train.val_every=2", "train.val_lengths=[64]", '
+                 '"train.val_samples=2", "train.ckpt_every=2", "train.log_every=2", "train.batch_size=2", '
+                 '"model.d_model=32", "model.d_ff=64"]\n')
+    spec = load_study(path=str(p))
+    [run] = run_study(spec, tmp_path / "runs", printer=lambda s: None)
+    evals = [json.loads(f.read_text()) for f in (run / "eval").glob("*.json")]
+    assert {(d["checkpoint"], d["seed"]) for d in evals} == {("last", 7)}
+    evaluate_run(run, [64], samples=3, checkpoint="last", seed=0, printer=lambda s: None)   # another test stream
+    data = collect(spec, tmp_path / "runs", printer=lambda s: None)["studies"]["t"]
+    assert data["test_seed"] == 7 and set(data["series"]["softmax/nape"]) == {"last"}
+    [mine] = [d for d in evals if d["results"][0]["length"] == 64]
+    assert data["series"]["softmax/nape"]["last"]["64"]["per_seed"]["0"]["exact_match"] == \
+        mine["results"][0]["exact_match"]
+    for bad, msg in (('checkpoints = ["first"]', "unknown checkpoints"), ("test_seed = -1", "test_seed")):
+        p.write_text('[[study]]\nname = "a"\ntask = "copy"\nmethods = ["softmax"]\npositions = ["nape"]\n'
+                     f'seeds = [0]\nlengths = [64]\nsamples = 2\n{bad}\n')
+        with pytest.raises(ConfigError, match=msg):
+            load_study(path=str(p))
+
+
+def test_preregistered_study_is_the_headline_recipe():
+    """The pre-registered study trains exactly the headline cell of synthetic.toml, seed aside."""
+    from longsparse.reproduce import cell_config
+    from longsparse.train.config import configs_dir
+
+    pre = load_study(path=str(configs_dir() / "reproduce" / "prereg_mqmtar.toml"))["studies"]
+    head = next(s for s in load_study("synthetic")["studies"] if s["name"] == "mqmtar_inline_3l_lr4e-3_4k")
+    assert [m for s in pre for m in s["methods"]] == ["softmax", "asentmax", "adatemp", "entmax"]
+    for s in pre:
+        assert s["checkpoints"] == ["last"] and s["seeds"] == [100, 101, 102, 103, 104, 105]
+        for c in cells(s):
+            ref = next(x for x in cells(head) if x["method"] == c["method"])
+            a, b = cell_config(s, c), cell_config(head, ref)
+            a["train"]["seed"] = b["train"]["seed"]
+            assert a == b

@@ -62,7 +62,7 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
             raise ConfigError(f"{p}: study #{i + 1} lacks {missing}")
         unknown = sorted(set(s) - {"name", "task", "preset", "methods", "positions", "seeds", "lengths", "samples",
                                    "long_samples", "long_from", "id_samples", "sets", "method_sets",
-                                   "description"})
+                                   "description", "checkpoints", "test_seed"})
         if unknown:
             raise ConfigError(f"{p}: study {s['name']!r} has unknown key(s) {unknown}")
         _check_study(p, s)
@@ -72,6 +72,8 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
         s.setdefault("long_samples", s["samples"])
         s.setdefault("long_from", max(s["lengths"]) + 1)
         s.setdefault("id_samples", s["samples"])
+        s.setdefault("checkpoints", list(CHECKPOINTS))
+        s.setdefault("test_seed", 0)
         out.append(s)
     names = [s["name"] for s in out]
     if len(set(names)) != len(names):
@@ -99,8 +101,11 @@ def _check_study(path: Path, s: dict) -> None:
         v = s.get(key, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"{where}: {key} must be an integer >= 1, got {v!r}")
-    for key, known in (("methods", METHODS), ("positions", POSITIONS)):
-        bad = [x for x in s[key] if x not in known]
+    ts = s.get("test_seed", 0)
+    if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
+        raise ConfigError(f"{where}: test_seed must be an integer >= 0, got {ts!r}")
+    for key, known in (("methods", METHODS), ("positions", POSITIONS), ("checkpoints", CHECKPOINTS)):
+        bad = [x for x in s.get(key, known) if x not in known]
         if bad:
             raise ConfigError(f"{where}: unknown {key} {bad}; known: {', '.join(known)}")
 
@@ -178,7 +183,7 @@ def archived(archive: Optional[dict], study: dict, cell: dict, chash: str) -> tu
     if sd.get("runs", {}).get(cell["run"], {}).get("config_hash") not in (None, chash):
         return {}, len(mine)
     kept = {(ck, L): r for (ck, L), r in mine.items()
-            if ck in CHECKPOINTS and L in study["lengths"] and r.get("n") == samples_for(study, L)}
+            if ck in study["checkpoints"] and L in study["lengths"] and r.get("n") == samples_for(study, L)}
     return kept, len(mine) - len(kept)
 
 
@@ -196,9 +201,10 @@ def _evaluated(run: Path, seed: int = 0) -> set[tuple[str, int, int]]:
 
 
 def _to_evaluate(study: dict, run: Path) -> list[tuple[str, int, list[int]]]:
-    """(checkpoint, samples, lengths) still to evaluate in ``run``: one entry per evaluation call."""
-    done, out = _evaluated(run), []
-    for ck in CHECKPOINTS:
+    """(checkpoint, samples, lengths) still to evaluate in ``run`` on the study's test stream: one entry per
+    evaluation call."""
+    done, out = _evaluated(run, study["test_seed"]), []
+    for ck in study["checkpoints"]:
         by_n: dict[int, list[int]] = {}
         for L in study["lengths"]:
             n = samples_for(study, L)
@@ -242,7 +248,7 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
             run = out / c["run"]
             cfg = cell_config(study, c)
             old, _ = archived(archive, study, c, cell_hash(cfg))
-            if not run.exists() and len(old) == len(CHECKPOINTS) * len(study["lengths"]):
+            if not run.exists() and len(old) == len(study["checkpoints"]) * len(study["lengths"]):
                 printer(f"{c['run']}: every result is in the archive (run elsewhere); skipped")
                 continue
             if dry_run:
@@ -267,7 +273,7 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
                         f"loss {res['first_loss']:.3f} -> {res['last_loss']:.3f}")
             pending = _to_evaluate(study, run)
             for ck, n, lengths in pending:
-                evaluate_run(run, lengths, samples=n, checkpoint=ck, printer=printer)
+                evaluate_run(run, lengths, samples=n, checkpoint=ck, seed=study["test_seed"], printer=printer)
             runs.append(run)
             if after_cell is not None and (res["trained_steps"] or pending):    # only when something new is saved
                 after_cell()
@@ -308,7 +314,7 @@ def _run_results(run: Path, study: dict) -> tuple[dict[tuple[str, int], dict], O
             d = json.loads(f.read_text())
         except (OSError, json.JSONDecodeError):    # an evaluation killed before its first length
             continue
-        if d.get("checkpoint") not in CHECKPOINTS:
+        if d.get("checkpoint") not in study["checkpoints"] or d.get("seed", 0) != study["test_seed"]:
             continue
         train_hi = d["train_lengths"][1]
         for L, r in collect_runs([f])[0]["results"].items():
@@ -330,7 +336,7 @@ def collect(spec: dict, out: str | Path, archive: Optional[dict] = None,
     for study in spec["studies"]:
         old_sd = (archive or {}).get("studies", {}).get(study["name"], {})
         sd = {"task": study["task"], "preset": study["preset"], "lengths": study["lengths"], "series": {},
-              "runs": {}}
+              "runs": {}, "test_seed": study["test_seed"]}
         if "train_hi" in old_sd:
             sd["train_hi"] = old_sd["train_hi"]
         for c in cells(study):
@@ -354,7 +360,7 @@ def collect(spec: dict, out: str | Path, archive: Optional[dict] = None,
             sd["runs"][c["run"]] = ({**_train_record(run), "eval_seconds": eval_seconds}
                                     if (run / "metrics.jsonl").is_file() else old_rec)
             by_ck = sd["series"].setdefault(f"{c['method']}/{c['positions']}", {})
-            for ck in CHECKPOINTS:
+            for ck in study["checkpoints"]:
                 for L in study["lengths"]:
                     if (ck, L) in results:
                         by_ck.setdefault(ck, {}).setdefault(str(L), {})[str(c["seed"])] = results[(ck, L)]
