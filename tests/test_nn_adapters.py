@@ -1,11 +1,16 @@
-"""Checkpoints, the nn.MultiheadAttention-style module and the transformers adapter."""
-import os
+"""Checkpoints and the nn.MultiheadAttention-style module (the transformers adapter: tests/test_hf.py)."""
 
 import pytest
 import torch
 
-from longsparse.nn import (EntmaxMultiheadAttention, ModelConfig, Transformer, load_checkpoint, read_checkpoint,
-                           save_checkpoint)
+from longsparse.nn import (
+    EntmaxMultiheadAttention,
+    ModelConfig,
+    Transformer,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 
 
 def _model(**kw):
@@ -112,51 +117,3 @@ def test_mha_entmax_is_sparse_and_causal():
     o, _ = seq_first(x.transpose(0, 1), x.transpose(0, 1), x.transpose(0, 1))
     assert o.shape == (9, 3, 16)
 
-
-transformers = pytest.importorskip("transformers", reason="transformers (optional extra) is not installed")
-
-
-def _llama(impl, alpha=None):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      attn_implementation=impl)
-    torch.manual_seed(0)
-    m = LlamaForCausalLM(cfg).eval()
-    if alpha is not None:
-        m.config.entmax_alpha = alpha
-    return m
-
-
-def test_hf_entmax_adapter():
-    from longsparse.nn.hf import add_asentmax_scalers, register_hf_attention
-    assert register_hf_attention() == ("entmax", "asentmax")
-    ids = torch.randint(0, 40, (2, 10))
-    mask = torch.ones(2, 10, dtype=torch.long)
-    mask[0, :3] = 0
-    sdpa = _llama("sdpa")
-    ent1 = _llama("entmax", alpha=1.0)                 # α = 1 is softmax: must equal sdpa
-    with torch.no_grad():
-        ref = sdpa(ids, attention_mask=mask).logits
-        got = ent1(ids, attention_mask=mask).logits
-    torch.testing.assert_close(got[1], ref[1], atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(got[0, 3:], ref[0, 3:], atol=1e-5, rtol=1e-4)
-    for impl in ("entmax", "asentmax"):
-        m = _llama(impl)
-        if impl == "asentmax":
-            with pytest.raises(ValueError, match="add_asentmax_scalers"):
-                m(ids)
-            assert add_asentmax_scalers(m, init="reference") == 2
-        out = m(ids, attention_mask=mask).logits
-        out.sum().backward()
-        assert torch.isfinite(out).all()
-        if impl == "asentmax":
-            assert m.model.layers[0].self_attn.longsparse_scaler.beta_proj.weight.grad is not None
-        with torch.no_grad():
-            gen = m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)[:, 10:]
-            # cached decoding == greedy over full forwards
-            seq, msk = ids, mask
-            for _ in range(6):
-                nxt = m(seq, attention_mask=msk, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
-                seq, msk = torch.cat([seq, nxt], 1), torch.cat([msk, torch.ones_like(nxt)], 1)
-        assert torch.equal(gen, seq[:, 10:])

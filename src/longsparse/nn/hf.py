@@ -1,128 +1,448 @@
 """Hugging Face transformers adapters (transformers is an optional extra).
 
-    from longsparse.nn.hf import register_hf_attention, add_asentmax_scalers
-    register_hf_attention()                       # registers "entmax" and "asentmax"
-    model = LlamaForCausalLM(LlamaConfig(..., attn_implementation="entmax"))
-    model.config.entmax_alpha = 1.5               # optional (default 1.5); float or per-head list
+The papers' configuration on a Llama / Gemma-2-style decoder is one call:
 
-"entmax" is α-entmax attention on the model's own q, k, v, mask and positions. "asentmax" also
-multiplies q by the ASEntmax scale of each query; it needs the scalers that
-``add_asentmax_scalers(model)`` attaches to every attention module (as the submodule
-``longsparse_scaler``, trained with the model). Their input h_i is the attention module's input
-hidden state (in Llama-style models the normalised layer input), captured by a forward pre-hook;
-the query position i is the ``position_ids`` the model passes (or the cache position).
-Masks come from the sdpa mask builder (boolean, True = attend; None means plain causal).
+    from longsparse.nn.hf import apply_papers_config, from_pretrained
+    model = apply_papers_config(LlamaForCausalLM(config))    # NAPE + ASEntmax, alpha = 1.5
+    model.save_pretrained(folder)
+    model = from_pretrained(folder)                          # settings and scaler weights come back
+
+``apply_papers_config`` turns the model's attention into α-entmax (``method="entmax"``) or ASEntmax
+(``method="asentmax"``) through transformers' AttentionInterface, and its positions into NAPE (SPEC §3:
+ALiBi with slopes 1/h on the first H/2 heads, NoPE on the rest, the rotary embedding removed), NoPE,
+ALiBi, or the model's own RoPE. The ASEntmax scalers (``longsparse.nn.scalers.ASEntmaxScaler``) sit on
+the heads that ``longsparse.nn.positions.position_setup`` marks scalable (under NAPE the NoPE heads) as
+the submodule ``longsparse_scaler`` of every attention module, so they train with the model and are in
+its state dict. The settings are stored in ``config.longsparse`` (a JSON dict) and the attention
+implementation in ``config.json``, so ``save_pretrained`` keeps both; ``from_pretrained`` here rebuilds
+the model from them. A plain transformers ``from_pretrained`` refuses such a folder: without longsparse
+imported transformers does not know the attention name, with it the first forward raises.
+
+Lower level: ``register_hf_attention()`` registers "entmax" and "asentmax" (α from
+``config.entmax_alpha``, default 1.5; float or per-head list) for ``attn_implementation=...``, and
+``add_asentmax_scalers(model)`` attaches scalers to every head while keeping the model's positions.
+
+Invariants of the attention functions:
+* They always get a materialised mask (the mask builder registered with them never returns None):
+  with a static cache the keys are the whole preallocated buffer and the queries sit at its start, so
+  "causal with the queries at the end" would be wrong. The mask is boolean, True = attend.
+* ALiBi adds −m·(i − j) with i the query's index counted as if the queries were the last keys. Only
+  the key index j matters: the query term is a constant per row, and softmax and α-entmax are both
+  invariant to adding a constant to a row (τ absorbs it). Keys are in cache order (oldest first), so
+  left padding and static caches give the same distances between real tokens.
+* The scaler's query position i is ``position_ids`` (real tokens before the query in its row). With an
+  ASEntmax scaler, a forward pre-hook on the base model fills ``position_ids`` from a 2-D
+  ``attention_mask`` when the caller gave none, so left-padded rows equal unpadded ones.
+* Attention-logit soft-capping and attention dropout are not supported: they raise instead of being
+  ignored (as transformers' sdpa integration does for softcap).
 """
 from __future__ import annotations
 
-from typing import Optional
+import inspect
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from longsparse.attention import attention
-from longsparse.nn.scalers import ASEntmaxScaler
+from longsparse.nn.positions import NAPE_SLOPES, POSITIONS, position_setup
+from longsparse.nn.scalers import ASENTMAX_INITS, ASEntmaxScaler
 
 HF_NAMES = ("entmax", "asentmax")
+METHODS = HF_NAMES
+CONFIG_KEY = "longsparse"          # config attribute holding the settings dict
+_READY = "_longsparse_ready"       # set on attention modules that _setup configured
 
 
-def _alpha(module):
-    a = getattr(module, "longsparse_alpha", None)
+def _import_transformers():
+    try:
+        import transformers
+    except ImportError as e:
+        raise ImportError("longsparse.nn.hf needs the optional dependency transformers "
+                          "(pip install transformers)") from e
+    return transformers
+
+
+# ----------------------------------------------------------------------------- attention functions
+
+def _alpha(module: nn.Module, device: torch.device):
+    cfg = getattr(module, "config", None)
+    settings = getattr(cfg, CONFIG_KEY, None) or {}
+    a = settings.get("alpha")
     if a is None:
-        a = getattr(getattr(module, "config", None), "entmax_alpha", 1.5)
+        a = getattr(module, "longsparse_alpha", None)
+    if a is None:
+        a = getattr(cfg, "entmax_alpha", 1.5)
     if isinstance(a, (list, tuple)):
-        a = torch.tensor(a, dtype=torch.float32)
+        a = torch.tensor(a, dtype=torch.float32, device=device)
     return a
 
 
+def _slopes(module: nn.Module, device: torch.device) -> Tensor | None:
+    """The module's ALiBi slopes (H,) in float32 on ``device``; None without ALiBi. Kept out of the
+    buffers so that ``model.to(torch.bfloat16)`` does not round them."""
+    s = getattr(module, "_longsparse_slopes", None)
+    if s is not None and s.device != device:
+        s = s.to(device)
+        module._longsparse_slopes = s
+    return s
+
+
+def _query_positions(kwargs: dict[str, Any], B: int, L: int, S: int, device: torch.device) -> Tensor:
+    """(B, L) 0-based positions of the queries: ``position_ids``, else ``cache_position``, else the
+    last L of S (queries at the end of the keys)."""
+    pos = kwargs.get("position_ids")
+    if pos is None:
+        pos = kwargs.get("cache_position")
+    if pos is None:
+        pos = torch.arange(S - L, S, device=device)
+    pos = pos.to(device)
+    if pos.dim() == 1:
+        pos = pos.unsqueeze(0)
+    return pos[..., -L:].expand(B, L)
+
+
 def _hf_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                  attention_mask: Optional[Tensor], scaling: Optional[float] = None, dropout: float = 0.0,
-                  is_causal: Optional[bool] = None, *, scaled: bool = False, **kwargs):
-    B, H, L, D = query.shape
+                  attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                  is_causal: bool | None = None, *, scaled: bool = False, **kwargs):
+    """query (B, H, L, D), key/value (B, Hkv, S, D), attention_mask (B, 1, L, ≥S) bool or additive
+    → ((B, L, H, D), None)."""
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        raise ValueError(f"longsparse attention does not support attention-logit soft-capping (softcap={softcap}); "
+                         "set config.attn_logit_softcapping = None")
+    if dropout:
+        raise ValueError(f"longsparse attention does not support attention dropout (p={dropout}); "
+                         "set config.attention_dropout = 0.0")
+    if getattr(getattr(module, "config", None), CONFIG_KEY, None) is not None and not getattr(module, _READY, False):
+        raise ValueError("this model's config carries longsparse settings but the model was built without them "
+                         "(by transformers' own from_pretrained?); load it with longsparse.nn.hf.from_pretrained")
+    B, _, L, _ = query.shape
     S = key.shape[2]
     mask, causal = None, False
     if attention_mask is not None:
-        mask = attention_mask[..., -S:]
+        if attention_mask.shape[-1] < S:
+            raise ValueError(f"attention mask covers {attention_mask.shape[-1]} keys, the cache holds {S}")
+        mask = attention_mask[..., :S]
         if mask.dtype != torch.bool:
-            # eager-style additive mask: large negative = masked
+            # eager-style additive mask: 0 = attend, the dtype's minimum (or −inf) = masked
             mask = mask > torch.finfo(mask.dtype).min / 2
     else:
-        causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and L > 1
+        # only reached when the caller passes no mask: then the queries are the last L keys
+        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True)) and L > 1
     q_scale = None
     if scaled:
         scaler = getattr(module, "longsparse_scaler", None)
-        h = getattr(module, "_longsparse_hidden", None)
+        h = module.__dict__.pop("_longsparse_hidden", None)
         if scaler is None or h is None:
             raise ValueError("attn_implementation='asentmax' needs ASEntmax scalers: call "
-                             "longsparse.nn.hf.add_asentmax_scalers(model) first")
-        pos = kwargs.get("position_ids")
-        if pos is None:
-            pos = kwargs.get("cache_position")
-        if pos is None:
-            pos = torch.arange(S - L, S, device=query.device)
-        pos = pos.to(query.device)
-        if pos.dim() == 1:
-            pos = pos.unsqueeze(0)
-        pos = pos[..., -L:].expand(B, L)
+                             "longsparse.nn.hf.add_asentmax_scalers(model) or apply_papers_config(model) first")
+        pos = _query_positions(kwargs, B, L, S, query.device)
         q_scale = scaler(h[:, -L:].to(query.dtype), pos)
-    out = attention(query, key, value, mapping="entmax", alpha=_alpha(module), is_causal=causal,
-                    scale=scaling, q_scale=q_scale, attn_mask=mask)
+    out = attention(query, key, value, mapping="entmax", alpha=_alpha(module, query.device), is_causal=causal,
+                    scale=scaling, alibi_slopes=_slopes(module, query.device), q_scale=q_scale, attn_mask=mask)
     return out.transpose(1, 2).contiguous(), None
 
 
 def entmax_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                              is_causal=None, **kwargs):
-    """transformers AttentionInterface function: α-entmax attention (α from config.entmax_alpha)."""
+    """transformers AttentionInterface function: α-entmax attention (α from config.entmax_alpha or the
+    longsparse settings)."""
     return _hf_attention(module, query, key, value, attention_mask, scaling, dropout, is_causal,
                          scaled=False, **kwargs)
 
 
 def asentmax_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                                is_causal=None, **kwargs):
-    """transformers AttentionInterface function: ASEntmax (needs add_asentmax_scalers)."""
+    """transformers AttentionInterface function: ASEntmax (needs add_asentmax_scalers or apply_papers_config)."""
     return _hf_attention(module, query, key, value, attention_mask, scaling, dropout, is_causal,
                          scaled=True, **kwargs)
 
 
+def _mask_never_skipped(*args, **kwargs):
+    """transformers' sdpa mask builder with its causal skip off: it always returns the boolean
+    (B, 1, L, S) mask, never None (see the module docstring for why)."""
+    from transformers.masking_utils import sdpa_mask
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
 def register_hf_attention() -> tuple:
-    """Register "entmax" and "asentmax" with transformers' AttentionInterface (and the sdpa mask
-    builder for them in AttentionMaskInterface). Raises ImportError without transformers."""
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    except ImportError as e:
-        raise ImportError("longsparse.nn.hf needs the optional dependency transformers "
-                          "(pip install transformers)") from e
+    """Register "entmax" and "asentmax" with transformers' AttentionInterface, each with a mask builder
+    in AttentionMaskInterface that always materialises the mask. Idempotent. Raises ImportError without
+    transformers."""
+    _import_transformers()
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register("entmax", entmax_attention_forward)
     AttentionInterface.register("asentmax", asentmax_attention_forward)
     for name in HF_NAMES:
-        AttentionMaskInterface.register(name, sdpa_mask)
+        AttentionMaskInterface.register(name, _mask_never_skipped)
     return HF_NAMES
 
+
+# ----------------------------------------------------------------------------- model surgery
 
 def _is_attention_module(m: nn.Module) -> bool:
     return type(m).__name__.endswith("Attention") and hasattr(m, "q_proj") and hasattr(m, "config")
 
 
+def _attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The model's attention modules; raises if there are none or longsparse already configured them."""
+    mods = [m for m in model.modules() if _is_attention_module(m)]
+    if not mods:
+        raise ValueError("no attention modules (with q_proj and config) found in the model")
+    if any(getattr(m, _READY, False) for m in mods):
+        raise ValueError("the model already has longsparse attention; apply the configuration to a fresh model")
+    return mods
+
+
 def _stash_hidden(module, args, kwargs):
-    h = kwargs.get("hidden_states", args[0] if args else None)
-    module._longsparse_hidden = h
+    """Forward pre-hook of an attention module: keep its input h (B, L, d_model) for the scaler."""
+    module._longsparse_hidden = kwargs.get("hidden_states", args[0] if args else None)
+
+
+_FORWARD_PARAMS: dict[type, list[str]] = {}
+
+
+def _fill_position_ids(module, args, kwargs):
+    """Forward pre-hook of the base model: without ``position_ids`` but with a 2-D ``attention_mask``
+    (B, past + L), position_ids = the number of real tokens before each of the last L tokens, as
+    ``generate`` computes them; the model's default (0…L−1 for every row) would count left padding."""
+    names = _FORWARD_PARAMS.get(type(module))
+    if names is None:
+        names = list(inspect.signature(type(module).forward).parameters)[1:]
+        _FORWARD_PARAMS[type(module)] = names
+    given = dict(zip(names, args))
+    given.update(kwargs)
+    mask = given.get("attention_mask")
+    if given.get("position_ids") is not None or not isinstance(mask, Tensor) or mask.dim() != 2:
+        return None
+    x = given.get("input_ids")
+    if x is None:
+        x = given.get("inputs_embeds")
+    if x is None:
+        return None
+    pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -x.shape[1]:]
+    if "position_ids" in names[:len(args)]:
+        args = list(args)
+        args[names.index("position_ids")] = pos
+        return tuple(args), kwargs
+    return args, {**kwargs, "position_ids": pos}
+
+
+class NoRotaryEmbedding(nn.Module):
+    """Stands in for a model's rotary embedding: returns cos = 1, sin = 0 (each (B or 1, L, dim)), so
+    ``apply_rotary_pos_emb`` leaves q and k unchanged — NoPE. Has no parameters or buffers."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = int(dim)
+
+    def forward(self, x: Tensor, position_ids: Tensor | None = None, *args, **kwargs):
+        n, L = (x.shape[0], x.shape[1]) if position_ids is None else (position_ids.shape[0], position_ids.shape[-1])
+        one = torch.ones((), dtype=x.dtype, device=x.device).expand(n, L, self.dim)
+        return one, torch.zeros_like(one)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+def _remove_rotary(model: nn.Module, positions: str) -> int:
+    found = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child).__name__.endswith("RotaryEmbedding"):
+                inv = getattr(child, "inv_freq", None)
+                dim = 2 * inv.numel() if isinstance(inv, Tensor) else model.config.head_dim
+                setattr(parent, name, NoRotaryEmbedding(dim))
+                found += 1
+    if not found:
+        raise ValueError(f"positions={positions!r} removes the model's rotary embedding, but "
+                         f"{type(model).__name__} has none (a Llama / Gemma-2-style model has one)")
+    return found
+
+
+def _make_settings(method: str, positions: str, alpha, nape_variant: str, init: str, delta: float,
+                   gamma_range: float, n_heads: int) -> dict[str, Any]:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if positions not in POSITIONS:
+        raise ValueError(f"unknown positions {positions!r}; choose one of {', '.join(POSITIONS)}")
+    if nape_variant not in NAPE_SLOPES:
+        raise ValueError(f"unknown NAPE slope variant {nape_variant!r}; choose one of {', '.join(NAPE_SLOPES)}")
+    if init not in ASENTMAX_INITS:
+        raise ValueError(f"unknown ASEntmax init {init!r}; choose one of {', '.join(ASENTMAX_INITS)}")
+    if alpha is not None:
+        if isinstance(alpha, Tensor):
+            alpha = alpha.tolist()
+        values = list(alpha) if isinstance(alpha, (list, tuple)) else [alpha]
+        if isinstance(alpha, (list, tuple)) and len(values) != n_heads:
+            raise ValueError(f"a per-head alpha needs {n_heads} values (one per attention head), got {len(values)}")
+        if not all(isinstance(a, (int, float)) and float(a) >= 1 and float(a) < float("inf") for a in values):
+            raise ValueError(f"alpha must be a finite number >= 1 (1 is softmax) or a list of them; got {alpha}")
+        alpha = [float(a) for a in values] if isinstance(alpha, (list, tuple)) else float(alpha)
+    scaler = {"init": init, "delta": float(delta), "gamma_range": float(gamma_range)} if method == "asentmax" else None
+    return {"method": method, "positions": positions, "alpha": alpha, "nape_variant": nape_variant, "scaler": scaler}
+
+
+def _setup(model: nn.Module, settings: dict[str, Any]) -> int:
+    """Configure ``model`` from ``settings`` (the dict of ``config.longsparse``); returns the number
+    of attention modules. The settings are written to the config so that save_pretrained keeps them."""
+    register_hf_attention()
+    mods = _attention_modules(model)
+    cfg = model.config
+    method, positions = settings["method"], settings["positions"]
+    slopes, scalable = position_setup(positions, cfg.num_attention_heads, settings.get("nape_variant", "harmonic"))
+    if positions != "rope":
+        _remove_rotary(model, positions)
+    sc = settings.get("scaler")
+    for m in mods:
+        ref = m.q_proj.weight
+        m._longsparse_slopes = None if slopes is None else slopes.to(ref.device)
+        if method == "asentmax":
+            m.longsparse_scaler = ASEntmaxScaler(cfg.hidden_size, scalable, init=sc["init"], delta=sc["delta"],
+                                                 gamma_range=sc["gamma_range"]).to(ref.device, ref.dtype)
+            m.register_forward_pre_hook(_stash_hidden, with_kwargs=True)
+        setattr(m, _READY, True)
+    if method == "asentmax":
+        getattr(model, "base_model", model).register_forward_pre_hook(_fill_position_ids, with_kwargs=True)
+    setattr(cfg, CONFIG_KEY, settings)
+    # transformers reads this key of config.json as the attention implementation, so a saved model
+    # never loads silently as softmax
+    cfg.attn_implementation = method
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(method)
+    else:
+        cfg._attn_implementation = method
+    return len(mods)
 
 
 def add_asentmax_scalers(model: nn.Module, init: str = "scale_aware", delta: float = 1.0,
                          gamma_range: float = 2.0) -> int:
-    """Attach an ASEntmaxScaler (all heads scaled) to every attention module of a transformers
-    model; returns how many were attached."""
-    n = 0
-    for m in model.modules():
-        if _is_attention_module(m) and not hasattr(m, "longsparse_scaler"):
-            cfg = m.config
-            H = cfg.num_attention_heads
-            ref = m.q_proj.weight
-            m.longsparse_scaler = ASEntmaxScaler(cfg.hidden_size, torch.ones(H, dtype=torch.bool), init=init,
-                                                 delta=delta, gamma_range=gamma_range).to(ref.device, ref.dtype)
-            m.register_forward_pre_hook(_stash_hidden, with_kwargs=True)
-            n += 1
-    if n == 0:
-        raise ValueError("no attention modules (with q_proj and config) found in the model")
-    return n
+    """Attach an ASEntmaxScaler (all heads scaled) to every attention module of a transformers model,
+    switch its attention to "asentmax" and keep its own positions (α stays ``config.entmax_alpha``,
+    default 1.5). Returns how many were attached. The scalers are in the state dict and the settings in
+    ``config.longsparse``: reload a saved model with ``longsparse.nn.hf.from_pretrained``."""
+    settings = _make_settings("asentmax", "rope", None, "harmonic", init, delta, gamma_range,
+                              model.config.num_attention_heads)
+    return _setup(model, settings)
+
+
+def apply_papers_config(model: nn.Module, method: str = "asentmax", positions: str = "nape",
+                        alpha: float | Sequence[float] = 1.5, *, nape_variant: str = "harmonic",
+                        init: str = "scale_aware", delta: float = 1.0, gamma_range: float = 2.0,
+                        full_attention: bool = True) -> nn.Module:
+    """Give a Llama / Gemma-2-style transformers decoder the configuration of the papers, in place;
+    returns the model.
+
+    method: "asentmax" (α-entmax with the per-query ASEntmax scale of q) or "entmax" (α-entmax).
+    positions: "nape" (ALiBi with slopes 1/h on the first H/2 heads — ``nape_variant="geometric"``:
+    2^−(h−1) — NoPE on the rest), "nope", "alibi" (standard slopes) or "rope" (the model's own).
+    Every choice but "rope" removes the rotary embedding. alpha: float ≥ 1 or one per query head.
+    init / delta / gamma_range: the ASEntmax scaler (SPEC §2); it scales the NoPE heads under NAPE,
+    all heads otherwise. full_attention: turn sliding-window layers into full attention (the papers'
+    models have none, and a window would cap how far the NoPE heads reach).
+    Attention-logit soft-capping (Gemma-2) is switched off: the papers' models have none and
+    longsparse attention does not support it. A model with attention dropout is refused.
+    The settings go to ``config.longsparse``; reload a saved model with ``from_pretrained``.
+    """
+    _import_transformers()
+    cfg = model.config
+    mods = _attention_modules(model)
+    if getattr(cfg, "attention_dropout", 0.0):
+        raise ValueError(f"longsparse attention does not support attention dropout "
+                         f"(config.attention_dropout={cfg.attention_dropout}); set it to 0.0")
+    settings = _make_settings(method, positions, alpha, nape_variant, init, delta, gamma_range,
+                              cfg.num_attention_heads)
+    if getattr(cfg, "attn_logit_softcapping", None) is not None:
+        cfg.attn_logit_softcapping = None
+    if full_attention and "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
+        cfg.layer_types = ["full_attention" if t == "sliding_attention" else t for t in cfg.layer_types]
+    for m in mods:
+        if hasattr(m, "attn_logit_softcapping"):
+            m.attn_logit_softcapping = None
+        if full_attention and getattr(m, "sliding_window", None) is not None:
+            m.sliding_window = None
+    if full_attention and getattr(cfg, "sliding_window", None) is not None and not hasattr(cfg, "layer_types"):
+        cfg.sliding_window = None          # a model whose every layer is sliding (Mistral-style)
+    _setup(model, settings)
+    return model
+
+
+# ----------------------------------------------------------------------------- loading
+
+def _checkpoint_tensors(path: str, keys: Sequence[str], hub_kwargs: dict[str, Any]) -> dict[str, Tensor]:
+    """The tensors ``keys`` from the safetensors checkpoint (single file or sharded) at ``path``."""
+    from safetensors import safe_open
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
+
+    def find(name):
+        if os.path.isdir(path):
+            f = os.path.join(path, name)
+            return f if os.path.isfile(f) else None
+        return cached_file(path, name, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
+
+    index = find(SAFE_WEIGHTS_INDEX_NAME)
+    if index is not None:
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        files: dict[str, list[str]] = {}
+        for k in keys:
+            if k in weight_map:
+                files.setdefault(weight_map[k], []).append(k)
+    else:
+        files = {SAFE_WEIGHTS_NAME: list(keys)}
+    out: dict[str, Tensor] = {}
+    for name, wanted in files.items():
+        file = find(name)
+        if file is None:
+            raise ValueError(f"{path} has no {name}: longsparse.nn.hf.from_pretrained reads safetensors checkpoints")
+        with safe_open(file, framework="pt") as f:
+            present = set(f.keys())
+            out.update({k: f.get_tensor(k) for k in wanted if k in present})
+    missing = [k for k in keys if k not in out]
+    if missing:
+        raise ValueError(f"{path} lacks {len(missing)} longsparse weights (e.g. {missing[0]}); "
+                         "was it saved after apply_papers_config / add_asentmax_scalers?")
+    return out
+
+
+def from_pretrained(path: str | os.PathLike, model_class: type | None = None, **kwargs) -> nn.Module:
+    """Load a transformers model saved after ``apply_papers_config`` / ``add_asentmax_scalers``: the
+    model with its longsparse settings (``config.longsparse``) and scaler weights. ``model_class``
+    defaults to the class named in the config's ``architectures``; ``kwargs`` go to its
+    ``from_pretrained`` (dtype, device_map, revision, ...)."""
+    transformers = _import_transformers()
+    register_hf_attention()
+    path = os.fspath(path)
+    hub_kwargs = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
+    config = kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(path, **hub_kwargs)
+    settings = getattr(config, CONFIG_KEY, None)
+    if settings is None:
+        raise ValueError(f"{path} has no longsparse settings in its config; load it with transformers directly")
+    if model_class is None:
+        archs = getattr(config, "architectures", None) or []
+        model_class = getattr(transformers, archs[0], None) if archs else None
+        if model_class is None:
+            raise ValueError(f"cannot tell the model class of {path} (config.architectures = {archs}); "
+                             "pass model_class=")
+    # The scaler weights are loaded below, once the scalers exist; a subclass only tells transformers
+    # not to report them as unexpected keys. The model is handed back as model_class itself.
+    ignore = set(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()) | {r"\.longsparse_"}
+    shim = type(model_class.__name__, (model_class,),
+                {"__module__": model_class.__module__, "_keys_to_ignore_on_load_unexpected": ignore})
+    requested = kwargs.pop("attn_implementation", settings["method"])
+    if requested != settings["method"]:
+        raise ValueError(f"{path} was saved with attention {settings['method']!r}; "
+                         f"attn_implementation={requested!r} would drop it")
+    model = shim.from_pretrained(path, config=config, attn_implementation=settings["method"], **kwargs)
+    model.__class__ = model_class
+    _setup(model, settings)
+    keys = [k for k in model.state_dict() if ".longsparse_" in k]
+    if keys:
+        model.load_state_dict(_checkpoint_tensors(path, keys, hub_kwargs), strict=False)
+    return model
