@@ -1,4 +1,5 @@
-"""Run configuration: TOML presets in ``configs/``, ``--set key=value`` overrides, validation.
+"""Run configuration: TOML presets shipped in the package (``longsparse/configs/``), ``--set key=value`` overrides,
+validation.
 
 A *resolved* run config is a plain dict with three sections, stored as ``config.json`` in the run directory:
 
@@ -6,7 +7,8 @@ A *resolved* run config is a plain dict with three sections, stored as ``config.
      "model": {"d_model": 128, ..., "method": "asentmax", "positions": "nape"},   # ModelConfig minus vocab_size
      "train": {"steps": 800, "batch_size": 32, "lr": 1e-3, ...}}          # TRAIN_DEFAULTS
 
-Preset files live in ``configs/<task>/<scale>.toml`` (scale: ``cpu`` or ``paper``). Besides the three sections a
+Preset files live in ``src/longsparse/configs/<task>/<preset>.toml`` (package data, so a wheel install has them;
+``$LONGSPARSE_CONFIGS`` names another folder of the same layout). Besides the three sections a
 file may hold ``[methods.<method>.<section>]`` and ``[positions.<positions>.<section>]`` tables, merged (in that
 order) when the run uses that method / positions, so one file covers task × method × positions at one scale.
 Then ``--set section.key=value`` overrides apply (value parsed as a TOML value, else taken as a string), and last
@@ -23,14 +25,17 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import os
+from collections.abc import Iterable, Mapping
+from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 try:
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    tomllib = None
+except ModuleNotFoundError:  # Python 3.10: tomli has the same API and is a dependency there (pyproject.toml)
+    import tomli as tomllib
 
 TRAIN_DEFAULTS: dict[str, Any] = {
     "steps": 1000,            # optimizer steps
@@ -62,11 +67,14 @@ class ConfigError(ValueError):
 
 
 def configs_dir() -> Path:
-    """``$LONGSPARSE_CONFIGS`` or the repository's ``configs/`` (next to ``src/``)."""
+    """``$LONGSPARSE_CONFIGS`` if set, else the presets shipped as package data (``longsparse/configs``).
+
+    A folder on disk: the package is installed unzipped (its C++ kernel is compiled from the installed source),
+    so ``importlib.resources`` resolves it to a real path."""
     env = os.environ.get("LONGSPARSE_CONFIGS")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "configs"
+    return Path(str(resources.files("longsparse") / "configs"))
 
 
 def available_presets() -> dict[str, list[str]]:
@@ -81,8 +89,6 @@ def available_presets() -> dict[str, list[str]]:
 
 
 def load_toml(path: str | os.PathLike) -> dict:
-    if tomllib is None:
-        raise ConfigError("reading TOML presets needs Python >= 3.11 (tomllib)")
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no config file {path}")
@@ -93,16 +99,29 @@ def load_toml(path: str | os.PathLike) -> dict:
         raise ConfigError(f"{path}: invalid TOML: {e}") from e
 
 
-def preset_path(task: str, preset: str) -> Path:
-    from longsparse.tasks import TASKS, get_task
+def task_name(task: str) -> str:
+    """The canonical name of ``task`` (aliases such as ``flipflop`` resolved)."""
+    from longsparse.tasks import get_task
 
     try:
-        name = get_task(task).name
-    except ValueError as e:
+        return get_task(task).name
+    except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None
+
+
+def preset_path(task: str, preset: str) -> Path:
+    """``<configs>/<task>/<preset>.toml``. A preset is a bare name: anything that could leave the task's folder
+    (a path separator, ``..``, a leading dot) is refused, so ``--preset`` can never read another task's file."""
+    from longsparse.tasks import TASKS
+
+    name = task_name(task)
+    have = available_presets().get(name, [])
+    seps = {"/", "\\", os.sep, os.altsep} - {None}
+    if not isinstance(preset, str) or not preset or preset.startswith(".") or any(c in preset for c in seps):
+        raise ConfigError(f"preset must be a name, not a path, got {preset!r}; presets of task {name!r}: "
+                          f"{', '.join(have) or 'none'} (use --config FILE.toml for a file)")
     path = configs_dir() / name / f"{preset}.toml"
     if not path.is_file():
-        have = available_presets().get(name, [])
         raise ConfigError(f"no preset {preset!r} for task {name!r} (looked for {path}); available: "
                           f"{', '.join(have) or 'none'} (tasks: {', '.join(sorted(TASKS))})")
     return path
@@ -120,12 +139,10 @@ def deep_merge(base: dict, over: Mapping) -> dict:
 
 def parse_value(text: str) -> Any:
     """A TOML value (``3e-4``, ``true``, ``[64, 128]``, ``"x"``), else the raw string."""
-    if tomllib is not None:
-        try:
-            return tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
-            pass
-    return text
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def apply_sets(cfg: dict, sets: Iterable[str]) -> dict:
@@ -150,8 +167,12 @@ def apply_sets(cfg: dict, sets: Iterable[str]) -> dict:
 def build_config(task: str, *, preset: str = "cpu", method: str | None = None, positions: str | None = None,
                  seed: int | None = None, steps: int | None = None, sets: Iterable[str] = (),
                  config_file: str | None = None) -> dict:
-    """Resolve preset file + method/positions tables + ``--set`` + flags into a validated run config."""
-    raw = load_toml(config_file) if config_file else load_toml(preset_path(task, preset))
+    """Resolve preset file + method/positions tables + ``--set`` + flags into a validated run config.
+
+    The run is for ``task``: a file or ``--set task.name`` naming another task is refused, never trained."""
+    want = task_name(task)
+    source = Path(config_file) if config_file else preset_path(task, preset)
+    raw = load_toml(source)
     unknown = sorted(set(raw) - set(SECTIONS) - {"methods", "positions", "description", "hsa"})
     if unknown:
         raise ConfigError(f"config file has unknown top-level key(s) {unknown}; allowed: "
@@ -163,6 +184,9 @@ def build_config(task: str, *, preset: str = "cpu", method: str | None = None, p
         cfg["model"] = {"method": HSA_METHOD, **copy.deepcopy(raw["hsa"])}
         positions = None     # fixed for HSA (see the module docstring)
     cfg["task"].setdefault("name", task)
+    if task_name(cfg["task"]["name"]) != want:
+        raise ConfigError(f"{source} is a config for task {cfg['task']['name']!r}, not for the requested task "
+                          f"{want!r}")
     if method is not None:
         cfg["model"]["method"] = method
     if positions is not None:
@@ -171,6 +195,9 @@ def build_config(task: str, *, preset: str = "cpu", method: str | None = None, p
     cfg = deep_merge(cfg, raw.get("methods", {}).get(m, {}))
     cfg = deep_merge(cfg, raw.get("positions", {}).get(p, {}))
     cfg = apply_sets(cfg, sets)
+    if task_name(cfg["task"].get("name")) != want:
+        raise ConfigError(f"an override sets task.name={cfg['task'].get('name')!r}, not the requested task "
+                          f"{want!r}")
     if method is not None:
         cfg["model"]["method"] = method
     if positions is not None:
@@ -183,10 +210,14 @@ def build_config(task: str, *, preset: str = "cpu", method: str | None = None, p
 
 
 def resolve(cfg: Mapping) -> dict:
-    """Fill defaults and validate every section; returns a JSON-able dict (raises ConfigError)."""
+    """Fill defaults and validate every section; returns a JSON-able dict (raises ConfigError).
+
+    Every run starts here (``train`` calls it before touching the run folder), so a config that cannot train
+    is refused before anything is written."""
     unknown = sorted(set(cfg) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"unknown config section(s) {unknown}; sections: {', '.join(SECTIONS)}")
+    _check_finite(cfg)
     t = dict(cfg.get("task", {}))
     bad = sorted(set(t) - {"name", "preset", "params"})
     if bad:
@@ -282,6 +313,19 @@ def make_task(task_cfg: Mapping):
         raise ConfigError(str(e)) from None
 
 
+def _check_finite(node: Any, key: str = "") -> None:
+    """No inf or nan anywhere: no config knob (rate, ratio, α, scale, ...) means anything when non-finite, and
+    such a value only fails (or poisons the weights) after the run folder exists."""
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            _check_finite(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            _check_finite(v, f"{key}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{key} must be a finite number, got {node!r}")
+
+
 def _check_train(tr: dict, task) -> None:
     def pos_int(k, allow_zero=False):
         v = tr[k]
@@ -295,9 +339,13 @@ def _check_train(tr: dict, task) -> None:
     for k in ("lr", "grad_clip"):
         if isinstance(tr[k], bool) or not isinstance(tr[k], (int, float)) or not tr[k] > 0:
             raise ConfigError(f"train.{k} must be a number > 0, got {tr[k]!r}")
-    for k in ("min_lr_ratio", "weight_decay"):
-        if isinstance(tr[k], bool) or not isinstance(tr[k], (int, float)) or tr[k] < 0:
-            raise ConfigError(f"train.{k} must be a number >= 0, got {tr[k]!r}")
+    if isinstance(tr["weight_decay"], bool) or not isinstance(tr["weight_decay"], (int, float)) \
+            or not tr["weight_decay"] >= 0:
+        raise ConfigError(f"train.weight_decay must be a number >= 0, got {tr['weight_decay']!r}")
+    # the cosine ends at lr * min_lr_ratio: a ratio above 1 would raise the rate, not decay it
+    r = tr["min_lr_ratio"]
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
+        raise ConfigError(f"train.min_lr_ratio must be a number in [0, 1], got {r!r}")
     b = tr["betas"]
     if not (isinstance(b, (list, tuple)) and len(b) == 2 and all(isinstance(x, (int, float)) and 0 <= x < 1 for x in b)):
         raise ConfigError(f"train.betas must be two numbers in [0, 1), got {b!r}")
