@@ -360,8 +360,9 @@ def test_errors():
             ls.entmax(x, bad)
     with pytest.raises(ValueError):
         ls.entmax(x, torch.tensor([1.5, 0.9, 1.5]).view(3, 1))
-    with pytest.raises(ValueError):
-        ls.entmax(x, torch.tensor(1.0))              # tensor α must be > 1 (the float 1 is softmax)
+    for bad in (float("inf"), float("nan")):         # a tensor α must be finite (α = 1 rows are softmax)
+        with pytest.raises(ValueError, match="alpha must be finite"):
+            ls.entmax(x, torch.tensor([1.5, bad, 1.5]).view(3, 1))
     y = x.clone()
     y[1, 2] = float("nan")
     for fn in (ls.entmax15, ls.sparsemax, lambda t: ls.entmax(t, 1.3), lambda t: ls.entmax(t, 1.0),

@@ -42,6 +42,8 @@ _AUTO_REFERENCE_ELEMENTS = 1 << 22     # and at most this many logits (a few suc
 
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor; got dtype {t.dtype}")
         if t.dim() != 4:
             raise ValueError(f"{name} must have shape (B, H, N, D); got {tuple(t.shape)}")
     B, H, Nq, D = q.shape
@@ -59,6 +61,42 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"more queries ({Nq}) than keys ({k.shape[2]}): queries sit at the end of the keys")
 
 
+def _check_mask_dtype(attn_mask: Optional[Tensor]) -> None:
+    """SDPA's contract: a bool mask (True = attend) or a float one (added); an integer mask would be
+    read as a bias of 0/1, silently not masking."""
+    if attn_mask is not None and attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise ValueError(f"attn_mask must be bool (True = attend) or floating point (added to the logits); "
+                         f"got dtype {attn_mask.dtype}")
+
+
+def _check_finite_inputs(**tensors: Optional[Tensor]) -> None:
+    """Refuses NaN and ±inf in the given tensors (the attn_mask may hold −inf) with one host sync.
+
+    Checked here, once for every path, because the paths would notice different things: SDPA's fused
+    kernels turn the NaN row of a NaN query into zeros, and the logits' row-max check of the other paths
+    misses v and entries under a mask. One min/max reduction per tensor (a single pass, no temporary of the
+    input's size; NaN propagates through it) and one sync: O(N·D) work for q, k, v against the
+    attention's O(N²·D). Skipped under torch.compile (no data-dependent branches)."""
+    if torch.compiler.is_compiling():
+        return
+    given = {name: t for name, t in tensors.items()
+             if t is not None and t.numel() and t.is_floating_point()}
+    if not given:
+        return
+    with torch.no_grad():
+        stats = []          # (stack promotes mixed dtypes to the widest: finiteness is kept)
+        for name, t in given.items():
+            if name == "attn_mask":     # −inf masks; its max is NaN or +inf only for a bad entry
+                stats += [t.amax().clamp_min(0)] * 2
+            else:
+                stats += torch.aminmax(t)
+        finite = torch.isfinite(torch.stack(stats))
+        if bool(finite.all()):
+            return
+        name = list(given)[finite.view(-1, 2).all(1).tolist().index(False)]
+    raise ValueError(f"{name} contains NaN or {'+inf' if name == 'attn_mask' else 'inf'}")
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha: AlphaLike = 1.5,
               is_causal: bool = True, scale: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
               q_scale: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
@@ -70,7 +108,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
     over the ``topk`` largest logits) | adatemp (adaptive temperature, ``adatemp_order`` original or
     reversed) | ssmax / asentmax (softmax / entmax; pass their scales as ``q_scale``).
     alibi_slopes: (H,) slopes m, bias −m·(i − j). q_scale: (B, H, Nq) multiplier of q (not of the
-    bias). attn_mask: bool (True = attend) or additive, broadcastable to (B, H, Nq, Nk).
+    bias). attn_mask: bool (True = attend) or float (added), broadcastable to (B, H, Nq, Nk); integer
+    masks are refused, as are NaN or ±inf in q, k, v, q_scale, alibi_slopes, scale (and NaN / +inf in a
+    float mask). α = 1 is softmax, also per head.
     k/v may have fewer heads than q (GQA). Queries sit at the last Nq key positions.
     A query that can attend to nothing gets a zero output.
     Softmax with path "auto" and no chunk_size goes through torch SDPA when its mask stays small, adaptive
@@ -99,6 +139,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
         raise ValueError(f"alibi_slopes must have shape ({H},); got {tuple(alibi_slopes.shape)}")
     if q_scale is not None and q_scale.shape != (B, H, Nq):
         raise ValueError(f"q_scale must have shape ({B}, {H}, {Nq}); got {tuple(q_scale.shape)}")
+    _check_mask_dtype(attn_mask)
     if attn_mask is not None:
         try:
             torch.broadcast_shapes(attn_mask.shape, (B, H, Nq, Nk))
@@ -107,6 +148,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
                              f"{(B, H, Nq, Nk)}") from None
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number; got {scale}")
+    _check_finite_inputs(q=q, k=k, v=v, q_scale=q_scale, alibi_slopes=alibi_slopes, attn_mask=attn_mask)
     if k.shape[1] != H:   # GQA: each k/v head serves H // Hkv query heads
         rep = H // k.shape[1]
         k = k.repeat_interleave(rep, dim=1)
@@ -167,14 +211,15 @@ def _sdpa_softmax(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, scale: fl
                   alibi_slopes: Optional[Tensor], q_scale: Optional[Tensor], attn_mask: Optional[Tensor]):
     """Plain softmax through torch SDPA (fused kernels on CPU and CUDA; a fully masked row gives 0).
     SDPA's own causal flag aligns queries top-left, so decoding (Nq < Nk) and ALiBi need an explicit
-    mask; that mask is only built while it is small. Returns None when this path does not apply."""
+    mask; so does a scale ≤ 0, since the flag's −inf is multiplied by the scale (0 · −inf = NaN); that mask
+    is only built while it is small. Returns None when this path does not apply."""
     import torch.nn.functional as F
 
     B, H, Nq, _ = q.shape
     Nk = k.shape[2]
     if q_scale is not None:
         q = q * q_scale.unsqueeze(-1).to(q.dtype)
-    if alibi_slopes is None and attn_mask is None and (not is_causal or Nq == Nk):
+    if alibi_slopes is None and attn_mask is None and (not is_causal or (Nq == Nk and scale > 0)):
         return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
     if (H if alibi_slopes is not None else 1) * Nq * Nk > _AUTO_CHUNK_ELEMENTS:
         return None
@@ -239,6 +284,7 @@ def dense_logits(q: Tensor, k: Tensor, *, scale: float, q_scale: Optional[Tensor
                  is_causal: bool = True) -> Tensor:
     """All logits of `attention`, materialised (B, H, Nq, Nk) in the compute dtype; −inf where masked.
     k must already have H heads (GQA repeated)."""
+    _check_mask_dtype(attn_mask)
     Nq, Nk = q.shape[2], k.shape[2]
     cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
     if q_scale is not None:

@@ -6,6 +6,7 @@
 //             support); a bracketed Newton (α = 1.5, 2) or Halley (other α, vectorised powers pow_pd)
 //             solve for τ in double on the candidates only; zero the row and write the candidates.
 //             α = 1.5 and 2 finish in closed form on the support (exact); other α renormalise.
+//             Rows with α = 1 are softmax (every entry point: the rows, the attention scores, backward).
 //   backward: dz = u ⊙ g − u · (Σ u g)/(Σ u), u = p^{2−α}, two passes.
 // Fully masked rows (all -inf) give zeros; rows with a NaN or +inf are reported to the caller (which raises).
 #include <torch/extension.h>
@@ -23,7 +24,24 @@
 
 namespace {
 
-inline int row_mode(double alpha) { return alpha == 1.5 ? 1 : (alpha == 2.0 ? 2 : 0); }
+// 1: α = 1.5, 2: α = 2 (closed forms), 3: α = 1 (softmax: the threshold solve would divide by α − 1 = 0),
+// 0: any other α > 1
+inline int row_mode(double alpha) {
+  return alpha == 1.5 ? 1 : (alpha == 2.0 ? 2 : (alpha == 1.0 ? 3 : 0));
+}
+
+// softmax of a row with finite max m, p_j = e^(x_j − m) / Σ e^(x − m); p may be x (in place)
+template <typename scalar_t>
+void softmax_row(const scalar_t* x, scalar_t* p, int64_t n, double m) {
+  double s = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const double e = std::exp(static_cast<double>(x[j]) - m);
+    p[j] = static_cast<scalar_t>(e);
+    s += e;
+  }
+  const double inv = 1.0 / s;    // s ≥ 1: the max contributes e^0
+  for (int64_t j = 0; j < n; ++j) p[j] = static_cast<scalar_t>(static_cast<double>(p[j]) * inv);
+}
 
 // ----------------------------------------------------------------------------- d^e for generic α
 // The generic-α solve needs d^e and d^(e−1) for every candidate in every Newton iteration; std::pow is
@@ -479,6 +497,7 @@ void forward_row(const scalar_t* x, scalar_t* p, int64_t n, double alpha, double
   // p may be x itself (in place): everything is read before the row is zeroed
   if (!std::isfinite(m)) { std::fill(p, p + n, scalar_t(0)); return; }   // all -inf: a zero row
   const int mode = row_mode(alpha);
+  if (mode == 3) { softmax_row<scalar_t>(x, p, n, m); return; }
   const double am1 = alpha - 1.0;
   // τ ≥ -1, so only X_j > -1 can be in the support; the float threshold is widened by a few ulps
   // and the exact test is repeated in double inside the solve.
@@ -532,6 +551,8 @@ void backward_row(const scalar_t* p, const scalar_t* g, scalar_t* dz, int64_t n,
     for (int64_t j = 0; j < n; ++j) { scalar_t u = std::sqrt(p[j]); dz[j] = u; su += u; sug += u * g[j]; }
   } else if (mode == 2) {
     for (int64_t j = 0; j < n; ++j) { scalar_t u = p[j] > 0 ? scalar_t(1) : scalar_t(0); dz[j] = u; su += u; sug += u * g[j]; }
+  } else if (mode == 3) {
+    for (int64_t j = 0; j < n; ++j) { const scalar_t u = p[j]; dz[j] = u; su += u; sug += u * g[j]; }
   } else {
     const double ex = 2.0 - alpha;
     int64_t j = 0;

@@ -70,7 +70,7 @@ def _compute_dtype(dtype: torch.dtype, alpha: AlphaLike = 1.5) -> torch.dtype:
     if dtype == torch.float64:
         return torch.float64
     if isinstance(alpha, Tensor):
-        if not torch.compiler.is_compiling() and bool(((alpha > 2) | (alpha < 1.1)).any()):
+        if not torch.compiler.is_compiling() and bool(((alpha > 2) | ((alpha > 1) & (alpha < 1.1))).any()):
             return torch.float64
     elif alpha > 2 or 1 < alpha < 1.1:
         return torch.float64
@@ -105,13 +105,16 @@ def _alpha_view(alpha: Tensor, x: Tensor, dim: int) -> Tensor:
 
 
 def _check_alpha_values(alpha: AlphaLike) -> None:
+    """α must be finite and ≥ 1, as a number or in every entry of a tensor (α = 1 is softmax)."""
     if isinstance(alpha, Tensor):
         if torch.compiler.is_compiling():
             return
-        if torch.isnan(alpha).any():
-            raise ValueError("alpha contains NaN")
-        if (alpha < 1).any():
-            raise ValueError(f"alpha must be >= 1 (1 is softmax); got min {alpha.min().item():.4g}")
+        a = alpha.detach()
+        if not bool(torch.isfinite(a).all()):
+            bad = "NaN" if bool(a.isnan().any()) else "inf"
+            raise ValueError(f"alpha must be finite; got a tensor containing {bad}")
+        if bool((a < 1).any()):
+            raise ValueError(f"alpha must be >= 1 (1 is softmax); got min {a.min().item():.4g}")
     else:
         if not math.isfinite(alpha) or alpha < 1:
             raise ValueError(f"alpha must be a finite number >= 1 (1 is softmax); got {alpha}")
@@ -238,12 +241,24 @@ def _kernel_forward(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
 def entmax_forward(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
     """α-entmax of z (already in the compute dtype) along dim; alpha a float or a broadcast tensor
     in the compute dtype. No autograd: the Functions below wrap it. On CPU the fused kernel runs
-    (it solves in double internally); elsewhere, or without it, the pure-PyTorch solver."""
+    (it solves in double internally, softmax on its rows with α = 1); elsewhere, or without it, the
+    pure-PyTorch solver. This and the kernel's row solver are where α = 1 becomes softmax: the
+    threshold solve divides by α − 1."""
     if isinstance(alpha, float) and alpha == 1.0:
         _check_finite_rows(z.amax(dim, keepdim=True))
         return _safe_softmax(z, dim)
     if _use_kernel(z):
         return _kernel_forward(z, alpha, dim)
+    if isinstance(alpha, Tensor) and (torch.compiler.is_compiling() or bool((alpha == 1).any())):
+        # rows with α = 1 are softmax; the solve runs them with a stand-in α (any > 1) and discards them
+        at_one = alpha == 1
+        p = _solve(z, torch.where(at_one, torch.full_like(alpha, 2.0), alpha), dim)
+        return torch.where(at_one, _safe_softmax(z, dim), p)
+    return _solve(z, alpha, dim)
+
+
+def _solve(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
+    """The pure-PyTorch α-entmax for α > 1 (every entry of a tensor α)."""
     X, masked = _shifted_scores(z, alpha - 1, dim)
     tau = _newton_tau(X, alpha, dim)
     if isinstance(alpha, float) and alpha == 1.5:
@@ -283,13 +298,22 @@ def entmax_jvp_backward(p: Tensor, grad: Tensor, alpha: Union[float, Tensor], di
 
 def entmax_alpha_backward(p: Tensor, grad: Tensor, alpha: Tensor, dim: int) -> Tensor:
     """∂L/∂α per row (Correia et al., 2019), derived from p_i = u_i^{1/(α−1)}:
-        ∂p_i/∂α = (p_i − û_i)/(α−1)² − (p_i log p_i − û_i Σ_j p_j log p_j)/(α−1),  û = u/Σu."""
+        ∂p_i/∂α = (p_i − û_i)/(α−1)² − (p_i log p_i − û_i Σ_j p_j log p_j)/(α−1),  û = u/Σu.
+    At α = 1 (softmax) both terms are 0/0; their limit, the right derivative, is
+        ∂p_i/∂α = ½ p_i (Σ_j p_j log² p_j − log² p_i)
+    (expand p_i = (1 + (α−1)(z_i − t))^{1/(α−1)} = e^{z_i − t}(1 − (α−1)(z_i − t)²/2 + …) with Σ p = 1)."""
+    tiny = torch.finfo(p.dtype).tiny
+    logp = torch.where(p > 0, torch.log(p.clamp_min(tiny)), p.new_zeros(()))
+    plogp = p * logp
+    at_one = alpha == 1
+    am1 = torch.where(at_one, torch.ones_like(alpha), alpha - 1)     # α = 1 rows take the limit below
     u = _support_weights(p, alpha)
-    u_hat = u / u.sum(dim, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
-    plogp = torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), p.new_zeros(()))
+    u_hat = u / u.sum(dim, keepdim=True).clamp_min(tiny)
     neg_entropy = plogp.sum(dim, keepdim=True)
-    am1 = alpha - 1
     dp_dalpha = (p - u_hat) / am1 ** 2 - (plogp - u_hat * neg_entropy) / am1
+    if torch.compiler.is_compiling() or bool(at_one.any()):
+        plog2p = plogp * logp
+        dp_dalpha = torch.where(at_one, 0.5 * (p * plog2p.sum(dim, keepdim=True) - plog2p), dp_dalpha)
     return (grad * dp_dalpha).sum(dim, keepdim=True)
 
 
@@ -343,18 +367,16 @@ def entmax(x: Tensor, alpha: AlphaLike = 1.5, dim: int = -1) -> Tensor:
     """α-entmax along ``dim`` for any α ≥ 1 (1 → softmax, 1.5 → entmax15, 2 → sparsemax).
 
     ``alpha`` is a number or a tensor broadcastable over the rows (the ``dim`` axis as size 1); a
-    1-D tensor of length ``x.shape[1]`` is read as per-head α for (B, H, ...) scores. A tensor α
-    gets a gradient. Entries equal to −inf are masked; an all −inf row gives zeros.
+    1-D tensor of length ``x.shape[1]`` is read as per-head α for (B, H, ...) scores; rows with
+    α = 1 are softmax. A tensor α gets a gradient. Entries equal to −inf are masked; an all −inf row
+    gives zeros.
     """
     dim = _check_input(x, dim)
     _check_alpha_values(alpha)
     if x.numel() == 0:
         return x.clone()
     if isinstance(alpha, Tensor):
-        a = _alpha_view(alpha, x, dim)
-        if not torch.compiler.is_compiling() and bool((a == 1).any()):
-            raise ValueError("a tensor alpha must be > 1 (pass the float 1.0 for softmax)")
-        return EntmaxAlphaFunction.apply(x, a, dim)
+        return EntmaxAlphaFunction.apply(x, _alpha_view(alpha, x, dim), dim)
     return EntmaxFunction.apply(x, float(alpha), dim)
 
 
@@ -373,9 +395,9 @@ def bounded_alpha(raw: Tensor, max_alpha: float = 2.0) -> Tensor:
     if max_alpha <= 1:
         raise ValueError(f"max_alpha must be > 1, got {max_alpha}")
     alpha = 1 + (max_alpha - 1) * torch.sigmoid(raw)
-    # In fp32, σ(raw) saturates (raw ≲ −17 gives exactly 1.0, which entmax rejects for a tensor α;
-    # raw ≳ 17 gives exactly max_alpha): keep α strictly inside (1, max_alpha) with the bounds one
-    # relative ulp inside, passing the gradient straight through the clamp.
+    # In fp32, σ(raw) saturates (raw ≲ −17 gives exactly 1.0, raw ≳ 17 exactly max_alpha): keep α
+    # strictly inside (1, max_alpha), as documented, with the bounds one relative ulp inside, passing
+    # the gradient straight through the clamp.
     eps = torch.finfo(alpha.dtype).eps
     inside = alpha.clamp(1 + eps, max_alpha * (1 - eps))
     return alpha + (inside - alpha).detach()

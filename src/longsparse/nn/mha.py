@@ -43,13 +43,16 @@ class EntmaxMultiheadAttention(nn.Module):
         """Additive float mask broadcastable to (B, H, L, S), or None."""
         add = None
 
-        def to_add(m: Tensor) -> Tensor:
+        def to_add(m: Tensor, name: str) -> Tensor:
             if m.dtype == torch.bool:
                 return torch.zeros(m.shape, dtype=dtype, device=device).masked_fill(m, float("-inf"))
+            if not m.is_floating_point():   # as nn.MultiheadAttention: an integer mask has no meaning
+                raise ValueError(f"{name} must be bool (True = masked) or floating point (added); "
+                                 f"got dtype {m.dtype}")
             return m.to(dtype)
 
         if attn_mask is not None:
-            m = to_add(attn_mask)
+            m = to_add(attn_mask, "attn_mask")
             if m.dim() == 2:
                 if m.shape != (L, S):
                     raise ValueError(f"2-D attn_mask must be {(L, S)}, got {tuple(m.shape)}")
@@ -64,7 +67,7 @@ class EntmaxMultiheadAttention(nn.Module):
         if key_padding_mask is not None:
             if key_padding_mask.shape != (B, S):
                 raise ValueError(f"key_padding_mask must be {(B, S)}, got {tuple(key_padding_mask.shape)}")
-            m = to_add(key_padding_mask).view(B, 1, 1, S)
+            m = to_add(key_padding_mask, "key_padding_mask").view(B, 1, 1, S)
             add = m if add is None else add + m
         if is_causal:
             c = torch.ones(L, S, dtype=torch.bool, device=device).triu(1)
