@@ -1,0 +1,28 @@
+#!/bin/bash
+# The GPU-scale MQMTAR run in one device call (docs/gpu.md): the six cells of
+# src/longsparse/configs/reproduce/gpu_scale.toml trained as parallel processes on one GPU, evaluated at 1x-1,024x
+# with a time guard per length, records and resume bundles written to OUTDIR (benchmarks/gpu_scale.py).
+#
+#   bash benchmarks/gpu_scale.sh OUTDIR [SECONDS] [RESUME_DIR]
+#
+# OUTDIR: an empty folder ($OUT on the GPU machine). SECONDS: the whole call's wall clock (default 420; give the
+# device tool a timeout_s at least 30 s above it). RESUME_DIR: a folder with the resume-*.tar.gz* files and the
+# results.json of an earlier call, carried in: their run folders and archive are restored, so training resumes
+# (or is skipped when finished) and cut-short evaluations continue where they stopped.
+# DEVICE=cpu: the dry run on a machine without a GPU (tiny model, 6 steps, lengths 64-1,024, one worker;
+# run folders in runs/gpu_scale_cpu_dry, or $GPU_SCALE_RUNS); default SECONDS 110 there.
+# JOBS=K: K worker processes (default: one per cell on the GPU, one in the dry run).
+set -u
+OUT=${1:?usage: gpu_scale.sh OUTDIR [SECONDS] [RESUME_DIR]}
+DEV=${DEVICE:-cuda}
+if [ "$DEV" = cpu ]; then
+  SECS=${2:-110}; THREADS=1
+  # the dry run tests the script, not the fused CPU entmax kernel: no 30-60 s kernel build on a fresh machine
+  export LONGSPARSE_KERNEL=${LONGSPARSE_KERNEL:-0}
+else
+  SECS=${2:-420}; THREADS=2
+fi
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH=$ROOT/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$THREADS}
+exec python3 "$ROOT/benchmarks/gpu_scale.py" run --out "$OUT" --seconds "$SECS" --device "$DEV" \
+  ${JOBS:+--jobs "$JOBS"} ${3:+--resume "$3"}
