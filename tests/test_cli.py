@@ -134,35 +134,3 @@ def test_report_disambiguates_same_label(tmp_path):
 def test_cli_subprocess_entry_point():
     p = _run("train", "--task", "sortt", "--out", "x")
     assert p.returncode == 2 and "invalid choice" in p.stderr and "max_retrieval" in p.stderr
-
-
-def test_demo_verdict_is_computed_from_the_numbers():
-    from longsparse.demo import verdict
-    from longsparse.evaluate import wilson_interval
-
-    def series(method, ems, n=64):
-        res = {}
-        for L, k in ems.items():
-            res[L] = {"exact_match": k / n, "exact_match_ci": list(wilson_interval(k, n)), "n": n}
-        return {"method": method, "results": res}
-
-    clear = verdict([series("softmax", {64: 64, 1024: 20}), series("asentmax", {64: 64, 1024: 60})], 64)
-    assert any("ASEntmax is better" in line and "1024 (16x)" in line for line in clear)
-    same = verdict([series("softmax", {64: 64, 1024: 50}), series("asentmax", {64: 64, 1024: 53})], 64)
-    assert any("did NOT show" in line for line in same)
-    bad_id = verdict([series("softmax", {64: 10, 1024: 5}), series("asentmax", {64: 64, 1024: 60})], 64)
-    assert any("budget was too small" in line for line in bad_id)
-    worse = verdict([series("softmax", {64: 64, 1024: 60}), series("asentmax", {64: 64, 1024: 10})], 64)
-    assert any("Softmax is better" in line for line in worse)
-
-
-def test_demo_quick_smoke(tmp_path):
-    from longsparse.demo import run_demo
-    lines = []
-    assert run_demo(out=str(tmp_path / "demo"), quick=True, printer=lines.append) == 0
-    text = "\n".join(lines)
-    assert "| length | × train | softmax/nape | asentmax/nape |" in text
-    assert "too short to show anything" in text
-    rep = tmp_path / "demo" / "quick" / "report"
-    assert (rep / "results.md").exists() and (rep / "results.json").exists()
-    assert len(list((tmp_path / "demo" / "quick").glob("*/eval/*.json"))) == 2

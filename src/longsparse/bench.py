@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from longsparse.io import atomic_write_json
+
 
 def _time(fn: Callable[[], object], repeats: int) -> float:
     """Median seconds of `repeats` calls after one warm-up call."""
@@ -300,7 +302,7 @@ def write_result(kind: str, rows: list[dict], out: str | None, config: dict) -> 
     if path.exists():
         raise FileExistsError(f"{path} exists; choose another --out (results are never overwritten)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"benchmark": kind, "config": config, "env": environment(), "rows": rows}, indent=1))
+    atomic_write_json(path, {"benchmark": kind, "config": config, "env": environment(), "rows": rows}, indent=1)
     return path
 
 

@@ -26,6 +26,16 @@ class CLIError(Exception):
     pass
 
 
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return v
+
+
 def _train(args: argparse.Namespace) -> int:
     from longsparse.train import build_config, train
 
@@ -113,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"preset's [hsa] table; default: the preset's)")
     t.add_argument("--positions", default=None, choices=POSITIONS, metavar="POS",
                    help=f"one of: {', '.join(POSITIONS)} (default: the preset's)")
-    t.add_argument("--preset", default="cpu", help="configs/<task>/<preset>.toml: cpu or paper (default cpu)")
+    t.add_argument("--preset", default="cpu", help="src/longsparse/configs/<task>/<preset>.toml: cpu or paper (default cpu)")
     t.add_argument("--config", default=None, help="a TOML file instead of the preset")
     t.add_argument("--out", required=True, help="run directory")
     t.add_argument("--seed", type=int, default=None)
@@ -126,10 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="length sweep of a run; writes a new RUN/eval/*.json")
     e.add_argument("run")
     e.add_argument("--lengths", required=True, help="comma list (64,128,16k) or a doubling range 64-65536")
-    e.add_argument("--samples", type=int, default=100, help="examples per length (default 100)")
+    e.add_argument("--samples", type=_positive_int, default=100, help="examples per length (default 100)")
     e.add_argument("--checkpoint", default="best", choices=["best", "last"])
     e.add_argument("--seed", type=int, default=0, help="test-stream seed")
-    e.add_argument("--batch-tokens", type=int, default=None,
+    e.add_argument("--batch-tokens", type=_positive_int, default=None,
                    help="tokens per evaluation batch (batch size adapts to the length); default 32768, "
                         "131072 for generated targets (copy, sort, ...)")
     e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -172,15 +182,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def error_line(e: BaseException) -> str:
+    """One line for a user-facing error: an OSError as ``PATH: reason``; a failed command with its exit status."""
+    import subprocess
+
+    from longsparse.io import os_error_message
+
+    if isinstance(e, OSError):
+        return os_error_message(e)
+    if isinstance(e, subprocess.CalledProcessError):
+        cmd = e.cmd if isinstance(e.cmd, str) else " ".join(map(str, e.cmd))
+        return f"command failed with exit status {e.returncode}: {cmd}"
+    if isinstance(e, MemoryError):
+        return "out of memory" + (f" ({e})" if str(e) else "") + "; try shorter lengths or a smaller --batch-tokens"
+    return str(e)
+
+
 def main(argv=None) -> int:
+    import subprocess
+
     args = build_parser().parse_args(argv)
     from longsparse.report import ReportError
     from longsparse.train import ConfigError, RunDirError
 
+    # Errors the user can act on end in one line naming the problem (and the path, for file errors) and exit 2;
+    # anything else is a bug and keeps its traceback.
     try:
         return args.func(args)
-    except (ConfigError, RunDirError, ReportError, ValueError, FileNotFoundError, FileExistsError) as e:
-        print(f"longsparse {args.command}: error: {e}", file=sys.stderr)
+    except (ConfigError, RunDirError, ReportError, ValueError, OSError, subprocess.CalledProcessError,
+            MemoryError) as e:
+        print(f"longsparse {args.command}: error: {error_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"longsparse {args.command}: interrupted", file=sys.stderr)

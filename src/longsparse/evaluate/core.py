@@ -8,6 +8,7 @@ through the examples themselves).
 from __future__ import annotations
 
 import math
+import sys
 import time
 from typing import Optional
 
@@ -39,11 +40,28 @@ def sequence_tokens(task, length: int) -> int:
     return len(ex.input_ids)
 
 
+def check_batch_tokens(batch_tokens) -> None:
+    if batch_tokens is not None and (isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int)
+                                     or batch_tokens < 1):
+        raise ValueError(f"--batch-tokens must be a positive integer, got {batch_tokens!r}")
+
+
+def progress_bar(total: int, desc: str, enabled: bool):
+    """A tqdm bar on stderr (examples done, rate, ETA), or None when ``enabled`` is false or stderr is not a
+    terminal: logs and captured output stay free of carriage-return noise."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ex", file=sys.stderr, leave=False, dynamic_ncols=True)
+
+
 def eval_batch_size(task, length: int, samples: int, batch_tokens: Optional[int] = None) -> int:
     """Examples per batch so that batch × sequence length stays within ``batch_tokens`` (None: the task kind's
     default, DECODE_BATCH_TOKENS for generated targets, else DEFAULT_BATCH_TOKENS)."""
     if batch_tokens is None:
         batch_tokens = DECODE_BATCH_TOKENS if task.kind == "seq2seq" else DEFAULT_BATCH_TOKENS
+    check_batch_tokens(batch_tokens)
     return max(1, min(samples, batch_tokens // max(1, sequence_tokens(task, length))))
 
 
@@ -73,9 +91,10 @@ def predict(model, task, batch: Batch, autocast_dtype: Optional[torch.dtype] = N
 @torch.no_grad()
 def score_length(model, task, length: int, samples: int, *, seed: int = 0, split: str = "test",
                  batch_size: Optional[int] = None, batch_tokens: Optional[int] = None,
-                 autocast_dtype: Optional[torch.dtype] = None) -> dict:
+                 autocast_dtype: Optional[torch.dtype] = None, progress: bool = False) -> dict:
     """Score ``samples`` examples of ``length``; returns a JSON-able dict with exact match, token accuracy,
-    Wilson 95% intervals, the batch size used and the seconds taken."""
+    Wilson 95% intervals, the batch size used and the seconds taken. ``progress``: a progress bar on stderr
+    (only when it is a terminal)."""
     task.check_length(length)
     if not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be a positive integer, got {samples!r}")
@@ -85,6 +104,7 @@ def score_length(model, task, length: int, samples: int, *, seed: int = 0, split
     rng = task.rng(seed, split)
     total = Score()
     t0 = time.perf_counter()
+    bar = progress_bar(samples, f"L={length}", progress)
     try:
         done = 0
         while done < samples:
@@ -92,8 +112,12 @@ def score_length(model, task, length: int, samples: int, *, seed: int = 0, split
             batch = task.batch(length, n, rng=rng)
             total = total + task.score(predict(model, task, batch, autocast_dtype).cpu(), batch)
             done += n
+            if bar is not None:
+                bar.update(n)
     finally:
         model.train(was_training)
+        if bar is not None:
+            bar.close()
     lo, hi = wilson_interval(total.n_exact, total.n_examples)
     tlo, thi = wilson_interval(total.n_correct_tokens, total.n_tokens)
     return {"length": length, "n": total.n_examples, "n_exact": total.n_exact,

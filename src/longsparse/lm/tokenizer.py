@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Iterable, List, Sequence
 
+from longsparse.io import atomic_write_text, read_json
+
 EOT = "<|endoftext|>"
 PAD = "<pad>"
 KINDS = ("bpe", "bytes")
@@ -48,7 +50,7 @@ class ByteTokenizer:
         return "".join(out)
 
     def save(self, path) -> None:
-        Path(path).write_text(json.dumps({"longsparse_tokenizer": "bytes", "specials": [EOT, PAD]}) + "\n")
+        atomic_write_text(path, json.dumps({"longsparse_tokenizer": "bytes", "specials": [EOT, PAD]}) + "\n")
 
 
 class BPETokenizer:
@@ -69,7 +71,7 @@ class BPETokenizer:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def save(self, path) -> None:
-        self.tok.save(str(path))
+        atomic_write_text(path, self.tok.to_str(pretty=True))
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 2048) -> "BPETokenizer":
@@ -99,7 +101,7 @@ def load_tokenizer(path):
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no tokenizer at {path}")
-    d = json.loads(path.read_text())
+    d = read_json(path)
     if d.get("longsparse_tokenizer") == "bytes":
         return ByteTokenizer()
     from tokenizers import Tokenizer

@@ -25,9 +25,10 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from longsparse.io import atomic_write_text, read_json, read_jsonl
 from longsparse.lm.passkey import PasskeyMaker
 from longsparse.nn import ModelConfig, Transformer, load_checkpoint, save_checkpoint
-from longsparse.train.loop import lr_at
+from longsparse.train.loop import eta_text, lr_at
 
 
 def now() -> str:
@@ -62,15 +63,15 @@ def train_lm(cfg: dict, run_dir, tokens: dict, tokenizer, printer: Callable[[str
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
     if cfg_path.exists():
-        old = json.loads(cfg_path.read_text())
+        old = read_json(cfg_path)
         if old != cfg:
             raise ValueError(f"{out} holds a run with another config; use a new directory")
     else:
-        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+        atomic_write_text(cfg_path, json.dumps(cfg, indent=2) + "\n")
     done_path = out / "train_done.json"
     if done_path.exists():
         printer(f"{out}: already trained")
-        return json.loads(done_path.read_text())
+        return read_json(done_path)
 
     def log(msg):
         printer(msg)
@@ -92,9 +93,9 @@ def train_lm(cfg: dict, run_dir, tokens: dict, tokenizer, printer: Callable[[str
         v, state, g = extra["rng"]
         rng.setstate((v, tuple(state), g))
         torch.set_rng_state(extra["torch_rng"])
-        keep = [l for l in (out / "metrics.jsonl").read_text().splitlines()
-                if l.strip() and json.loads(l)["step"] <= step] if (out / "metrics.jsonl").exists() else []
-        (out / "metrics.jsonl").write_text("".join(k + "\n" for k in keep))
+        keep = [r for r in read_jsonl(out / "metrics.jsonl")      # a line torn by a kill is dropped
+                if r.get("step", 0) <= step] if (out / "metrics.jsonl").exists() else []
+        atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in keep))
         log(f"[{now()}] resuming {out} at step {step}/{tr['steps']}")
     else:
         log(f"[{now()}] new LM run {out}: method={cfg['model']['method']} positions={cfg['model']['positions']} "
@@ -113,6 +114,7 @@ def train_lm(cfg: dict, run_dir, tokens: dict, tokenizer, printer: Callable[[str
 
     model.train()
     acc, nacc, t_last = 0.0, 0, time.perf_counter()
+    start_step, session_s = step, 0.0
     while step < tr["steps"]:
         x, y = make_batch(stream, T, B, rng, maker, tr["passkey_frac"])
         lr = lr_at(step, sched)
@@ -129,6 +131,7 @@ def train_lm(cfg: dict, run_dir, tokens: dict, tokenizer, printer: Callable[[str
         nacc += 1
         t = time.perf_counter()
         elapsed += t - t_last
+        session_s += t - t_last
         t_last = t
         if step % tr["log_every"] == 0 or step == tr["steps"] or step == 1:
             rec = {"step": step, "loss": acc / nacc, "lr": lr, "grad_norm": float(gnorm), "elapsed_s": elapsed,
@@ -136,13 +139,13 @@ def train_lm(cfg: dict, run_dir, tokens: dict, tokenizer, printer: Callable[[str
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")
             log(f"step {step:>5}/{tr['steps']}  loss {acc / nacc:.4f}  ppl {math.exp(acc / nacc):8.2f}  "
-                f"lr {lr:.2e}  {elapsed:6.0f} s")
+                f"lr {lr:.2e}  {elapsed:6.0f} s  ETA {eta_text(step - start_step, tr['steps'] - step, session_s)}")
             acc, nacc = 0.0, 0
         if step % tr["ckpt_every"] == 0 or step == tr["steps"]:
             save()
             t_last = time.perf_counter()     # checkpoint I/O is not training time
     done = {"step": step, "train_wall_s": round(elapsed, 1), "params": model.num_parameters(), "time": now(),
             "torch_threads": torch.get_num_threads()}
-    done_path.write_text(json.dumps(done, indent=2) + "\n")
+    atomic_write_text(done_path, json.dumps(done, indent=2) + "\n")
     log(f"[{now()}] done: {step} steps in {elapsed:.0f} s")
     return done

@@ -5,15 +5,26 @@ a PNG plot (exact match vs length, log x; needs the optional ``plot`` extra, i.e
 
 Inputs are run directories (all their ``eval/*.json``; for a length evaluated more than once the newest file
 wins) or result files directly. Series are labelled ``method/positions``; runs sharing a label get their run
-name appended. Everything is rebuilt from the JSON, nothing from models.
+name appended. Everything is rebuilt from the JSON, nothing from models. In a run directory, a result file that
+an interrupted writer left empty or cut is skipped with a warning; a file named explicitly must be readable.
+
+A report never overwrites a file it did not write: each output carries a marker (``MD_MARKER`` as the first
+line of results.md, ``"format": "longsparse-report"`` in results.json, a ``longsparse`` PNG text chunk in the
+plot), and an existing output without it makes the command refuse before writing anything. Outputs are written
+atomically (``longsparse.io``).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
+
+from longsparse.io import atomic_savefig, atomic_write_text, read_json_or_none, warn_stderr
 
 MERGED_FORMAT = "longsparse-report"
+MD_MARKER = "<!-- written by `longsparse report`; it replaces this file when rerun into the same folder -->"
+PNG_KEY, PNG_VALUE = "longsparse", "report"
+OUTPUTS = ("results.md", "results.json", "accuracy_vs_length.png")
 
 
 class ReportError(ValueError):
@@ -25,13 +36,18 @@ def _read_result(path: Path) -> dict:
         d = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ReportError(f"{path}: not readable JSON ({e})") from None
+    return _check_result(path, d)
+
+
+def _check_result(path: Path, d) -> dict:
     if not isinstance(d, dict) or d.get("format") != "longsparse-eval" or not isinstance(d.get("results"), list):
         raise ReportError(f"{path}: not a longsparse eval result (format tag missing)")
     return d
 
 
-def collect(inputs: Iterable[str | Path]) -> list[dict]:
-    """One series per run: {label, run_name, task, method, positions, train_lengths, results (by length), files}."""
+def collect(inputs: Iterable[str | Path], warn: Callable[[str], None] | None = warn_stderr) -> list[dict]:
+    """One series per run: {label, run_name, task, method, positions, train_lengths, results (by length), files}.
+    ``warn`` receives a line for each result file of a run directory skipped as empty or cut."""
     by_run: dict[str, dict] = {}
     inputs = list(inputs)
     if not inputs:
@@ -39,15 +55,18 @@ def collect(inputs: Iterable[str | Path]) -> list[dict]:
     for inp in inputs:
         p = Path(inp)
         if p.is_dir():
-            files = sorted((p / "eval").glob("*.json")) if (p / "eval").is_dir() else []
-            if not files:
-                raise ReportError(f"{p}: no evaluation results in {p / 'eval'} (run `longsparse eval {p}` first)")
+            found = sorted((p / "eval").glob("*.json")) if (p / "eval").is_dir() else []
+            docs = [(f, read_json_or_none(f, warn)) for f in found]
+            docs = [(f, d) for f, d in docs if d is not None]    # what an interrupted evaluation left
+            if not docs:
+                raise ReportError(f"{p}: no evaluation results in {p / 'eval'} (run `longsparse eval {p}` first)"
+                                  + (f"; {len(found)} unreadable file(s) skipped" if found else ""))
         elif p.is_file():
-            files = [p]
+            docs = [(p, None)]
         else:
             raise ReportError(f"{p}: no such run directory or file")
-        for f in files:
-            d = _read_result(f)
+        for f, d in docs:
+            d = _check_result(f, d) if d is not None else _read_result(f)
             key = d.get("run", str(f))
             s = by_run.setdefault(key, {"label": d.get("label", "?"), "run_name": d.get("run_name", f.stem),
                                         "run": key, "task": d.get("task"), "method": d.get("method"),
@@ -126,39 +145,75 @@ def plot(series: list[dict], path: Path) -> Path:
         ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    atomic_savefig(fig, path, dpi=120, metadata={PNG_KEY: PNG_VALUE})
     plt.close(fig)
     return path
 
 
-def _check_not_foreign(path: Path) -> None:
-    """A results.json that this command did not write (e.g. a study's archive, docs/results/results.json) is
-    never overwritten: refuse before writing anything."""
-    if not path.exists():
-        return
-    try:
-        fmt = json.loads(path.read_text()).get("format")
-    except (OSError, ValueError, AttributeError):
-        fmt = None
-    if fmt != MERGED_FORMAT:
-        raise ReportError(f"{path} exists and is not a `longsparse report` file (format {fmt!r}); nothing was "
-                          "written: choose another --out")
+def png_text(path: Path) -> dict:
+    """The tEXt chunks of a PNG file ({} for anything else)."""
+    import struct
+
+    data = path.read_bytes()
+    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return {}
+    out, i = {}, 8
+    while i + 8 <= len(data):
+        n, kind = struct.unpack(">I4s", data[i:i + 8])
+        if kind == b"tEXt":
+            key, _, value = data[i + 8:i + 8 + n].partition(b"\0")
+            out[key.decode("latin-1")] = value.decode("latin-1")
+        if kind in (b"IDAT", b"IEND"):     # matplotlib writes its text chunks before the image data
+            break
+        i += 12 + n
+    return out
+
+
+# Reports written before the markers existed: next to a results.json of ours, a results.md with the report's table
+# heading and a plot saved by matplotlib (without our text chunk) are ours too.
+LEGACY_MD_HEADING = ": exact match % [95% Wilson interval], n = "
+
+
+def _written_by_report(path: Path) -> bool:
+    if path.suffix == ".json":
+        try:
+            return json.loads(path.read_text()).get("format") == MERGED_FORMAT
+        except (ValueError, AttributeError):
+            return False
+    legacy = path.name != "results.json" and (path.parent / "results.json").is_file() and _written_by_report(
+        path.parent / "results.json")
+    if path.suffix == ".md":
+        text = path.read_text(encoding="utf-8", errors="replace")
+        return text.split("\n", 1)[0] == MD_MARKER or (legacy and LEGACY_MD_HEADING in text)
+    meta = png_text(path)
+    return meta.get(PNG_KEY) == PNG_VALUE or (legacy and meta.get("Software", "").startswith("Matplotlib"))
+
+
+def _check_not_foreign(out: Path) -> None:
+    """An output file this command did not write (a hand-written docs/results.md, a study's archive
+    docs/results/results.json, ...) is never overwritten: refuse before writing anything."""
+    for name in OUTPUTS:
+        path = out / name
+        if path.is_file() and not _written_by_report(path):
+            raise ReportError(f"{path} exists and is not a `longsparse report` file (it has no report marker); "
+                              f"nothing was written: choose another --out, or move the file away")
+        if path.exists() and not path.is_file():
+            raise ReportError(f"{path} exists and is not a file; nothing was written (choose another --out)")
 
 
 def build_report(inputs: Iterable[str | Path], out: str | Path, *, printer=print, title: str | None = None) -> dict:
     """Write ``out/results.md``, ``out/results.json`` and (with matplotlib) ``out/accuracy_vs_length.png``.
     Returns {"markdown", "json", "png" (None without matplotlib), "png_error", "table", "series"}."""
-    series = collect(inputs)
+    series = collect(inputs, warn=warn_stderr if printer else None)
     out = Path(out)
-    _check_not_foreign(out / "results.json")
+    if out.exists():
+        _check_not_foreign(out)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(series)
-    md = out / "results.md"
-    md.write_text((f"# {title}\n\n" if title else "") + table + "\n")
+    md = atomic_write_text(out / "results.md", MD_MARKER + "\n" + (f"# {title}\n\n" if title else "") + table + "\n")
     merged = {"format": MERGED_FORMAT, "version": 1,
               "series": [{**s, "results": [s["results"][L] for L in sorted(s["results"])]} for s in series]}
-    js = out / "results.json"
-    js.write_text(json.dumps(merged, indent=1) + "\n")
+    js = atomic_write_text(out / "results.json", json.dumps(merged, indent=1) + "\n")
     png, err = None, None
     try:
         png = plot(series, out / "accuracy_vs_length.png")

@@ -29,6 +29,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 import torch
 
 import longsparse as ls
+from longsparse.io import atomic_savefig, atomic_write_text, read_jsonl
 
 FIGURES = ("zero_crossing", "p0_grid", "dispersion", "scales", "profiles", "threshold")
 Z_DEMO = (2.0, 1.8, 1.6, 1.4, 1.2)
@@ -36,7 +37,7 @@ ALPHAS = (1.25, 1.5, 2.0)
 
 # ---- trained models --------------------------------------------------------------------------------------
 #: The models trained when no --runs are given: flip-flop (SPEC §5, write prob 0.1), the repository's cpu preset
-#: (configs/flip_flop/cpu.toml: 2 layers, d_model 64, 4 heads × 16, GeGLU 128, AdamW lr 1e-3, 400 steps, 40 warm-up,
+#: (src/longsparse/configs/flip_flop/cpu.toml: 2 layers, d_model 64, 4 heads × 16, GeGLU 128, AdamW lr 1e-3, 400 steps, 40 warm-up,
 #: batch 32, train lengths U[32, 64], seed 0, 1 thread) with one validation at the end.
 DEFAULT_RUNS = (
     ("softmax-nape", "softmax", "nape"),
@@ -94,7 +95,7 @@ def _load_run(run: Path):
     if val is None:
         mpath = Path(run) / "metrics.jsonl"
         if mpath.exists():
-            recs = [json.loads(x) for x in mpath.read_text().splitlines() if x.strip()]
+            recs = read_jsonl(mpath)          # tolerates a line torn by a killed training
             vals = [r["val"] for r in recs if "val" in r]
             val = vals[-1] if vals else None
     return model, cfg, which, val
@@ -671,12 +672,12 @@ def _plt():
 def _save(fig, path: Path, dpi: int = 100, tight: bool = True) -> None:
     if tight:
         fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    atomic_savefig(fig, path, dpi=dpi)
     _plt().close(fig)
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, separators=(",", ":"), allow_nan=True) + "\n")
+    atomic_write_text(path, json.dumps(data, separators=(",", ":"), allow_nan=True) + "\n")
 
 
 def _parse_only(only) -> set:
@@ -809,7 +810,8 @@ def make_figures(out: str | Path, runs: Optional[Iterable[str | Path]] = None, *
     if "threshold" in want:
         d = threshold_data(appended=(1, 10, 100) if quick else (1, 10, 100, 1000, 10000, 100000))
         table = threshold_markdown(d)
-        (out / "fig6_threshold.md").write_text(
+        atomic_write_text(
+            out / "fig6_threshold.md",
             "Max |Δp| of the existing weights / mass on the appended tokens, after appending m tokens whose logits "
             "lie `gap` below α-entmax's threshold τ/(α−1) (softmax: same tokens as 1.5-entmax).\n\n" + table + "\n")
         summ = {"entmax_max_abs_change": max(r["max_abs_change"] for r in d["rows"] if r["mapping"] != "softmax"),
@@ -829,7 +831,7 @@ def make_figures(out: str | Path, runs: Optional[Iterable[str | Path]] = None, *
         except (OSError, json.JSONDecodeError):
             pass
     index["figures"].update(made)
-    idx_path.write_text(json.dumps(index, indent=1) + "\n")
+    atomic_write_text(idx_path, json.dumps(index, indent=1) + "\n")
     return made
 
 

@@ -6,7 +6,12 @@ Exact resume. ``last.pt`` holds the model, the AdamW state, the step (the schedu
 step), the torch RNG state and the state of the Python ``random.Random`` that generates the training stream.
 A run killed at any moment and restarted with the same command continues from the last checkpoint and ends
 with the same weights, bit for bit, as an uninterrupted run (same machine, same number of threads/ranks).
-``metrics.jsonl`` records written after that checkpoint are dropped on resume, so the log has no duplicates.
+``metrics.jsonl`` records written after that checkpoint are dropped on resume, so the log has no duplicates; the
+running loss sum of the steps since the last logged record is checkpointed too, so the logged losses after a
+resume are the ones an uninterrupted run logs. Temporaries of a killed checkpoint write are removed on resume.
+
+Nothing is created before the whole configuration is known to be usable (values by ``resolve``, the device and
+the rank split here), so a refused run leaves no folder behind.
 
 Data parallel. Every rank draws the same *global* batch from the same stream and keeps its own contiguous
 slice of rows; the loss is the sum over the rank's target tokens divided by the number of target tokens of the
@@ -28,10 +33,12 @@ from typing import Callable, Mapping, Optional
 import torch
 import torch.nn.functional as F
 
+from longsparse.io import atomic_write_text, read_jsonl
 from longsparse.nn import load_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
-from longsparse.train.config import build_model, config_hash, make_task, resolve
-from longsparse.train.rundir import check_run_dir, checkpoint_path, environment, init_run_dir, now, run_lock
+from longsparse.train.config import ConfigError, build_model, config_hash, make_task, resolve
+from longsparse.train.rundir import (check_run_dir, checkpoint_path, environment, init_run_dir, now,
+                                     remove_stale_temps_in_run, run_lock)
 
 KILL_ENV = "LONGSPARSE_TEST_KILL_AFTER_STEP"   # tests: SIGKILL this process right after that step
 
@@ -133,27 +140,32 @@ class _Log:
 def _progress_bar(total: int, initial: int, enabled: bool):
     if not enabled or not sys.stdout.isatty():
         return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
+    from tqdm.auto import tqdm
+
     return tqdm(total=total, initial=initial, dynamic_ncols=True, leave=True)
+
+
+def format_duration(seconds: float) -> str:
+    """``1h02m``, ``3m05s``, ``42s``."""
+    s = max(0, round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def eta_text(done: int, left: int, elapsed: float) -> str:
+    """Remaining time at the rate of this session so far (``?`` before the first step)."""
+    return format_duration(elapsed / done * left) if done > 0 else "?"
 
 
 def _trim_metrics(out: Path, step: int) -> None:
     path = out / "metrics.jsonl"
     if not path.exists():
         return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                keep.append(line)
-        except json.JSONDecodeError:
-            continue    # a line cut by a kill
-    tmp = path.with_name(".metrics.jsonl.tmp")
-    tmp.write_text("".join(x + "\n" for x in keep))
-    os.replace(tmp, path)
+    keep = [r for r in read_jsonl(path) if r.get("step", 0) <= step]     # a line torn by a kill is dropped
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 # ---- main entry -------------------------------------------------------------------------------------------
@@ -164,44 +176,55 @@ def train(config: Mapping, out: Optional[str] = None, *, printer: Optional[Calla
     ``out=None`` trains in memory (no files, no resume). Returns a summary dict with the final step, the last
     logged loss, the first logged loss, the validation history and the model (key ``model``)."""
     cfg = resolve(config)
-    tr, d = cfg["train"], Dist()
+    tr = cfg["train"]
+    _check_device(tr)      # before anything is created: a refused run leaves no folder
+    d = Dist()
     out_path = Path(out) if out is not None else None
     try:
+        if tr["batch_size"] % d.world:
+            raise ConfigError(f"train.batch_size {tr['batch_size']} is not divisible by the {d.world} ranks")
+        dev = _device(tr, d)
         mode = "memory"
         if out_path is None or not d.main:
             if out_path is not None:
                 mode = d.broadcast_obj(None)
-            return _train(cfg, tr, d, out_path, mode, printer, progress)
+            return _train(cfg, tr, d, dev, out_path, mode, printer, progress)
         mode = check_run_dir(out_path, cfg)      # before the lock: a refused folder is left untouched
         with run_lock(out_path):
             mode = d.broadcast_obj(mode)
-            return _train(cfg, tr, d, out_path, mode, printer, progress)
+            return _train(cfg, tr, d, dev, out_path, mode, printer, progress)
     finally:
         d.close()
 
 
+def _check_device(tr: Mapping) -> None:
+    if tr["device"] == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device = 'cuda' but CUDA is not available (torch {torch.__version__}"
+                          + (", built without CUDA" if torch.version.cuda is None else ", no usable GPU")
+                          + "); use train.device = 'cpu' or 'auto'")
+
+
 def _device(tr: Mapping, d: Dist) -> torch.device:
-    want = tr["device"]
-    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise RuntimeError("train.device = 'cuda' but CUDA is not available")
+    _check_device(tr)
+    if tr["device"] == "cuda" or (tr["device"] == "auto" and torch.cuda.is_available()):
         torch.cuda.set_device(d.local_rank)
         return torch.device("cuda", d.local_rank)
     return torch.device("cpu")
 
 
-def _train(cfg, tr, d: Dist, out: Optional[Path], mode, printer, progress) -> dict:
+def _train(cfg, tr, d: Dist, dev: torch.device, out: Optional[Path], mode, printer, progress) -> dict:
     from longsparse.evaluate.core import score_length
 
-    dev = _device(tr, d)
     if dev.type == "cpu" and tr["threads"]:
         torch.set_num_threads(tr["threads"])
-    if tr["batch_size"] % d.world:
-        raise ValueError(f"train.batch_size {tr['batch_size']} is not divisible by the {d.world} ranks")
     task = make_task(cfg["task"])
     log = _Log(out, d.main, printer)
     if out is not None and d.main:
         init_run_dir(out, cfg, environment(d.world, str(dev)))
+        stale = remove_stale_temps_in_run(out)      # run_lock is held: no other writer is active here
+        if stale:
+            log(f"removed {len(stale)} temporary file(s) left by a killed run: "
+                + ", ".join(str(p.relative_to(out)) for p in stale))
     d.barrier()
 
     torch.manual_seed(tr["seed"])
@@ -210,6 +233,7 @@ def _train(cfg, tr, d: Dist, out: Optional[Path], mode, printer, progress) -> di
                             weight_decay=tr["weight_decay"])
     data_rng = task.rng(tr["seed"], "train")
     step, best, first_loss, last_loss = 0, None, None, None
+    loss_acc, n_acc = 0.0, 0          # loss sum / count of the steps since the last logged record
     history: list[dict] = []
     chash = config_hash(cfg)
 
@@ -227,6 +251,7 @@ def _train(cfg, tr, d: Dist, out: Optional[Path], mode, printer, progress) -> di
         data_rng.setstate((v, tuple(state), g))
         torch.set_rng_state(extra["torch_rng"])
         best, first_loss, last_loss = extra.get("best"), extra.get("first_loss"), extra.get("last_loss")
+        loss_acc, n_acc = extra.get("loss_acc", (0.0, 0))
         if d.main:
             _trim_metrics(out, step)
         log(f"[{now()}] resuming {out} at step {step}/{tr['steps']}")
@@ -250,8 +275,8 @@ def _train(cfg, tr, d: Dist, out: Optional[Path], mode, printer, progress) -> di
             return
         extra = {"step": step, "scheduler": {"kind": "warmup_cosine", "step": step},
                  "data_rng": list(_rng_state(data_rng)), "torch_rng": torch.get_rng_state(),
-                 "best": best, "first_loss": first_loss, "last_loss": last_loss, "world_size": d.world,
-                 "config_hash": chash, "time": now()}
+                 "best": best, "first_loss": first_loss, "last_loss": last_loss, "loss_acc": [loss_acc, n_acc],
+                 "world_size": d.world, "config_hash": chash, "time": now()}
         save_checkpoint(str(checkpoint_path(out, "last")), model, opt, extra=extra, overwrite=True)
 
     def validate():
@@ -288,7 +313,6 @@ def _train(cfg, tr, d: Dist, out: Optional[Path], mode, printer, progress) -> di
     log.bar = bar
     model.train()
     t0, tok_count = time.perf_counter(), 0
-    loss_acc, n_acc = 0.0, 0
     while step < tr["steps"]:
         gbatch = task.batch(lengths, tr["batch_size"], rng=data_rng)
         n_global = int((gbatch.labels != IGNORE_INDEX).sum())
@@ -326,7 +350,7 @@ def _train(cfg, tr, d: Dist, out: Optional[Path], mode, printer, progress) -> di
                 bar.set_postfix(loss=f"{mean:.4f}", lr=f"{lr:.2e}")
             else:
                 log(f"step {step:>6}/{tr['steps']}  loss {mean:.4f}  lr {lr:.2e}  |g| {float(gnorm):.3f}  "
-                    f"{tok_count / dt:,.0f} tok/s")
+                    f"{tok_count / dt:,.0f} tok/s  ETA {eta_text(step - start_step, tr['steps'] - step, dt)}")
         if (tr["val_every"] and step % tr["val_every"] == 0) or step == tr["steps"]:
             validate()
         if step % tr["ckpt_every"] == 0 or step == tr["steps"]:

@@ -10,7 +10,9 @@
     RUN/eval/*.json        `longsparse eval` results, one new file per call
     RUN/.lock              locked while a process trains here: a second training process is refused
 
-A directory that holds a *different* config is refused (nothing is written); the same config resumes.
+A directory that holds a *different* config is refused (nothing is written); the same config resumes. config.json
+is written first and atomically, so a folder without it holds at most the lock and temporaries of a killed
+start, and is started afresh.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
+from longsparse.io import atomic_write_text, is_temp_name, remove_stale_temps
 from longsparse.train.config import ConfigError, config_diff, resolve
 
 CHECKPOINTS = ("best", "last")
@@ -90,7 +93,7 @@ def check_run_dir(out: str | os.PathLike, cfg: Mapping) -> str:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise RunDirError(f"{out} exists and is not a directory")
-    if not out.exists() or not [p for p in out.iterdir() if p.name != LOCK_NAME]:
+    if not out.exists() or not _foreign_entries(out):
         return "new"
     cfg_path = out / "config.json"
     if not cfg_path.is_file():
@@ -129,25 +132,45 @@ def run_lock(out: str | os.PathLike):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _foreign_entries(out: Path) -> list[Path]:
+    """What in ``out`` makes it more than the leftovers of a training killed before it wrote config.json: anything
+    but the lock file, temporaries of atomic writes, and an empty ``checkpoints/`` (made before config.json by
+    earlier versions). A folder with nothing else is recovered as a new run."""
+    keep = []
+    for p in out.iterdir():
+        if p.name == LOCK_NAME or (p.is_file() and is_temp_name(p.name)):
+            continue
+        if p.name == "checkpoints" and p.is_dir() and all(is_temp_name(q.name) for q in p.iterdir()):
+            continue
+        keep.append(p)
+    return keep
+
+
 def init_run_dir(out: str | os.PathLike, cfg: Mapping, env: Mapping) -> None:
+    """config.json first and atomically: a folder either holds the full config (resumable) or is recognised by
+    ``check_run_dir`` as the leftovers of a run killed before it started."""
     out = Path(out)
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     if not (out / "config.json").exists():
-        _write_new(out / "config.json", json.dumps(normalise(cfg), indent=2, sort_keys=True) + "\n")
+        atomic_write_text(out / "config.json", json.dumps(normalise(cfg), indent=2, sort_keys=True) + "\n")
+    (out / "checkpoints").mkdir(exist_ok=True)
     if not (out / "env.json").exists():
-        _write_new(out / "env.json", json.dumps(env, indent=2) + "\n")
+        atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")
     with open(out / "sessions.jsonl", "a") as f:
         f.write(json.dumps(dict(env)) + "\n")
 
 
-def _write_new(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def remove_stale_temps_in_run(out: str | os.PathLike) -> list[Path]:
+    """Temporaries of killed writers (checkpoint ``.tmp-*.pt``, config / metrics temporaries) in the run folder and
+    its checkpoints/. Call under ``run_lock`` only: then no other process writes there (``longsparse eval`` writes
+    into eval/, which is not touched)."""
+    out = Path(out)
+    return remove_stale_temps(out) + remove_stale_temps(out / "checkpoints")
 
 
 def new_result_path(folder: str | os.PathLike, stem: str) -> Path:
-    """A path ``folder/stem-<time>[-k].json`` that did not exist, created exclusively (never overwrites)."""
+    """A path ``folder/stem-<time>[-k].json`` that did not exist, created exclusively (never overwrites) and empty
+    until the caller writes it; ``longsparse.io.write_new`` creates a new file with its content in one step."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     ts = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")

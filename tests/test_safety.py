@@ -1,0 +1,372 @@
+"""Safety of files and errors (issue #38): reports never overwrite what they did not write, result files are
+written atomically and readers skip what an interrupted writer left, nothing is created for a refused run,
+evaluations that cannot fit in memory are refused up front, file errors are one line naming the path, resume
+restores the loss accumulator and cleans temporaries, progress and ETA are shown."""
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from longsparse.cli import main
+from longsparse.train import build_config, train
+from longsparse.train.loop import KILL_ENV
+
+TINY = ["model.d_model=32", "model.d_ff=64", "model.n_heads=2", "train.batch_size=8", "train.lr=3e-3",
+        "train.warmup_steps=2", "train.log_every=2", "train.val_every=0", "train.val_samples=2",
+        "train.threads=1", "train.ckpt_every=2"]
+COPY = ["task.params.num_symbols=8", "train.train_lengths=[4, 8]", "train.val_lengths=[8]"]
+SRC = Path(__file__).resolve().parents[1] / "src" / "longsparse"
+
+
+def _quiet(_msg):
+    pass
+
+
+def _sets(items):
+    return [x for s in items for x in ("--set", s)]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A 2-step copy run; tests copy it before changing anything in it."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("safety") / "copy"
+    train(build_config("copy", method="softmax", positions="nape", steps=2, sets=TINY + COPY), str(out),
+          printer=_quiet, progress=False)
+    return out
+
+
+@pytest.fixture
+def fresh_run(run, tmp_path):
+    import shutil
+    dst = tmp_path / "run"
+    shutil.copytree(run, dst)
+    return dst
+
+
+def _err_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+def _fake_eval(path: Path, em: float = 0.5, created: str = "2026-01-01T00:00:00") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    r = {"length": 64, "ratio": 1.0, "n": 10, "n_exact": 5, "exact_match": em, "exact_match_ci": [0.2, 0.8],
+         "n_tokens": 100, "n_correct_tokens": 50, "token_accuracy": 0.5, "token_accuracy_ci": [0.4, 0.6],
+         "batch_size": 10, "seconds": 1.0, "seed": 0, "split": "test"}
+    path.write_text(json.dumps({"format": "longsparse-eval", "version": 1, "run": str(path.parent.parent),
+                                "run_name": path.parent.parent.name, "label": "softmax/nape", "task": "copy",
+                                "method": "softmax", "positions": "nape", "checkpoint": "best",
+                                "train_lengths": [32, 64], "samples": 10, "seed": 0, "results": [r],
+                                "created": created}))
+
+
+# ---- 7: a report never overwrites a file it did not write ----------------------------------------------------
+def test_report_refuses_to_overwrite_foreign_files(tmp_path, capsys):
+    _fake_eval(tmp_path / "r" / "eval" / "eval-1.json")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    mine = docs / "results.md"
+    mine.write_text("# my hand-written results\n")
+    assert main(["report", str(tmp_path / "r"), "--out", str(docs)]) == 2
+    err = _err_line(capsys)
+    assert str(mine) in err and "not a `longsparse report` file" in err
+    assert mine.read_text() == "# my hand-written results\n" and sorted(docs.iterdir()) == [mine]
+    # a PNG of someone else's is protected the same way
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "accuracy_vs_length.png").write_bytes(b"\x89PNG\r\n\x1a\nnot ours")
+    assert main(["report", str(tmp_path / "r"), "--out", str(other)]) == 2
+    assert "accuracy_vs_length.png" in _err_line(capsys)
+    # its own files (recognised by their markers) are replaced on a rerun
+    out = tmp_path / "rep"
+    assert main(["report", str(tmp_path / "r"), "--out", str(out), "--title", "first"]) == 0
+    assert main(["report", str(tmp_path / "r"), "--out", str(out), "--title", "second"]) == 0
+    assert "# second" in (out / "results.md").read_text()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]       # no temporaries left
+    # a report written before the markers existed (results.json of ours, the table heading) is replaced too;
+    # a hand-written results.md next to it is not
+    old = out / "results.md"
+    old.write_text("### copy: exact match % [95% Wilson interval], n = 10 per cell\n")
+    assert main(["report", str(tmp_path / "r"), "--out", str(out)]) == 0
+    old.write_text("my notes\n")
+    assert main(["report", str(tmp_path / "r"), "--out", str(out)]) == 2
+    assert old.read_text() == "my notes\n" and str(old) in _err_line(capsys)
+
+
+# ---- 9: atomic result files; readers skip what an interrupted writer left ----------------------------------
+def test_atomic_write_keeps_the_old_file_when_the_writer_fails(tmp_path):
+    from longsparse.io import atomic_open, atomic_write_json, is_temp_name
+
+    path = tmp_path / "r.json"
+    atomic_write_json(path, {"v": 1})
+    with pytest.raises(KeyboardInterrupt), atomic_open(path) as f:
+        f.write('{"v": 2, "cut here')
+        raise KeyboardInterrupt
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    assert is_temp_name(".r.json.tmp-1a2b") and is_temp_name(".tmp-x1y2.pt") and not is_temp_name(".lock")
+
+
+def test_interrupted_evaluation_leaves_complete_json_or_nothing(fresh_run, monkeypatch, capsys):
+    from longsparse.evaluate import sweep
+
+    real, calls = sweep.score_length, []
+
+    def interrupt_at_second(*a, **k):
+        calls.append(a[2])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(sweep, "score_length", interrupt_at_second)
+    assert main(["eval", str(fresh_run), "--lengths", "8,16", "--samples", "2"]) == 130
+    files = list((fresh_run / "eval").iterdir())
+    assert len(files) == 1                                        # no temporary, no empty file
+    assert [r["length"] for r in json.loads(files[0].read_text())["results"]] == [8]
+    calls.clear()
+    calls.append(None)                                            # now the first length is interrupted
+    assert main(["eval", str(fresh_run), "--lengths", "8,16", "--samples", "2"]) == 130
+    assert list((fresh_run / "eval").iterdir()) == files          # nothing new: no 0-byte file
+
+
+def test_report_skips_files_an_interrupted_evaluation_left(tmp_path, capsys):
+    _fake_eval(tmp_path / "r" / "eval" / "eval-1.json")
+    (tmp_path / "r" / "eval" / "eval-2.json").write_text("")                        # killed before its first length
+    (tmp_path / "r" / "eval" / "eval-3.json").write_text('{"format": "longsparse-eval", "resu')   # cut
+    assert main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err
+    assert "eval-2.json" in err and "eval-3.json" in err and "warning" in err
+    assert json.loads((tmp_path / "rep" / "results.json").read_text())["series"][0]["results"][0]["length"] == 64
+
+
+def test_lm_token_cache_cut_by_a_kill_is_rebuilt(tmp_path):
+    from longsparse.lm.study import SAMPLE_DIR, prepare
+
+    data = {"dir": str(SAMPLE_DIR), "tokenizer": "bytes", "vocab_size": 258}
+    (tmp_path / "tokens-bytes.pt").write_bytes(b"PK\x03\x04 cut")
+    msgs = []
+    _, tokens = prepare(data, cache_dir=str(tmp_path), printer=msgs.append)
+    assert any("unreadable token cache" in m for m in msgs)
+    assert torch.load(tmp_path / "tokens-bytes.pt", weights_only=True)["test"].equal(tokens["test"])
+
+
+def test_result_writers_go_through_the_atomic_helper():
+    """Every file the report / evaluation / LM / training code writes goes through longsparse.io (appended logs
+    aside): a raw write_text, savefig or torch.save there could leave a cut file on Ctrl-C."""
+    raw = re.compile(r"\.write_text\(|\.write_bytes\(|\bfig\.savefig\(|\btorch\.save\(|\.tok\.save\(")
+    files = [SRC / "report" / "__init__.py", SRC / "report" / "figures.py", *(SRC / "evaluate").glob("*.py"),
+             *(SRC / "lm").glob("*.py"), SRC / "train" / "loop.py", SRC / "train" / "rundir.py", SRC / "cli.py"]
+    offenders = [f"{f.name}:{i}" for f in files for i, line in enumerate(f.read_text().splitlines(), 1)
+                 if raw.search(line)]
+    assert offenders == []
+
+
+# ---- 10: nothing is created for a refused run ---------------------------------------------------------------
+@pytest.mark.parametrize("bad", ["train.lr=inf", "train.lr=nan", "model.alpha=inf"] +
+                         ([] if torch.cuda.is_available() else ["train.device=cuda"]))
+def test_refused_run_creates_no_folder(tmp_path, capsys, bad):
+    out = tmp_path / "run"
+    args = ["train", "--task", "copy", "--method", "entmax", "--steps", "2", "--out", str(out)]
+    assert main([*args, *_sets(TINY + COPY + [bad])]) == 2
+    err = _err_line(capsys)
+    assert bad.split("=")[0] in err or "CUDA is not available" in err
+    assert not out.exists()
+
+
+# ---- 11: memory is estimated before anything is allocated ---------------------------------------------------
+def test_eval_refuses_lengths_that_cannot_fit(run, capsys):
+    import time
+
+    t0 = time.perf_counter()
+    assert main(["eval", str(run), "--lengths", "1000000000"]) == 2
+    err = _err_line(capsys)
+    assert "does not fit in memory" in err and re.search(r"the largest length that fits is \d+", err), err
+    assert time.perf_counter() - t0 < 20
+    assert main(["eval", str(run), "--lengths", "99999999999999999999k"]) == 2
+    assert "too long" in _err_line(capsys)
+    assert not (run / "eval").exists()
+
+
+def test_largest_fitting_length_is_the_boundary(run):
+    from longsparse.evaluate import load_run_model
+    from longsparse.evaluate.memory import check_lengths_fit
+    from longsparse.train.config import make_task
+
+    model, cfg, _ = load_run_model(run, "last")
+    task = make_task(cfg["task"])
+    avail = {"host": 2 << 30}
+    with pytest.raises(ValueError, match="largest length that fits is") as e:
+        check_lengths_fit(model, task, [10**8], 100, None, torch.device("cpu"), available=avail)
+    largest = int(re.search(r"fits is (\d+)", str(e.value)).group(1))
+    assert 1000 < largest < 10**8
+    check_lengths_fit(model, task, [largest], 100, None, torch.device("cpu"), available=avail)
+    with pytest.raises(ValueError):
+        check_lengths_fit(model, task, [largest + 1], 100, None, torch.device("cpu"), available=avail)
+
+
+# ---- 12: file errors are one line naming the path -----------------------------------------------------------
+def test_file_errors_are_one_line_naming_the_path(tmp_path, run, capsys, monkeypatch):
+    _fake_eval(tmp_path / "r" / "eval" / "eval-1.json")
+    (tmp_path / "afile").write_text("x")
+    bad = str(tmp_path / "afile" / "sub")
+    assert main(["report", str(tmp_path / "r"), "--out", bad]) == 2
+    assert bad in _err_line(capsys)
+    assert main(["train", "--task", "copy", "--steps", "1", "--out", bad]) == 2
+    assert bad in _err_line(capsys)
+    assert main(["figures", "--out", bad, "--only", "1", "--quick"]) == 2
+    assert bad in _err_line(capsys)
+    # a cut JSON file read deep inside a command is named too
+    cut = tmp_path / "lm_results.json"
+    cut.write_text('{"runs": [')
+    assert main(["lm", "report", str(cut), "--out", str(tmp_path / "lmrep")]) == 2
+    assert f"{cut}: not valid JSON" in _err_line(capsys)
+    # a read-only folder (root ignores permission bits, so the refusal is made at the os.open level)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_open = os.open
+
+    def no_write(path, flags, *a, **k):
+        if Path(os.fsdecode(path)).parent == ro and flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(13, "Permission denied", os.fsdecode(path))
+        return real_open(path, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", no_write)
+    assert main(["report", str(tmp_path / "r"), "--out", str(ro)]) == 2
+    err = _err_line(capsys)
+    assert f"{ro / 'results.md'}: Permission denied" in err, err
+
+
+# ---- 13: device, batch tokens, archive path, temporaries, empty folders, loss accumulator -------------------
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_eval_device_cuda_without_cuda_says_so(run, capsys):
+    assert main(["eval", str(run), "--lengths", "8", "--device", "cuda"]) == 2
+    err = _err_line(capsys)
+    assert "CUDA is not available" in err and "checkpoint" not in err
+
+
+def test_batch_tokens_must_be_positive(run, capsys):
+    from longsparse.evaluate import evaluate_run
+
+    with pytest.raises(SystemExit) as e:
+        main(["eval", str(run), "--lengths", "8", "--batch-tokens", "0"])
+    assert e.value.code == 2 and "--batch-tokens" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="batch-tokens must be a positive integer"):
+        evaluate_run(run, "8", batch_tokens=0, printer=None)
+
+
+def test_data_archive_path_is_checked_before_downloading(tmp_path, capsys, monkeypatch):
+    def no_download(*a, **k):
+        raise AssertionError("downloaded although --archive was given")
+
+    monkeypatch.setattr(subprocess, "run", no_download)
+    missing = tmp_path / "nope.tar.gz"
+    assert main(["data", "shakespeare", "--archive", str(missing), "--dir", str(tmp_path / "d")]) == 2
+    assert str(missing) in _err_line(capsys)
+    assert not (tmp_path / "d").exists()
+
+
+def test_resume_removes_temporaries_of_killed_writes(fresh_run):
+    (fresh_run / "checkpoints" / ".tmp-k1ll3d.pt").write_bytes(b"half a checkpoint")
+    (fresh_run / ".metrics.jsonl.tmp-0bad").write_text("{")
+    logs = []
+    cfg = build_config("copy", method="softmax", positions="nape", steps=2, sets=TINY + COPY)
+    assert train(cfg, str(fresh_run), printer=logs.append, progress=False)["step"] == 2
+    assert not (fresh_run / "checkpoints" / ".tmp-k1ll3d.pt").exists()
+    assert not (fresh_run / ".metrics.jsonl.tmp-0bad").exists()
+    assert any("removed 2 temporary file(s)" in m for m in logs)
+
+
+def test_folder_of_a_run_killed_before_config_json_is_recovered(tmp_path):
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)        # what a kill right after the first mkdir left
+    (out / ".lock").write_text("")
+    (out / ".config.json.tmp-dead").write_text('{"task"')
+    cfg = build_config("copy", method="softmax", positions="nape", steps=2, sets=TINY + COPY)
+    assert train(cfg, str(out), printer=_quiet, progress=False)["step"] == 2
+    assert json.loads((out / "config.json").read_text())["train"]["steps"] == 2
+
+
+def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, monkeypatch):
+    sets = TINY + COPY + ["train.log_every=4", "train.ckpt_every=3"]
+    cfg = build_config("copy", method="softmax", positions="nape", steps=8, sets=sets)
+    train(cfg, str(tmp_path / "ref"), printer=_quiet, progress=False)
+    killed = tmp_path / "killed"
+
+    class Killed(BaseException):
+        pass
+
+    def kill(pid, sig):          # stands for the SIGKILL: nothing after the kill point runs
+        raise Killed
+
+    monkeypatch.setenv(KILL_ENV, "5")          # last checkpoint at step 3, between the logged steps 1 and 4
+    monkeypatch.setattr(os, "kill", kill)
+    with pytest.raises(Killed):
+        train(cfg, str(killed), printer=_quiet, progress=False)
+    monkeypatch.delenv(KILL_ENV)
+    train(cfg, str(killed), printer=_quiet, progress=False)
+
+    def losses(run):
+        return [(r["step"], r["loss"], r["lr"], r["grad_norm"])
+                for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+    assert [s for s, *_ in losses(killed)] == [1, 4, 8]
+    assert losses(killed) == losses(tmp_path / "ref")
+
+
+# ---- 17: progress and ETA -----------------------------------------------------------------------------------
+def test_tqdm_is_a_required_dependency():
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    deps = re.search(r"^dependencies = \[(.*)\]$", text, re.MULTILINE).group(1)
+    names = [re.match(r"\s*[\"']([A-Za-z0-9_.-]+)", d).group(1) for d in deps.split(",")]
+    assert names[0] == "torch" and "tqdm" in names
+
+
+class _TTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_evaluation_progress_on_a_terminal_only(run, monkeypatch):
+    import time
+
+    from longsparse.evaluate import core, load_run_model, score_length
+    from longsparse.train.config import make_task
+
+    model, cfg, _ = load_run_model(run, "last")
+    task = make_task(cfg["task"])
+    real = core.predict
+
+    def slow_predict(*a, **k):       # tqdm redraws at most every 0.1 s
+        time.sleep(0.12)
+        return real(*a, **k)
+
+    monkeypatch.setattr(core, "predict", slow_predict)
+    tty = _TTY()
+    monkeypatch.setattr(sys, "stderr", tty)
+    score_length(model, task, 8, 4, batch_size=1, progress=True)
+    shown = tty.getvalue()
+    assert "4/4" in shown and "ex/s" in shown and "<" in shown, shown      # done / total, rate, ETA
+    tty.seek(0)
+    tty.truncate()
+    score_length(model, task, 8, 4, batch_size=1, progress=False)
+    assert tty.getvalue() == ""
+    pipe = io.StringIO()                                                   # not a terminal: nothing
+    monkeypatch.setattr(sys, "stderr", pipe)
+    score_length(model, task, 8, 4, batch_size=1, progress=True)
+    assert pipe.getvalue() == ""
+
+
+def test_training_log_lines_have_an_eta(tmp_path):
+    logs = []
+    train(build_config("copy", method="softmax", positions="nape", steps=4, sets=TINY + COPY), str(tmp_path / "r"),
+          printer=logs.append, progress=True)          # stdout is not a terminal under pytest: no tqdm bar
+    steps = [m for m in logs if m.startswith("step") and "loss" in m]
+    assert steps and all(re.search(r"ETA (\d+[hms]|\?)", m) for m in steps), steps
