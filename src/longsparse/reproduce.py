@@ -2,7 +2,7 @@
 
     longsparse reproduce synthetic [--quick] [--out runs/reproduce] [--report docs/results] [--only sort,copy]
 
-The study is ``configs/reproduce/synthetic.toml`` (``--quick``: ``synthetic-quick.toml``): a list of cells
+The study is ``src/longsparse/configs/reproduce/synthetic.toml`` (``--quick``: ``synthetic-quick.toml``): a list of cells
 (task × method × positions × seed), each trained with ``longsparse train``'s loop from the task's preset plus the
 cell's ``sets``, then evaluated at every length with the best and the last checkpoint. Everything is resumable:
 a finished training is not redone (an interrupted one resumes from its last checkpoint), an evaluation whose
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from longsparse.io import atomic_savefig, atomic_write_text, read_jsonl
 from longsparse.train.config import ConfigError, build_config, config_hash, configs_dir, load_toml, resolve
 
 FORMAT = "longsparse-reproduce"
@@ -292,7 +293,7 @@ def _train_record(run: Path) -> dict:
     if mfile.is_file():
         from datetime import datetime
 
-        lines = [json.loads(x) for x in mfile.read_text().splitlines() if x.strip()]
+        lines = read_jsonl(mfile)    # a run still training may have a torn last line
         steps = [x for x in lines if "loss" in x]
         if steps:
             t = [datetime.fromisoformat(x["time"]) for x in steps]
@@ -468,7 +469,7 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
         axes[1].legend(fontsize=8)
         fig.tight_layout()
         p = out_dir / f"{name}.png"
-        fig.savefig(p, dpi=90)
+        atomic_savefig(fig, p, dpi=90)
         plt.close(fig)
         paths.append(p)
     return paths
@@ -495,7 +496,7 @@ def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: C
     data = update_archive(spec, out, report_dir, printer)
     tables = "\n".join([*(markdown(data, ck) for ck in CHECKPOINTS), "### Per seed\n",
                          *(markdown_per_seed(data, ck) for ck in CHECKPOINTS)])
-    (report_dir / "tables.md").write_text(tables)
+    atomic_write_text(report_dir / "tables.md", tables)
     pngs = plot(data, report_dir)
     printer(tables)
     printer(f"wrote {report_dir / 'results.json'}, {report_dir / 'tables.md'}"
@@ -505,10 +506,10 @@ def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: C
 
 # ---- CLI ---------------------------------------------------------------------------------------------------
 def add_cli(sub) -> None:
-    r = sub.add_parser("reproduce", help="rerun a study from configs/reproduce (train + evaluate + report)")
-    r.add_argument("study", choices=["synthetic"], help="configs/reproduce/<study>.toml")
+    r = sub.add_parser("reproduce", help="rerun a study from src/longsparse/configs/reproduce (train + evaluate + report)")
+    r.add_argument("study", choices=["synthetic"], help="src/longsparse/configs/reproduce/<study>.toml")
     r.add_argument("--quick", action="store_true", help="the tiny smoke version (<study>-quick.toml)")
-    r.add_argument("--config", default=None, help="a study TOML file instead of configs/reproduce/<study>.toml")
+    r.add_argument("--config", default=None, help="a study TOML file instead of src/longsparse/configs/reproduce/<study>.toml")
     r.add_argument("--out", default=None, help="run folder (default runs/reproduce[-quick])")
     r.add_argument("--report", default=None,
                    help="tables/JSON/PNG here (default OUT/report); its results.json, if any, is the archive the "
@@ -520,6 +521,15 @@ def add_cli(sub) -> None:
     r.add_argument("--report-only", action="store_true", help="rebuild the report from saved results")
     r.add_argument("--dry-run", action="store_true",
                    help="print which cells would be trained / evaluated / skipped as archived; change nothing")
+    r.add_argument("--analyse", default=None, metavar="A-B[,A-B...]",
+                   help="only the paired seed-level analysis of the archive in --report: method pairs A - B, the "
+                        "first one primary (decision at --endpoint); writes analysis.json/.md and forest.png there")
+    r.add_argument("--endpoint", type=int, default=None,
+                   help="the primary endpoint's test length for --analyse (default: the study's third length)")
+    r.add_argument("--analysis-out", default=None,
+                   help="--analyse: write analysis.json/.md and forest.png here (default: the --report folder)")
+    r.add_argument("--margin", type=float, default=5.0,
+                   help="--analyse: a difference within +-margin points is of no practical size (default 5)")
     r.set_defaults(func=_cli)
 
 
@@ -533,6 +543,10 @@ def _cli(args) -> int:
             raise ConfigError(f"--only: unknown {sorted(set(only) - known)}; the study file has {sorted(known)}")
     shard = parse_shard(args.shard)
     report = args.report or out / "report"
+    if args.analyse:
+        studies = [s for s in spec["studies"] if not only or selected(s, only, spec)]
+        return _analyse(studies, Path(report), Path(args.analysis_out or report), args.analyse, args.endpoint,
+                        args.margin)
     if args.dry_run:
         run_study(spec, out, only=only, shard=shard, archive=load_archive(report), dry_run=True)
         return 0
@@ -543,4 +557,39 @@ def _cli(args) -> int:
 
         run_study(spec, out, only=only, shard=shard, archive=load_archive(report), after_cell=after_cell)
     build_report(spec, out, report)
+    return 0
+
+
+def _analyse(studies: list[dict], report: Path, out: Path, pairs_text: str, endpoint: Optional[int],
+             margin: float) -> int:
+    """``--analyse``: the paired analysis (longsparse.report.paired) of ``studies`` in the archive in ``report``
+    (lengths, checkpoint and in-distribution length from the first of them), written to ``out``."""
+    from longsparse.report import paired
+
+    archive = load_archive(report)
+    if archive is None:
+        raise ConfigError(f"{report / 'results.json'}: no archive to analyse (run the study first)")
+    names = {s["name"] for s in studies}
+    archive = {**archive, "studies": {k: v for k, v in archive["studies"].items() if k in names}}
+    pairs = []
+    for item in pairs_text.split(","):
+        a, sep, b = item.strip().partition("-")
+        if not sep or not a or not b:
+            raise ConfigError(f"--analyse: each pair must look like A-B (method names), got {item!r}")
+        pairs.append((a, b))
+    first = studies[0]
+    lengths = first["lengths"][1:]
+    endpoint = endpoint if endpoint is not None else lengths[min(1, len(lengths) - 1)]
+    if endpoint not in first["lengths"]:
+        raise ConfigError(f"--endpoint {endpoint} is not a length of the study ({first['lengths']})")
+    ck = first["checkpoints"][-1]
+    result = paired.analyse(archive, pairs, endpoint=endpoint, lengths=lengths, id_length=first["lengths"][0],
+                            margin=margin, checkpoint=ck)
+    text = paired.markdown(result, train_length=first["lengths"][0])
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "analysis.json", json.dumps(result, indent=1) + "\n")
+    atomic_write_text(out / "analysis.md", text)
+    png = paired.forest_plot(result, out / "forest.png", train_length=first["lengths"][0])
+    print(text)
+    print(f"wrote {out / 'analysis.json'}, {out / 'analysis.md'}" + (f", {png}" if png else ""))
     return 0
