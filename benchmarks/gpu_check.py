@@ -1,0 +1,540 @@
+"""GPU check of the Triton α-entmax attention kernels: correctness against the reference path, then speed
+and memory against torch SDPA (flash), adasplash and ls.attention(backend="chunked").
+
+One call on a lent GPU (≤ 5 minutes in all):
+
+    python benchmarks/gpu_check.py --out $OUT/gpu_check.json
+
+On CPU, for the tests (Triton interpreter, tiny shapes, no timing):
+
+    TRITON_INTERPRET=1 python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check.json
+
+(a) checks: every feature of `entmax_attention_triton` (α = 1.25 / 1.5 / 2 / per head, causal or not,
+    NAPE slopes, q-scales, N up to 4096 and odd N, GQA, key lengths, fully masked rows, decoding offsets
+    and the decode path, head dims 16-128, fp16 / bf16, torch.compile) against
+    ls.attention(backend="reference") in float64: max abs errors of the output and of dq, dk, dv (and the
+    q-scale gradient); a failing case is recorded and the run goes on. The cases run in a pool of worker
+    processes, so that Triton compiles the kernel variants on several CPU cores at once (compilation,
+    not the GPU, bounds this phase); the pool also compiles the timing phase's kernels, which land in
+    Triton's on-disk cache.
+(b) timings: a decode step (one query, causal) at 32K and 128K keys, ours against SDPA; then causal
+    bf16, B = 1, H = 16, D = 64 and 128, N = 1K, 4K, 16K, 32K, forward and forward + backward: our kernel
+    without and with ALiBi (NAPE slopes), SDPA (flash backend), adasplash (α = 1.5; skipped when not
+    installed) and the chunked backend (not timed at longer N once a call takes over 1.5 s). Methods of
+    one (N, D, direction) are timed interleaved (each round calls every method once), medians of
+    CUDA-event times, ratios to SDPA; peak memory above the inputs from torch.cuda.max_memory_allocated
+    in the first (warm-up) call. No new case starts after --budget-s seconds (default 280).
+The JSON is rewritten after every case, so a run cut short still leaves its results.
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+import zlib
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from datetime import datetime, timezone
+from pathlib import Path
+
+T0 = time.perf_counter()      # the --budget-s clock starts before torch is imported
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch
+
+
+def _elapsed() -> float:
+    return time.perf_counter() - T0
+
+
+# ============================================================================ (a) checks
+
+def _nape(H: int) -> torch.Tensor:
+    """NAPE: the first H/2 heads ALiBi with slopes 1/h, the others NoPE (zero slopes)."""
+    return torch.tensor([1.0 / (h + 1) if h < H // 2 else 0.0 for h in range(H)])
+
+
+def check_cases(dry: bool) -> list:
+    """(name, spec) pairs; shapes shrink under --dry-run (interpreter: milliseconds per tile operation)."""
+    n_big, n_mid, n_odd, n_dec = (48, 40, 37, 64) if dry else (4096, 1024, 1000, 4096)
+    d = 16 if dry else 64
+
+    def spec(**kw):
+        return {"alpha": 1.5, "causal": True, "D": d, "H": 2, **kw}
+
+    cases = []
+    for alpha in (1.25, 1.5, 2.0):
+        for causal in (True, False):
+            if dry and causal == (alpha == 1.5):        # the dry run keeps one direction per α
+                continue
+            cases.append((f"alpha{alpha}_{'causal' if causal else 'full'}_nape_qscale",
+                          spec(alpha=alpha, causal=causal, N=n_mid, nape=True, q_scale=True)))
+    cases += [
+        ("alpha1.5_causal_plain_longest", spec(N=n_big)),
+        ("alpha1.5_causal_nape_odd_N", spec(N=n_odd, nape=True)),
+        ("alpha1.5_causal_N77", spec(N=21 if dry else 77, nape=True)),
+        ("per_head_alpha", spec(alpha=[1.25, 1.5, 1.75, 2.0], N=n_mid, H=4, nape=True)),
+        ("gqa_lengths_masked_rows", spec(N=n_mid, B=3, H=4, Hkv=2, nape=True, lengths=[n_mid, n_mid // 3, 0])),
+        ("gqa_lengths_noncausal", spec(alpha=2.0, causal=False, N=n_mid, B=2, H=4, Hkv=1,
+                                       lengths=[n_mid // 2 + 1, n_mid])),
+        ("decode_Nq1_auto", spec(N=n_dec, Nq=1, H=4, Hkv=2, nape=True, decode=True if dry else None)),
+        ("decode_Nq5_decode_path", spec(N=n_dec, Nq=5, nape=True, q_scale=True, decode=True)),
+        ("decode_Nq5_block_path", spec(N=n_dec, Nq=5, nape=True, decode=False)),
+        ("decode_per_head_alpha_lengths", spec(alpha=[1.25, 2.0], N=n_dec, Nq=3, B=2,
+                                               lengths=[n_dec, n_dec // 5], decode=True)),
+        ("bf16_inputs", spec(N=n_mid, nape=True, dtype="bfloat16")),
+        ("fp16_inputs", spec(N=n_mid, nape=True, dtype="float16")),
+        ("torch_compile_fullgraph", spec(N=24 if dry else n_mid, nape=True, q_scale=True, compile=True)),
+    ]
+    if not dry:
+        cases += [
+            ("head_dim_16", spec(N=n_mid, D=16, nape=True)),
+            ("head_dim_32", spec(N=n_mid, D=32, nape=True)),
+            ("head_dim_128_bf16", spec(N=n_mid, D=128, nape=True, dtype="bfloat16")),
+        ]
+    return cases
+
+
+def _named_path(ls, name: str) -> dict:
+    """ls.attention's keyword naming a backend: backend= (path= is its older, deprecated spelling)."""
+    import inspect
+
+    return {"backend": name} if "backend" in inspect.signature(ls.attention).parameters else {"path": name}
+
+
+def _tolerance(dtype: str) -> float:
+    return {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}[dtype]
+
+
+def run_check(name: str, spec: dict, device: str) -> dict:
+    """One correctness case: the kernel's output and gradients against the float64 reference."""
+    import longsparse as ls
+    from longsparse.attention import triton_entmax as te
+
+    t0 = time.perf_counter()
+    row = {"case": name, **{k: v for k, v in spec.items() if k != "compile"}}
+    try:
+        B, H, Hkv = spec.get("B", 1), spec["H"], spec.get("Hkv", spec["H"])
+        Nk = spec["N"]
+        Nq = spec.get("Nq", Nk)
+        D = spec["D"]
+        dtype = getattr(torch, spec.get("dtype", "float32"))
+        g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+        q = torch.randn(B, H, Nq, D, generator=g)
+        k = torch.randn(B, Hkv, Nk, D, generator=g)
+        v = torch.randn(B, Hkv, Nk, D, generator=g)
+        up = torch.randn(B, H, Nq, D, generator=g)
+        leaves = [t.to(device=device, dtype=dtype).requires_grad_() for t in (q, k, v)]
+        if spec.get("q_scale"):
+            leaves.append((torch.rand(B, H, Nq, 1, generator=g) + 0.5).to(device).requires_grad_())
+        up = up.to(device)
+        alpha = spec["alpha"]
+        alpha = torch.tensor(alpha, device=device) if isinstance(alpha, list) else alpha
+        slopes = _nape(H).to(device) if spec.get("nape") else None
+        lengths = torch.tensor(spec["lengths"], device=device) if spec.get("lengths") else None
+        causal = spec["causal"]
+
+        def kernel(*ts):
+            return te.entmax_attention_triton(ts[0], ts[1], ts[2], alpha=alpha, is_causal=causal,
+                                              alibi_slopes=slopes, q_scale=ts[3] if len(ts) > 3 else None,
+                                              key_lengths=lengths, decode=spec.get("decode"))
+
+        fn = kernel
+        if spec.get("compile"):
+            fn = torch.compile(kernel, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
+        out = fn(*leaves)
+        grads = torch.autograd.grad((out.float() * up).sum(), leaves)
+        # reference: float64 for fp32 inputs, float32 on the rounded inputs for 16-bit ones
+        rdt = torch.float64 if dtype == torch.float32 else torch.float32
+        rl = [t.detach().to(rdt).requires_grad_() for t in leaves]
+        mask = None
+        if lengths is not None:
+            mask = (torch.arange(Nk, device=device)[None, :] < lengths[:, None]).view(B, 1, 1, Nk)
+        ref = ls.attention(rl[0], rl[1], rl[2], mapping="entmax",
+                           alpha=alpha.to(rdt) if isinstance(alpha, torch.Tensor) else alpha, is_causal=causal,
+                           alibi_slopes=None if slopes is None else slopes.to(rdt),
+                           q_scale=rl[3].squeeze(-1) if len(rl) > 3 else None, attn_mask=mask,
+                           **_named_path(ls, "reference"))
+        ref_grads = torch.autograd.grad((ref * up.to(rdt)).sum(), rl)
+        errors, scales = {}, {}
+        for gname, a, b in zip(("out", "dq", "dk", "dv", "dq_scale"), (out, *grads), (ref, *ref_grads)):
+            errors[gname] = (a.to(rdt) - b).abs().max().item() if torch.isfinite(a).all() else math.inf
+            scales[gname] = max(b.abs().max().item(), 1.0)
+        if lengths is not None and 0 in spec["lengths"]:
+            errors["masked_rows_abs_max"] = out[spec["lengths"].index(0)].abs().max().item()
+            scales["masked_rows_abs_max"] = 1.0
+        tol = _tolerance(spec.get("dtype", "float32"))
+        # fp32: absolute errors; 16-bit: relative to the largest reference entry (gradients grow with N)
+        relative = dtype != torch.float32
+        row.update(errors=errors, ref_abs_max=scales, tolerance=tol, tolerance_kind="relative" if relative else "abs",
+                   ok=all(e <= tol * (scales[n] if relative else 1.0) for n, e in errors.items()))
+    except Exception as exc:  # noqa: BLE001 - recorded, and the run goes on
+        row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], traceback=traceback.format_exc()[-3000:])
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    return row
+
+
+def tile_skip_fraction(device: str, dry: bool) -> dict:
+    """Share of causal (query block, key tile) pairs that stay live under NAPE at the longest check length."""
+    from longsparse.attention import triton_entmax as te
+
+    N, H, D = (48, 4, 16) if dry else (4096, 8, 64)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, H, N, D, generator=g).to(device) for _ in range(3))
+    out = {}
+    for label, slopes in (("nape", _nape(H).to(device)), ("nope", None)):
+        _, _, mask = te.threshold_stats(q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes, decode=False)
+        n_qb, n_kt = mask.shape[-2:]
+        bq, bk = -(-N // n_qb), -(-N // n_kt)
+        visited = torch.tensor([[(b * bk) <= min(N - 1, a * bq + bq - 1) for b in range(n_kt)] for a in range(n_qb)],
+                               device=mask.device)
+        out[label] = {"live_tiles": int((mask.bool() & visited).sum()), "visited_tiles": int(visited.sum()) * H,
+                      "heads": H}
+        out[label]["live_fraction"] = out[label]["live_tiles"] / out[label]["visited_tiles"]
+    return out
+
+
+def warm_kernels(spec: dict, device: str) -> dict:
+    """Runs the timing phase's kernel variants once at a small size, filling Triton's on-disk cache."""
+    from longsparse.attention import triton_entmax as te
+
+    t0 = time.perf_counter()
+    D, H = spec["D"], 16
+    q, k, v = (torch.randn(1, H, 256, D, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    out = te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True)
+    out.backward(torch.ones_like(out))
+    kd, vd = (torch.randn(1, H, 2048, D, device=device, dtype=torch.bfloat16) for _ in range(2))
+    te.entmax_attention_triton(q[:, :, :1].detach(), kd, vd, alpha=1.5, is_causal=True)
+    torch.cuda.synchronize()
+    return {"warm": D, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _pool_task(kind: str, name: str, spec: dict, device: str, dry: bool):
+    if kind == "check":
+        return run_check(name, spec, device)
+    if kind == "skip":
+        return {"tile_skip": tile_skip_fraction(device, dry)}
+    return warm_kernels(spec, device)
+
+
+# ============================================================================ (b) timings
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time_call(fn, calls: int, device: str) -> float:
+    """Seconds per call of `calls` back-to-back calls: CUDA events on the GPU, the wall clock on the CPU."""
+    if device != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) / calls
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / calls
+
+
+def _first_call(fn, device: str, row: dict) -> bool:
+    """The warm-up call (compiles, if still needed), with the peak memory above what was allocated before
+    it (CUDA); an exception is recorded in the row. Returns whether the call worked."""
+    try:
+        _sync(device)
+        if device == "cuda":
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        row["first_call_s"] = round(time.perf_counter() - t0, 3)
+        if device == "cuda":
+            row["peak_extra_bytes"] = torch.cuda.max_memory_allocated() - base
+        return True
+    except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
+        row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        return False
+
+
+def _sdpa_context(device: str, decode: bool = False):
+    """SDPA restricted to the flash backend on CUDA (flash or memory-efficient for decoding); any on CPU."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if device != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION] if decode
+                       else SDPBackend.FLASH_ATTENTION)
+
+
+def _methods(N: int, H: int, device: str, chunked_max_n: int) -> dict:
+    """name → callable(q, k, v) giving the causal output."""
+    import torch.nn.functional as F
+
+    import longsparse as ls
+    from longsparse.attention import triton_entmax as te
+
+    slopes = _nape(H).to(device)
+
+    def sdpa(q, k, v):
+        with _sdpa_context(device):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    methods = {
+        "sdpa_flash": sdpa,
+        "triton_entmax15": lambda q, k, v: te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True),
+        "triton_entmax15_alibi": lambda q, k, v: te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True,
+                                                                             alibi_slopes=slopes),
+    }
+    try:
+        import adasplash
+        methods["adasplash_entmax15"] = lambda q, k, v: adasplash.adasplash(q, k, v, alpha=1.5, is_causal=True)
+    except ImportError:
+        pass
+    if N <= chunked_max_n:
+        chunked = _named_path(ls, "chunked")
+        methods["ls_chunked_entmax15"] = lambda q, k, v: ls.attention(q, k, v, mapping="entmax", alpha=1.5,
+                                                                      is_causal=True, **chunked)
+    return methods
+
+
+SLOW_CALL_S = 1.5        # a method slower than this per call is not timed at longer N (same D, direction)
+METHOD_CAP_S = 4.0       # timed seconds per method and group, beyond which its rounds stop
+
+
+def time_group(N: int, D: int, backward: bool, rounds: int, deadline: float, chunked_max_n: int,
+               too_slow: set, device: str = "cuda", H: int = 16) -> list:
+    """Every method at one (N, D, direction), interleaved; rows with median seconds, ratio to SDPA, peak memory.
+    `too_slow` holds methods that took over SLOW_CALL_S per call at a shorter N: they are skipped (and the
+    set is updated)."""
+    g = torch.Generator(device=device).manual_seed(N + D)
+    q, k, v = (torch.randn(1, H, N, D, device=device, dtype=torch.bfloat16, generator=g) for _ in range(3))
+    up = torch.randn(q.shape, device=device, dtype=q.dtype, generator=g)
+    calls, rows = {}, {}
+    for name, f in _methods(N, H, device, chunked_max_n).items():
+        row = {"N": N, "D": D, "H": H, "B": 1, "dtype": "bfloat16", "causal": True,
+               "direction": "fwd+bwd" if backward else "fwd", "method": name}
+        rows[name] = row
+        if name in too_slow or time.perf_counter() > deadline:
+            row["skipped"] = f"slower than {SLOW_CALL_S} s per call at a shorter N" if name in too_slow else "budget"
+            continue
+        if backward:
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+            def call(f=f, leaves=leaves):
+                torch.autograd.grad(f(*leaves), leaves, up)
+        else:
+            def call(f=f):
+                with torch.no_grad():
+                    f(q, k, v)
+        if _first_call(call, device, row):
+            calls[name] = call
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            if time.perf_counter() > deadline:
+                break
+            if not times[name] or sum(times[name]) + rows[name]["first_call_s"] / 2 < METHOD_CAP_S:
+                times[name].append(_time_call(call, 1, device))
+    sdpa = statistics.median(times["sdpa_flash"]) if times.get("sdpa_flash") else None
+    for name, ts in times.items():
+        if ts:
+            rows[name]["median_s"] = statistics.median(ts)
+            rows[name]["repeats"] = len(ts)
+            if sdpa:
+                rows[name]["vs_sdpa"] = rows[name]["median_s"] / sdpa
+            if rows[name]["median_s"] > SLOW_CALL_S:
+                too_slow.add(name)
+    return list(rows.values())
+
+
+def time_decode(Nk: int, D: int, rounds: int, deadline: float, device: str = "cuda", H: int = 16) -> list:
+    """One query (the last position, causal) against an Nk-key bf16 cache: ours (split-K decode path)
+    without and with ALiBi against SDPA (non-causal is the same mask for the last query)."""
+    import torch.nn.functional as F
+
+    from longsparse.attention import triton_entmax as te
+
+    g = torch.Generator(device=device).manual_seed(Nk)
+    q = torch.randn(1, H, 1, D, device=device, dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(1, H, Nk, D, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
+    slopes = _nape(H).to(device)
+
+    def sdpa():
+        with _sdpa_context(device, decode=True):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    methods = {"sdpa": sdpa,
+               "triton_entmax15_decode": lambda: te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True,
+                                                                            decode=True),
+               "triton_entmax15_alibi_decode": lambda: te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True,
+                                                                                  alibi_slopes=slopes, decode=True)}
+    rows, times = {}, {}
+    for name, f in methods.items():
+        rows[name] = {"Nk": Nk, "Nq": 1, "D": D, "H": H, "dtype": "bfloat16", "direction": "decode", "method": name}
+        with torch.no_grad():
+            if _first_call(f, device, rows[name]):
+                times[name] = []
+    for _ in range(rounds):
+        if time.perf_counter() > deadline:
+            break
+        for name, ts in times.items():
+            with torch.no_grad():
+                ts.append(_time_call(methods[name], 5, device))
+    base = statistics.median(times["sdpa"]) if times.get("sdpa") else None
+    for name, ts in times.items():
+        if ts:
+            rows[name]["median_s"] = statistics.median(ts)
+            rows[name]["repeats"] = len(ts)
+            if base:
+                rows[name]["vs_sdpa"] = rows[name]["median_s"] / base
+    return list(rows.values())
+
+
+# ============================================================================ driver
+
+def _write(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _env(device: str) -> dict:
+    env = {"python": platform.python_version(), "torch": torch.__version__, "device": device,
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    try:
+        import adasplash
+        env["adasplash"] = getattr(adasplash, "__version__", "installed")
+    except ImportError:
+        env["adasplash"] = None
+    if device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name()
+        env["capability"] = list(torch.cuda.get_device_capability())
+    return env
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes, no timing")
+    ap.add_argument("--budget-s", type=float, default=280.0, help="no new case starts after this many seconds")
+    ap.add_argument("--workers", type=int, default=None, help="processes for the checks (compilation in parallel)")
+    ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096, 16384, 32768])
+    ap.add_argument("--dims", type=int, nargs="*", default=[64, 128])
+    ap.add_argument("--decode-lengths", type=int, nargs="*", default=[32768, 131072])
+    ap.add_argument("--chunked-max-n", type=int, default=16384, help="longest N timed for the chunked backend")
+    ap.add_argument("--cases", nargs="*", default=None, help="run only the checks whose name contains one of these")
+    ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--skip-timing", action="store_true")
+    args = ap.parse_args(argv)
+
+    dry = args.dry_run
+    if dry:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    device = "cpu" if dry else "cuda"
+    if not dry and not torch.cuda.is_available():
+        print("no CUDA device: use --dry-run on CPU", file=sys.stderr)
+        return 2
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = T0 + args.budget_s
+    data = {"benchmark": "gpu_check", "dry_run": dry, "env": _env(device), "config": vars(args),
+            "checks": [], "tile_skip": None, "timings": [], "decode": [], "warm": [], "notes": []}
+    _write(out_path, data)
+
+    # (a) checks, with the timing kernels compiled alongside
+    if not args.skip_checks:
+        cases = [(n, s) for n, s in check_cases(dry) if not args.cases or any(c in n for c in args.cases)]
+        tasks = [("check", name, spec) for name, spec in cases] + [("skip", "tile_skip", {})]
+        if not dry and not args.skip_timing:
+            tasks = [("warm", f"warm_D{d}", {"D": d}) for d in args.dims] + tasks
+        workers = args.workers or (2 if dry else max(1, min(8, (os.cpu_count() or 2) - 1)))
+        import multiprocessing as mp
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(_pool_task, kind, name, spec, device, dry): (kind, name)
+                       for kind, name, spec in tasks}
+            for fut in as_completed(futures):
+                kind, name = futures[fut]
+                try:
+                    res = fut.result()
+                except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
+                    res = {"case": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+                if kind == "check":
+                    data["checks"].append(res)
+                    print(f"[{_elapsed():6.1f}s] check {name}: {'ok' if res.get('ok') else 'FAIL'} "
+                          f"{res.get('errors', res.get('error'))}", flush=True)
+                elif kind == "skip":
+                    data["tile_skip"] = res.get("tile_skip", res)
+                else:
+                    data["warm"].append(res)
+                _write(out_path, data)
+        order = {name: i for i, (_, name, _) in enumerate(tasks)}
+        data["checks"].sort(key=lambda r: order.get(r["case"], 0))
+        data["checks_passed"] = sum(bool(r.get("ok")) for r in data["checks"])
+        data["checks_total"] = len(data["checks"])
+        data["checks_seconds"] = round(_elapsed(), 1)
+        _write(out_path, data)
+
+    # (b) timings; the dry run goes through the same code once at tiny sizes (its times mean nothing)
+    if dry:
+        args.lengths, args.dims, args.decode_lengths, rounds_for = [32], [16], [48], (lambda n: 1)
+    else:
+        rounds_for = (lambda n: 10 if n <= 4096 else 5 if n <= 16384 else 3)
+    heads = 2 if dry else 16
+    if not args.skip_timing:
+        for Nk in args.decode_lengths:
+            if time.perf_counter() > deadline:
+                data["notes"].append(f"budget reached before decode Nk={Nk}")
+                continue
+            try:
+                rows = time_decode(Nk, max(args.dims), rounds_for(0), deadline, device=device, H=heads)
+            except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
+                rows = [{"Nk": Nk, "direction": "decode", "error": f"{type(exc).__name__}: {exc}"[:500]}]
+            data["decode"] += rows
+            for r in rows:
+                print(f"[{_elapsed():6.1f}s] decode Nk={Nk} {r.get('method')}: {r.get('median_s', r.get('error'))} "
+                      f"vs_sdpa={r.get('vs_sdpa')}", flush=True)
+            _write(out_path, data)
+        too_slow = {(b, d): set() for b in (False, True) for d in args.dims}
+        for N in args.lengths:            # all directions and dims at one N before the next N
+            for backward in (False, True):
+                for D in args.dims:
+                    if time.perf_counter() > deadline:
+                        data["notes"].append(f"budget reached before N={N} D={D} "
+                                             f"{'fwd+bwd' if backward else 'fwd'}")
+                        continue
+                    try:
+                        rows = time_group(N, D, backward, rounds_for(N), deadline, args.chunked_max_n,
+                                          too_slow[(backward, D)], device=device, H=heads)
+                    except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
+                        rows = [{"N": N, "D": D, "direction": "fwd+bwd" if backward else "fwd",
+                                 "error": f"{type(exc).__name__}: {exc}"[:500]}]
+                    data["timings"] += rows
+                    for r in rows:
+                        print(f"[{_elapsed():6.1f}s] {r.get('direction')} N={N} D={D} {r.get('method')}: "
+                              f"{r.get('median_s', r.get('error'))} vs_sdpa={r.get('vs_sdpa')}", flush=True)
+                    _write(out_path, data)
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+    data["total_seconds"] = round(_elapsed(), 1)
+    _write(out_path, data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

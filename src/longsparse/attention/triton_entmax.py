@@ -1,0 +1,1050 @@
+"""α-entmax flash attention in Triton: forward, backward and a split-K decode path.
+
+Public entry points:
+
+* ``entmax_attention_triton(q, k, v, *, alpha, is_causal, alibi_slopes, q_scale, scale, key_lengths)``
+  → (B, H, Nq, D), differentiable in q, k, v (and q_scale, through autograd);
+* ``supports(q, k, v, **kwargs) -> str | None``: None when the kernels take the call, else the reason;
+* ``threshold_stats(q, k, v, **kwargs)``: the forward's row statistics and tile mask (diagnostics).
+
+Semantics are those of ``ls.attention(..., mapping="entmax")``: logits
+    z_ij = (q_i · k_j) · scale − m_h · (i + Nk − Nq − j),
+keys j ≥ key_lengths[b] masked, causal masking bottom-right aligned (query i sits at absolute
+position i + Nk − Nq), p_i = α-entmax(z_i), o_i = Σ_j p_ij v_j; a row that can attend to nothing
+gives zeros. The per-query q-scale (SSMax / ASEntmax) multiplies q before the kernel, which is exact
+because it does not scale the bias; its gradient then flows through autograd.
+
+Algorithm (one program per block of BLOCK_M query rows, key tiles of BLOCK_N, fp32 arithmetic):
+
+1. max pass: the row max M over the key tiles (needed for the bracket of τ).
+2. threshold solve, in the shifted scale X = (α−1)(z − M) ∈ (−∞, 0] where τ ∈ [−1, −n^{1−α}]
+   (n = the row's unmasked keys): safeguarded Newton on f(τ) = Σ_j [X_j − τ]₊^{1/(α−1)} − 1 from
+   τ = −1. f is decreasing and convex for 1 < α ≤ 2, so Newton climbs monotonically towards the root;
+   a step leaving the bracket (only through rounding) is replaced by bisection. Every iteration is one
+   sweep over the key tiles accumulating f, Σ[X − τ]₊^{1/(α−1) − 1}, and, for α = 1.5 / 2, the support
+   size and its smallest gap. For α = 1.5 and α = 2 each sweep also proposes the exact τ of the current
+   support (the closed form) and accepts it when it keeps every support entry positive, which certifies
+   that the support is the true one: τ is then exact. Other α stop when the Newton step is below
+   ``_TOL`` and the output is renormalised (fp32 round-off). The sweeps run while some row of the block
+   is unfinished (at most ``MAX_ITER``).
+3. output pass: p = [X − τ]₊^{1/(α−1)} / Σp, O = p·V.
+
+Skipping: key tiles past the causal diagonal or the key length are never visited. A per (query block,
+key tile) byte mask records tiles with no entry above the lower end of the τ bracket; since τ only
+grows within its bracket, those tiles stay zero and later sweeps skip them (with ALiBi most of a long
+row dies in the first sweep, at τ = −1). The output pass rewrites the mask exactly (tile has some
+p > 0) and skips the V load and the P·V product of dead tiles; the backward kernels skip dead tiles
+entirely. The mask holds ⌈Nq/BLOCK_M⌉·⌈Nk/BLOCK_N⌉ bytes per head (1/4096 of the logits at 64×64
+tiles); the row statistics are 3 floats per query (M, τ, 1/Σp). No N×N buffer exists.
+
+Backward, with u = p^{2−α} (√p for α = 1.5, the support indicator for α = 2), g_ij = dO_i · v_j:
+    ∂L/∂z_ij = u_ij (g_ij − δ_i),  δ_i = Σ_j u_ij g_ij / Σ_j u_ij = dO_i · (Σ_j u_ij v_j) / Σ_j u_ij.
+A first sweep per query block computes δ (one u·V product per live tile). Then dk/dv: one program per
+(key tile, batch, kv head) loops over the query heads of its GQA group and the query blocks that see
+the tile, so dk and dv are summed without atomics (deterministic); dq: one program per query block
+loops over its live key tiles. Every kernel recomputes the logits from q and k.
+
+Decode (few queries against a long KV cache, ``decode=True`` or automatically for Nq ≤ 16 and
+Nk ≥ 1024): τ is global over the row, so a split over keys cannot finish its rows alone. Instead
+(a) a split-K kernel reads K once, writes the Nq×Nk fp32 logits to a scratch buffer (4 bytes per key
+and query, against 2·D·2 bytes of the bf16 KV cache per key: it stays in L2 for decoding) and a
+per-split row max; GQA query heads sharing a kv head go into one program so K is read once per group;
+(b) one program per row reduces the split maxima and runs the same Newton/exact solve over the
+scratch row (each sweep reads 4 bytes per key instead of re-reading K); (c) a split-K kernel forms p
+from the scratch logits and τ and accumulates partial P·V and Σp per split, skipping the V tiles
+where p is all zero; since τ is global, partial outputs simply add (no rescaling, unlike softmax
+flash-decoding), and a small reduction divides by Σp. The decode path also returns the row statistics,
+so its output is differentiable through the same backward kernels (without tile skipping).
+
+The decode scratch is B·H·Nq·Nk fp32 (with Nq ≤ 16; at Nq = 1 it is 2/D of a bf16 K cache's bytes).
+
+Supported: α ∈ (1, 2] as a float (α = 1.5 and 2 with the exact finish) or a per-head (H,) tensor
+(general solver; α itself is not differentiated); causal (bottom-right) or not; ALiBi / NAPE slopes (H,)
+(not differentiated); q-scales; GQA; right padding through key_lengths; any N; head dims 16, 32, 64,
+128; float16 / bfloat16 / float32 inputs (fp32 accumulation; fp32 inputs use 3xTF32 dots on CUDA).
+Refused (see `supports`): arbitrary attn_mask, other mappings, α outside (1, 2] or requiring grad,
+other head dims and dtypes, non-CUDA tensors outside the interpreter.
+
+Kernels are built lazily on first use: ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, used by the
+tests) must be set before that first use. The entry point is a ``torch.library.custom_op`` pair
+(forward, backward) with fake implementations and registered autograd, so ``torch.compile`` traces
+a model that calls it (fullgraph).
+"""
+import math
+import os
+
+import torch
+from torch import Tensor
+
+try:  # the kernels need Triton; without it, `supports` says so and nothing else is built
+    import triton
+    import triton.language as tl
+    _TRITON_ERROR: str | None = None
+except ImportError as exc:  # pragma: no cover - exercised only where triton is absent
+    import types
+    triton = None
+    tl = types.SimpleNamespace(constexpr=object)   # kernels' annotations still evaluate
+    _TRITON_ERROR = f"triton is not installed ({exc}); pip install 'longsparse[gpu]'"
+
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DECODE_MAX_QUERIES = 16      # the decode path holds all of a program's query rows in one tile
+DECODE_MIN_KEYS = 1024       # below this the block kernel has enough key tiles per query block anyway
+_TOL = 1e-6                  # Newton step (in τ, whose bracket has width < 1) at which general α stops
+_MAX_ITER_EXACT = 24         # α = 1.5 / 2: the exact finish certifies after a handful of sweeps
+_MAX_ITER_GENERAL = 32       # other α: quadratic convergence once the support is found
+
+_MODE_GENERAL, _MODE_15, _MODE_2 = 0, 1, 2
+INTERPRETER_BLOCK = 32       # query and key tile of the interpreter (CPU tensors): see `_config`
+
+
+# ============================================================================ kernels (raw functions)
+# These are plain functions until `_kernels()` wraps them with triton.jit (or the interpreter), so the
+# choice between compiled and interpreted kernels is made at first use, not at import.
+#
+# Compile-time switches are only those that change the arithmetic (MODE: α = 1.5 / 2 / general; the
+# tiles; the dot precision; whether a tile mask exists). Causality, ALiBi, key lengths and per-head α
+# are runtime arguments (a min, a multiply-add and two scalar loads per tile or program), so one
+# compiled kernel serves every such call: each Triton specialisation costs seconds of compilation.
+# Conventions: `Slopes` (H,) fp32 (zeros = no bias), `Lens` (B,) int32 (Nk = no padding), `Alpha`
+# (H,) fp32 (read in the general mode only), `causal` 0/1.
+
+
+def _powers(d, am1, MODE: tl.constexpr):
+    """For gaps d = X − τ: p = d₊^{1/(α−1)} and w = d₊^{1/(α−1) − 1} = p^{2−α}, which is both the
+    Newton weight (f'(τ) = −Σw/(α−1)) and the u of the backward. Entries with d ≤ 0 (or −inf) give 0."""
+    pos = d > 0
+    dp = tl.where(pos, d, 0.0)
+    if MODE == 2:
+        p = dp
+        w = tl.where(pos, 1.0, 0.0)
+    elif MODE == 1:
+        p = dp * dp
+        w = dp
+    else:
+        e = 1.0 / am1
+        lg = tl.log2(tl.where(pos, d, 1.0))
+        p = tl.where(pos, tl.exp2(e * lg), 0.0)
+        w = tl.where(pos, tl.exp2((e - 1.0) * lg), 0.0)
+    return p, w
+
+
+def _row_limits(rows, Nq, Nk, L, causal):
+    """Keys [0, limit) are visible to each query row: the key length L, and under causal masking only
+    keys up to the row's absolute position rows + Nk − Nq. Rows past Nq (tile padding) see nothing."""
+    lim = tl.zeros_like(rows) + L
+    lim = tl.where(causal != 0, tl.minimum(lim, rows + (Nk - Nq) + 1), lim)
+    return tl.where(rows < Nq, lim, 0)
+
+
+def _key_length(Lens, b, Nk):
+    return tl.minimum(tl.maximum(tl.load(Lens + b), 0), Nk)
+
+
+def _alpha_minus_one(Alpha, h, MODE: tl.constexpr):
+    if MODE == 1:
+        am1 = 0.5
+    elif MODE == 2:
+        am1 = 1.0
+    else:
+        am1 = tl.load(Alpha + h) - 1.0
+    return am1
+
+
+def _bracket_hi(nkeys, am1, MODE: tl.constexpr):
+    """−n^{1−α}: the threshold of n equal scores, an upper bound on τ (as floats, n ≥ 1)."""
+    n = tl.maximum(nkeys, 1).to(tl.float32)
+    if MODE == 2:
+        hi = -1.0 / n
+    elif MODE == 1:
+        hi = -1.0 / tl.sqrt(n)
+    else:
+        hi = -tl.exp2(-am1 * tl.log2(n))
+    return hi
+
+
+def _tau_update(tau, lo, hi, active, fsum, wsum, cnt, mind, am1, MODE: tl.constexpr, TOL: tl.constexpr):
+    """One safeguarded Newton step on f(τ) = fsum − 1 from the sums of a sweep at τ, for the active rows.
+
+    Invariants: lo ≤ τ* ≤ hi, lo only grows; a returned inactive row has its final τ. For α = 1.5 / 2
+    the closed-form τ of the current support {X > τ} is taken when it keeps all support entries
+    positive (smallest gap `mind` > step) and f ≥ 0 (so no entry outside the support could enter):
+    that τ is then exact."""
+    f = fsum - 1.0
+    lo = tl.where(active & (f >= 0), tau, lo)
+    hi = tl.where(active & (f < 0), tau, hi)
+    has_support = wsum > 0                      # False only for rows that are not active
+    step = f * am1 / tl.where(has_support, wsum, 1.0)
+    new = tau + step
+    inside = has_support & (new >= lo) & (new <= hi)
+    new = tl.where(inside, new, 0.5 * (lo + hi))
+    if MODE == 0:
+        done = inside & (tl.abs(step) <= TOL)
+    else:
+        if MODE == 1:
+            # Σ_S (d − s)² = 1 on the support S, solved for the smaller root s in a cancellation-free form
+            disc = wsum * wsum - cnt * f
+            exact = f / tl.where(has_support, wsum + tl.sqrt(tl.maximum(disc, 0.0)), 1.0)
+            done = has_support & (f >= 0) & (disc >= 0) & (mind > exact)
+        else:
+            exact = step                            # sparsemax: the Newton step is the closed form
+            done = has_support & (f >= 0) & (mind > exact)
+        new = tl.where(done, tau + exact, new)
+    tau = tl.where(active, new, tau)
+    active = active & (done == 0)
+    return tau, lo, hi, active
+
+
+def _dot(a, b, acc, DOT_PREC: tl.constexpr):
+    """a·b (+ acc) with fp32 accumulation. DOT_PREC "upcast" (interpreter only, for bfloat16, whose dot
+    it computes wrongly in Triton 3.9) multiplies the operands as float32, exactly."""
+    if DOT_PREC == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=DOT_PREC)
+
+
+def _tile_live(mask_row, t, USE_MASK: tl.constexpr):
+    """Whether key tile t of this query block holds some support. The forward rewrites the bits it
+    reads (a scalar store is issued by one thread), so the load is volatile (no stale L1 line): every
+    thread must take the same branch, since the dots in it synchronise the whole program."""
+    if USE_MASK:
+        live = tl.load(mask_row + t, volatile=True) != 0
+    else:
+        live = t >= 0
+    return live
+
+
+def _logits(q, kT, qpos, kpos, row_lim, scale, slope, DOT_PREC: tl.constexpr):
+    """z = q·kᵀ·scale − slope·(qpos − kpos), −inf where the key is not visible to the row; q (BM, D),
+    kT (D, BN), slope a scalar or (BM, 1)."""
+    z = _dot(q, kT, None, DOT_PREC) * scale - slope * (qpos[:, None] - kpos[None, :]).to(tl.float32)
+    return tl.where(kpos[None, :] < row_lim[:, None], z, float("-inf"))
+
+
+def _logits_t(k, qT, qpos, kpos, row_lim, scale, slope, DOT_PREC: tl.constexpr):
+    """The transposed logits tile (BN, BM) of `_logits`, for the kernels that own a key tile."""
+    z = _dot(k, qT, None, DOT_PREC) * scale - slope * (qpos[None, :] - kpos[:, None]).to(tl.float32)
+    return tl.where(kpos[:, None] < row_lim[None, :], z, float("-inf"))
+
+
+def _fwd_kernel(Q, K, V, O, Stats, TileMask, Alpha, Slopes, Lens,
+                sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
+                H, GROUP, Nq, Nk, n_qb, n_kt, scale, causal,
+                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
+                MAX_ITER: tl.constexpr, TOL: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (⌈Nq/BM⌉, B·H). Writes O, Stats[0..2] = (row max M, τ, 1/Σp) and the tile mask."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    rows = pid_m * BM + tl.arange(0, BM)
+    dcol = tl.arange(0, D)
+    L = _key_length(Lens, b, Nk)
+    row_lim = _row_limits(rows, Nq, Nk, L, causal)
+    qpos = rows + (Nk - Nq)
+    kend = tl.max(row_lim, 0)
+    n_tiles = (kend + BN - 1) // BN
+    am1 = _alpha_minus_one(Alpha, h, MODE)
+    slope = tl.load(Slopes + h)
+    b64 = b.to(tl.int64)
+    q = tl.load(Q + b64 * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :] * sqd,
+                mask=rows[:, None] < Nq, other=0.0)
+    k_base = K + b64 * skb + hk * skh
+    v_base = V + b64 * svb + hk * svh
+    mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
+
+    # 1. row max
+    m = tl.full([BM], float("-inf"), tl.float32)
+    for t in range(n_tiles):
+        kpos = t * BN + tl.arange(0, BN)
+        kT = tl.load(k_base + kpos[None, :] * skn + dcol[:, None] * skd, mask=kpos[None, :] < kend, other=0.0)
+        z = _logits(q, kT, qpos, kpos, row_lim, scale, slope, DOT_PREC)
+        m = tl.maximum(m, tl.max(z, 1))
+    m = tl.where(row_lim > 0, m, 0.0)
+
+    # 2. threshold: rows with one visible key are done at τ = −1 (p = 1), rows with none never start
+    lo = tl.full([BM], -1.0, tl.float32)
+    hi = _bracket_hi(row_lim, am1, MODE)
+    tau = lo
+    active = row_lim > 1
+    it = 0
+    n_active = tl.sum(active.to(tl.int32), 0)
+    while (it < MAX_ITER) & (n_active > 0):
+        floor = tl.where(active, lo, tau)           # ≤ every later τ of the row: tiles below it stay dead
+        fsum = tl.zeros([BM], tl.float32)
+        wsum = tl.zeros([BM], tl.float32)
+        cnt = tl.zeros([BM], tl.float32)
+        mind = tl.full([BM], float("inf"), tl.float32)
+        for t in range(n_tiles):
+            if (it == 0) | _tile_live(mask_row, t, True):    # the first sweep writes every tile's bit
+                kpos = t * BN + tl.arange(0, BN)
+                kT = tl.load(k_base + kpos[None, :] * skn + dcol[:, None] * skd,
+                             mask=kpos[None, :] < kend, other=0.0)
+                z = _logits(q, kT, qpos, kpos, row_lim, scale, slope, DOT_PREC)
+                X = am1 * (z - m[:, None])
+                d = X - tau[:, None]
+                p, w = _powers(d, am1, MODE)
+                fsum += tl.sum(p, 1)
+                wsum += tl.sum(w, 1)
+                if MODE == 1:
+                    cnt += tl.sum(tl.where(d > 0, 1.0, 0.0), 1)
+                if MODE != 0:
+                    mind = tl.minimum(mind, tl.min(tl.where(d > 0, d, float("inf")), 1))
+                live = tl.max(tl.max(tl.where(X > floor[:, None], 1, 0), 1), 0)
+                tl.store(mask_row + t, live.to(tl.int8))
+        tau, lo, hi, active = _tau_update(tau, lo, hi, active, fsum, wsum, cnt, mind, am1, MODE, TOL)
+        n_active = tl.sum(active.to(tl.int32), 0)
+        it += 1
+
+    # 3. output; the mask becomes exact (some p > 0) for the backward
+    acc = tl.zeros([BM, D], tl.float32)
+    lsum = tl.zeros([BM], tl.float32)
+    for t in range(n_tiles):
+        if (it == 0) | _tile_live(mask_row, t, True):
+            kpos = t * BN + tl.arange(0, BN)
+            kT = tl.load(k_base + kpos[None, :] * skn + dcol[:, None] * skd, mask=kpos[None, :] < kend, other=0.0)
+            z = _logits(q, kT, qpos, kpos, row_lim, scale, slope, DOT_PREC)
+            p, _ = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
+            nz = tl.max(tl.max(p, 1), 0) > 0
+            tl.store(mask_row + t, nz.to(tl.int8))
+            if nz:
+                v = tl.load(v_base + kpos[:, None] * svn + dcol[None, :] * svd, mask=kpos[:, None] < kend, other=0.0)
+                acc = _dot(p.to(v.dtype), v, acc, DOT_PREC)
+                lsum += tl.sum(p, 1)
+    inv = tl.where(lsum > 0, 1.0 / tl.where(lsum > 0, lsum, 1.0), 0.0)
+    o = acc * inv[:, None]
+    rmask = rows < Nq
+    tl.store(O + b64 * sob + h * soh + rows[:, None] * son + dcol[None, :] * sod, o.to(O.dtype.element_ty),
+             mask=rmask[:, None])
+    srow = Stats + bh.to(tl.int64) * Nq + rows
+    plane = tl.num_programs(1).to(tl.int64) * Nq
+    tl.store(srow, m, mask=rmask)
+    tl.store(srow + plane, tau, mask=rmask)
+    tl.store(srow + 2 * plane, inv, mask=rmask)
+
+
+def _bwd_prep_kernel(Q, K, V, DO, Stats, TileMask, Delta, Alpha, Slopes, Lens,
+                     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                     H, GROUP, Nq, Nk, n_qb, n_kt, scale, causal,
+                     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
+                     USE_MASK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (⌈Nq/BM⌉, B·H): δ_i = dO_i · Σ_j u_ij v_j / Σ_j u_ij (u unnormalised: the scale cancels).
+    dO is contiguous (B, H, Nq, D)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    rows = pid_m * BM + tl.arange(0, BM)
+    dcol = tl.arange(0, D)
+    rmask = rows < Nq
+    L = _key_length(Lens, b, Nk)
+    row_lim = _row_limits(rows, Nq, Nk, L, causal)
+    qpos = rows + (Nk - Nq)
+    kend = tl.max(row_lim, 0)
+    n_tiles = (kend + BN - 1) // BN
+    am1 = _alpha_minus_one(Alpha, h, MODE)
+    slope = tl.load(Slopes + h)
+    b64 = b.to(tl.int64)
+    q = tl.load(Q + b64 * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :] * sqd, mask=rmask[:, None], other=0.0)
+    do = tl.load(DO + (bh.to(tl.int64) * Nq + rows[:, None]) * D + dcol[None, :], mask=rmask[:, None], other=0.0)
+    srow = Stats + bh.to(tl.int64) * Nq + rows
+    plane = tl.num_programs(1).to(tl.int64) * Nq
+    m = tl.load(srow, mask=rmask, other=0.0)
+    tau = tl.load(srow + plane, mask=rmask, other=0.0)
+    k_base = K + b64 * skb + hk * skh
+    v_base = V + b64 * svb + hk * svh
+    mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
+    usum = tl.zeros([BM], tl.float32)
+    uv = tl.zeros([BM, D], tl.float32)
+    for t in range(n_tiles):
+        if _tile_live(mask_row, t, USE_MASK):
+            kpos = t * BN + tl.arange(0, BN)
+            kT = tl.load(k_base + kpos[None, :] * skn + dcol[:, None] * skd, mask=kpos[None, :] < kend, other=0.0)
+            z = _logits(q, kT, qpos, kpos, row_lim, scale, slope, DOT_PREC)
+            _, w = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
+            v = tl.load(v_base + kpos[:, None] * svn + dcol[None, :] * svd, mask=kpos[:, None] < kend, other=0.0)
+            usum += tl.sum(w, 1)
+            uv = _dot(w.to(v.dtype), v, uv, DOT_PREC)
+    delta = tl.sum(do.to(tl.float32) * uv, 1)
+    delta = tl.where(usum > 0, delta / tl.where(usum > 0, usum, 1.0), 0.0)
+    tl.store(Delta + bh.to(tl.int64) * Nq + rows, delta, mask=rmask)
+
+
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, Stats, Delta, TileMask, Alpha, Slopes, Lens,
+                     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                     H, GROUP, Nq, Nk, n_qb, n_kt, scale, causal,
+                     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
+                     USE_MASK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (⌈Nk/BN⌉, B·Hkv): dk, dv of one key tile, summed over the GQA group's query heads and the
+    query blocks that see the tile. dO, DK, DV are contiguous."""
+    pid_n = tl.program_id(0)
+    bhk = tl.program_id(1)
+    Hkv = H // GROUP
+    b = bhk // Hkv
+    hk = bhk % Hkv
+    kpos = pid_n * BN + tl.arange(0, BN)
+    dcol = tl.arange(0, D)
+    L = _key_length(Lens, b, Nk)
+    b64 = b.to(tl.int64)
+    kmask = kpos[:, None] < Nk
+    k = tl.load(K + b64 * skb + hk * skh + kpos[:, None] * skn + dcol[None, :] * skd, mask=kmask, other=0.0)
+    v = tl.load(V + b64 * svb + hk * svh + kpos[:, None] * svn + dcol[None, :] * svd, mask=kmask, other=0.0)
+    dk = tl.zeros([BN, D], tl.float32)
+    dv = tl.zeros([BN, D], tl.float32)
+    plane = (tl.num_programs(1) * GROUP).to(tl.int64) * Nq
+    # causal: the first query block holding a row at or after the tile's first key
+    qb0 = tl.where(causal != 0, tl.maximum(pid_n * BN - (Nk - Nq), 0) // BM, 0)
+    if pid_n * BN < L:
+        for hh in range(GROUP):
+            h = hk * GROUP + hh
+            bh = b * H + h
+            am1 = _alpha_minus_one(Alpha, h, MODE)
+            slope = tl.load(Slopes + h)
+            for qb in range(qb0, n_qb):
+                mask_row = TileMask + (bh.to(tl.int64) * n_qb + qb) * n_kt
+                if _tile_live(mask_row, pid_n, USE_MASK):
+                    rows = qb * BM + tl.arange(0, BM)
+                    rmask = rows < Nq
+                    row_lim = _row_limits(rows, Nq, Nk, L, causal)
+                    qpos = rows + (Nk - Nq)
+                    q = tl.load(Q + b64 * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :] * sqd,
+                                mask=rmask[:, None], other=0.0)
+                    do = tl.load(DO + (bh.to(tl.int64) * Nq + rows[:, None]) * D + dcol[None, :],
+                                 mask=rmask[:, None], other=0.0)
+                    srow = Stats + bh.to(tl.int64) * Nq + rows
+                    m = tl.load(srow, mask=rmask, other=0.0)
+                    tau = tl.load(srow + plane, mask=rmask, other=0.0)
+                    inv = tl.load(srow + 2 * plane, mask=rmask, other=0.0)
+                    delta = tl.load(Delta + bh.to(tl.int64) * Nq + rows, mask=rmask, other=0.0)
+                    zT = _logits_t(k, tl.trans(q), qpos, kpos, row_lim, scale, slope, DOT_PREC)
+                    p, w = _powers(am1 * (zT - m[None, :]) - tau[None, :], am1, MODE)
+                    p = p * inv[None, :]
+                    dv = _dot(p.to(do.dtype), do, dv, DOT_PREC)
+                    gT = _dot(v, tl.trans(do), None, DOT_PREC)
+                    if MODE == 2:
+                        u = w
+                    elif MODE == 1:
+                        u = w * tl.sqrt(inv)[None, :]
+                    else:
+                        u = w * tl.exp2((1.0 - am1) * tl.log2(tl.where(inv > 0, inv, 1.0)))[None, :]
+                    dsT = u * (gT - delta[None, :])
+                    dk = _dot(dsT.to(q.dtype), q, dk, DOT_PREC)
+    dk = dk * scale
+    out = (bhk.to(tl.int64) * Nk + kpos[:, None]) * D + dcol[None, :]
+    tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=kmask)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kmask)
+
+
+def _bwd_dq_kernel(Q, K, V, DO, DQ, Stats, Delta, TileMask, Alpha, Slopes, Lens,
+                   sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                   H, GROUP, Nq, Nk, n_qb, n_kt, scale, causal,
+                   D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
+                   USE_MASK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (⌈Nq/BM⌉, B·H): dq of one query block over its live key tiles. dO, DQ are contiguous."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    rows = pid_m * BM + tl.arange(0, BM)
+    dcol = tl.arange(0, D)
+    rmask = rows < Nq
+    L = _key_length(Lens, b, Nk)
+    row_lim = _row_limits(rows, Nq, Nk, L, causal)
+    qpos = rows + (Nk - Nq)
+    kend = tl.max(row_lim, 0)
+    n_tiles = (kend + BN - 1) // BN
+    am1 = _alpha_minus_one(Alpha, h, MODE)
+    slope = tl.load(Slopes + h)
+    b64 = b.to(tl.int64)
+    q = tl.load(Q + b64 * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :] * sqd, mask=rmask[:, None], other=0.0)
+    do = tl.load(DO + (bh.to(tl.int64) * Nq + rows[:, None]) * D + dcol[None, :], mask=rmask[:, None], other=0.0)
+    srow = Stats + bh.to(tl.int64) * Nq + rows
+    plane = tl.num_programs(1).to(tl.int64) * Nq
+    m = tl.load(srow, mask=rmask, other=0.0)
+    tau = tl.load(srow + plane, mask=rmask, other=0.0)
+    inv = tl.load(srow + 2 * plane, mask=rmask, other=0.0)
+    delta = tl.load(Delta + bh.to(tl.int64) * Nq + rows, mask=rmask, other=0.0)
+    if MODE == 2:
+        unorm = tl.full([BM], 1.0, tl.float32)
+    elif MODE == 1:
+        unorm = tl.sqrt(inv)
+    else:
+        unorm = tl.exp2((1.0 - am1) * tl.log2(tl.where(inv > 0, inv, 1.0)))
+    k_base = K + b64 * skb + hk * skh
+    v_base = V + b64 * svb + hk * svh
+    mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
+    dq = tl.zeros([BM, D], tl.float32)
+    for t in range(n_tiles):
+        if _tile_live(mask_row, t, USE_MASK):
+            kpos = t * BN + tl.arange(0, BN)
+            kvmask = kpos[:, None] < kend
+            k = tl.load(k_base + kpos[:, None] * skn + dcol[None, :] * skd, mask=kvmask, other=0.0)
+            v = tl.load(v_base + kpos[:, None] * svn + dcol[None, :] * svd, mask=kvmask, other=0.0)
+            z = _logits(q, tl.trans(k), qpos, kpos, row_lim, scale, slope, DOT_PREC)
+            _, w = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
+            g = _dot(do, tl.trans(v), None, DOT_PREC)
+            ds = w * unorm[:, None] * (g - delta[:, None])
+            dq = _dot(ds.to(k.dtype), k, dq, DOT_PREC)
+    dq = dq * scale
+    tl.store(DQ + (bh.to(tl.int64) * Nq + rows[:, None]) * D + dcol[None, :], dq.to(DQ.dtype.element_ty),
+             mask=rmask[:, None])
+
+
+def _dec_rows(r, Nq, HPP, h0):
+    """Decode programs hold HPP query heads × Nq queries as rows r = head·Nq + query."""
+    hh = r // Nq
+    i = r % Nq
+    return h0 + hh, i, r < HPP * Nq
+
+
+def _dec_scores_kernel(Q, K, Z, Mpart, Slopes, Lens,
+                       sqb, sqh, sqn, sqd, skb, skh, skn, skd,
+                       H, GROUP, HPP, Nq, Nk, split, n_split, scale, causal,
+                       D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Grid (n_split, B·H/HPP): logits of the split's keys into Z (B·H·Nq, Nk) and the split's row max."""
+    s = tl.program_id(0)
+    g = tl.program_id(1)
+    n_groups = H // HPP
+    b = g // n_groups
+    h0 = (g % n_groups) * HPP
+    hk = h0 // GROUP
+    r = tl.arange(0, BM)
+    h, i, rvalid = _dec_rows(r, Nq, HPP, h0)
+    dcol = tl.arange(0, D)
+    L = _key_length(Lens, b, Nk)
+    row_lim = tl.where(rvalid, _row_limits(i, Nq, Nk, L, causal), 0)
+    qpos = i + (Nk - Nq)
+    kend = tl.max(row_lim, 0)
+    b64 = b.to(tl.int64)
+    q = tl.load(Q + b64 * sqb + h[:, None] * sqh + i[:, None] * sqn + dcol[None, :] * sqd,
+                mask=rvalid[:, None], other=0.0)
+    slope = tl.load(Slopes + h, mask=rvalid, other=0.0)[:, None]
+    zrow = (b64 * H + h) * Nq + i
+    k_base = K + b64 * skb + hk * skh
+    j0 = s * split
+    j1 = tl.minimum(j0 + split, kend)
+    m = tl.full([BM], float("-inf"), tl.float32)
+    for t in range((j1 - j0 + BN - 1) // BN):
+        kpos = j0 + t * BN + tl.arange(0, BN)
+        kT = tl.load(k_base + kpos[None, :] * skn + dcol[:, None] * skd, mask=kpos[None, :] < j1, other=0.0)
+        z = _logits(q, kT, qpos, kpos, row_lim, scale, slope, DOT_PREC)
+        tl.store(Z + zrow[:, None] * Nk + kpos[None, :], z, mask=rvalid[:, None] & (kpos[None, :] < j1))
+        m = tl.maximum(m, tl.max(z, 1))
+    tl.store(Mpart + zrow * n_split + s, m, mask=rvalid)
+
+
+def _dec_solve_kernel(Z, Mpart, Stats, Alpha, Lens, H, Nq, Nk, n_split, causal,
+                      BLOCK_J: tl.constexpr, BLOCK_S: tl.constexpr, MODE: tl.constexpr,
+                      MAX_ITER: tl.constexpr, TOL: tl.constexpr):
+    """Grid (B·H·Nq,): the row max from the split maxima, then τ by sweeps over the row's scratch logits.
+    Writes Stats[0] = M, Stats[1] = τ (Stats[2] is set after the output reduction)."""
+    row = tl.program_id(0)
+    bh = row // Nq
+    i = row % Nq
+    b = bh // H
+    h = bh % H
+    L = _key_length(Lens, b, Nk)
+    lim = tl.where(causal != 0, tl.minimum(L, i + (Nk - Nq) + 1), L)
+    sidx = tl.arange(0, BLOCK_S)
+    m = tl.max(tl.load(Mpart + row.to(tl.int64) * n_split + sidx, mask=sidx < n_split, other=float("-inf")), 0)
+    m = tl.where(lim > 0, m, 0.0)
+    am1 = _alpha_minus_one(Alpha, h, MODE)
+    zrow = Z + row.to(tl.int64) * Nk
+    lim1 = lim + tl.zeros([1], tl.int32)      # the solver's row state as 1-element vectors
+    lo = tl.full([1], -1.0, tl.float32)
+    hi = _bracket_hi(lim1, am1, MODE)
+    tau = lo
+    active = lim1 > 1
+    it = 0
+    n_active = tl.sum(active.to(tl.int32), 0)
+    while (it < MAX_ITER) & (n_active > 0):
+        fsum = tl.zeros([1], tl.float32)
+        wsum = tl.zeros([1], tl.float32)
+        cnt = tl.zeros([1], tl.float32)
+        mind = tl.full([1], float("inf"), tl.float32)
+        for j0 in range(0, lim, BLOCK_J):
+            j = j0 + tl.arange(0, BLOCK_J)
+            x = tl.load(zrow + j, mask=j < lim, other=float("-inf"))
+            d = am1 * (x - m) - tau
+            p, w = _powers(d, am1, MODE)
+            fsum += tl.sum(p, 0)
+            wsum += tl.sum(w, 0)
+            if MODE == 1:
+                cnt += tl.sum(tl.where(d > 0, 1.0, 0.0), 0)
+            if MODE != 0:
+                mind = tl.minimum(mind, tl.min(tl.where(d > 0, d, float("inf")), 0))
+        tau, lo, hi, active = _tau_update(tau, lo, hi, active, fsum, wsum, cnt, mind, am1, MODE, TOL)
+        n_active = tl.sum(active.to(tl.int32), 0)
+        it += 1
+    plane = tl.num_programs(0).to(tl.int64)
+    one = tl.arange(0, 1)
+    tl.store(Stats + row + one, m + tl.zeros([1], tl.float32))
+    tl.store(Stats + plane + row + one, tau)
+
+
+def _dec_out_kernel(Z, V, Stats, Opart, Lpart, Alpha, Lens, svb, svh, svn, svd,
+                    H, GROUP, HPP, Nq, Nk, split, n_split, causal,
+                    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
+                    DOT_PREC: tl.constexpr):
+    """Grid (n_split, B·H/HPP): partial Σ p·v and Σ p of the split's keys (the V tile is read only
+    where some p > 0)."""
+    s = tl.program_id(0)
+    g = tl.program_id(1)
+    n_groups = H // HPP
+    b = g // n_groups
+    h0 = (g % n_groups) * HPP
+    hk = h0 // GROUP
+    r = tl.arange(0, BM)
+    h, i, rvalid = _dec_rows(r, Nq, HPP, h0)
+    dcol = tl.arange(0, D)
+    L = _key_length(Lens, b, Nk)
+    row_lim = tl.where(rvalid, _row_limits(i, Nq, Nk, L, causal), 0)
+    kend = tl.max(row_lim, 0)
+    b64 = b.to(tl.int64)
+    zrow = (b64 * H + h) * Nq + i
+    plane = (tl.num_programs(1) * HPP).to(tl.int64) * Nq
+    m = tl.load(Stats + zrow, mask=rvalid, other=0.0)
+    tau = tl.load(Stats + plane + zrow, mask=rvalid, other=0.0)
+    if MODE == 1:
+        am1 = 0.5
+    elif MODE == 2:
+        am1 = 1.0
+    else:       # per row: the program's rows may belong to heads with different α
+        am1 = (tl.load(Alpha + h, mask=rvalid, other=2.0) - 1.0)[:, None]
+    v_base = V + b64 * svb + hk * svh
+    j0 = s * split
+    j1 = tl.minimum(j0 + split, kend)
+    acc = tl.zeros([BM, D], tl.float32)
+    lsum = tl.zeros([BM], tl.float32)
+    for t in range((j1 - j0 + BN - 1) // BN):
+        kpos = j0 + t * BN + tl.arange(0, BN)
+        z = tl.load(Z + zrow[:, None] * Nk + kpos[None, :], mask=kpos[None, :] < row_lim[:, None],
+                    other=float("-inf"))
+        p, _ = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
+        if tl.max(tl.max(p, 1), 0) > 0:
+            v = tl.load(v_base + kpos[:, None] * svn + dcol[None, :] * svd, mask=kpos[:, None] < j1, other=0.0)
+            acc = _dot(p.to(v.dtype), v, acc, DOT_PREC)
+            lsum += tl.sum(p, 1)
+    out = zrow * n_split + s
+    tl.store(Opart + out[:, None] * D + dcol[None, :], acc, mask=rvalid[:, None])
+    tl.store(Lpart + out, lsum, mask=rvalid)
+
+
+_JIT_NAMES = (
+    "_powers", "_row_limits", "_key_length", "_alpha_minus_one", "_bracket_hi", "_tau_update", "_dot", "_tile_live",
+    "_logits", "_logits_t", "_dec_rows",
+    "_fwd_kernel", "_bwd_prep_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel",
+    "_dec_scores_kernel", "_dec_solve_kernel", "_dec_out_kernel",
+)
+# Sizes stay runtime values: specialising on them (Triton does for 1 and multiples of 16) would
+# compile a kernel per sequence length; strides keep their specialisation (contiguous loads).
+_SIZE_ARGS = ("H", "GROUP", "HPP", "Nq", "Nk", "n_qb", "n_kt", "split", "n_split", "causal")
+_RAW = {name: globals()[name] for name in _JIT_NAMES}
+_BUILT: bool | None = None      # None: not built; else whether the kernels run in the interpreter
+
+
+def _interpreting() -> bool:
+    """TRITON_INTERPRET as triton.jit reads it (at the moment of this call)."""
+    try:
+        return bool(triton.knobs.runtime.interpret)
+    except AttributeError:      # Triton without knobs (< 3.4)
+        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _kernels() -> bool:
+    """Wraps the raw kernel functions with triton.jit (compiled or interpreted, by TRITON_INTERPRET at
+    this first use) in this module's namespace, where the kernels look their helpers up. Returns
+    whether they are interpreted."""
+    global _BUILT
+    if _BUILT is None:
+        if triton is None:
+            raise RuntimeError(_TRITON_ERROR)
+        interpret = _interpreting()
+        g = globals()
+        for name in _JIT_NAMES:
+            # The interpreter re-patches triton.language on every call of a jitted function, which
+            # costs ~0.5 ms per helper call; plain helpers run under the kernel's patch and are exact.
+            if name.endswith("_kernel"):
+                raw = _RAW[name]
+                sizes = [a for a in _SIZE_ARGS if a in raw.__code__.co_varnames[:raw.__code__.co_argcount]]
+                g[name] = triton.jit(raw, do_not_specialize=sizes)
+            elif not interpret:
+                g[name] = triton.jit(_RAW[name])
+        _BUILT = interpret
+    return _BUILT
+
+
+def _interpreter_mode() -> bool:
+    """Whether the kernels run (or, once built, would run) in Triton's CPU interpreter."""
+    return _BUILT if _BUILT is not None else _interpreting()
+
+
+# ============================================================================ launch configuration
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
+    """Launch configuration: BM, BN (shared by the forward and the backward, since the tile mask is
+    indexed in these tiles), num_warps per kernel, the dot precision, and the decode tiles (dec_BN for
+    the split kernels, dec_BJ for the threshold sweep over scratch logits).
+
+    CUDA: chosen by compiling for sm_90 with ptxas -v (16-bit inputs: no spills except ≤ 184 bytes in
+    dk/dv at D = 128 and ≤ 148 bytes in general-α variants; shared memory ≤ 64 KiB). float32 inputs use
+    3xTF32 dots (≈ fp32 accuracy on tensor cores; plain fp32 FMA dots spill tens of KB) and spill
+    ≤ 2 KB at D = 128: fp32 is the accuracy configuration, 16-bit the fast one. Under the interpreter (CPU tensors) tiles are
+    INTERPRETER_BLOCK: its cost is per tile, nearly independent of the tile's size, and tests lower it
+    to 16 (the smallest tile tl.dot takes) to span more tiles."""
+    if device_type != "cuda":
+        b = INTERPRETER_BLOCK
+        return {"BM": b, "BN": b, "fwd": 4, "prep": 4, "dkdv": 4, "dq": 4, "dec": 4, "dec_BN": b, "dec_BJ": 2 * b,
+                "prec": {torch.float32: "ieee", torch.bfloat16: "upcast"}.get(dtype, "tf32")}
+    if dtype == torch.float32:      # 32×32 keeps shared memory ≤ 64 KiB at D = 128 (A100-sized too)
+        return {"BM": 32, "BN": 32, "fwd": 4, "prep": 4, "dkdv": 4, "dq": 4, "dec": 4,
+                "dec_BN": 64, "dec_BJ": 1024, "prec": "tf32x3"}
+    if D <= 64:
+        return {"BM": 64, "BN": 64, "fwd": 4, "prep": 8, "dkdv": 8, "dq": 4, "dec": 4, "dec_BN": 64, "dec_BJ": 1024,
+                "prec": "tf32"}
+    return {"BM": 64, "BN": 64, "fwd": 8, "prep": 8, "dkdv": 8, "dq": 8, "dec": 4, "dec_BN": 64, "dec_BJ": 1024,
+            "prec": "tf32"}
+
+
+def _mode(alpha: float, alpha_heads: Tensor | None) -> int:
+    if alpha_heads is None and alpha == 1.5:
+        return _MODE_15
+    if alpha_heads is None and alpha == 2.0:
+        return _MODE_2
+    return _MODE_GENERAL
+
+
+_FILLED: dict = {}
+
+
+def _filled(n: int, value, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A constant (n,) tensor, kept per (n, value, dtype, device): the kernels only read it, and a decode
+    step then launches no fill kernels of its own."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.full((n,), value, dtype=dtype, device=device)     # graph-pool memory: not kept
+    key = (n, value, dtype, str(device))
+    t = _FILLED.get(key)
+    if t is None:
+        if len(_FILLED) > 256:
+            _FILLED.clear()
+        t = _FILLED[key] = torch.full((n,), value, dtype=dtype, device=device)
+    return t
+
+
+def _runtime_args(q: Tensor, k: Tensor, alpha: float, alpha_heads: Tensor | None, slopes: Tensor | None,
+                  key_lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernels' per-head α (H,) fp32, slopes (H,) fp32 (zeros: no bias), key lengths (B,) int32."""
+    B, H = q.shape[:2]
+    dev = q.device
+    alphas = (_filled(H, float(alpha), torch.float32, dev) if alpha_heads is None
+              else alpha_heads.to(device=dev, dtype=torch.float32).expand(H).contiguous())
+    slopes = (_filled(H, 0.0, torch.float32, dev) if slopes is None
+              else slopes.to(device=dev, dtype=torch.float32).contiguous())
+    lens = (_filled(B, int(k.shape[2]), torch.int32, dev) if key_lengths is None
+            else key_lengths.to(device=dev, dtype=torch.int32).contiguous())
+    return alphas, slopes, lens
+
+
+def _tile_mask_shape(B: int, H: int, Nq: int, Nk: int, D: int, dtype: torch.dtype, device_type: str,
+                     decode: bool) -> tuple:
+    if decode:
+        return (0,)
+    cfg = _config(D, dtype, device_type)
+    return (B, H, -(-Nq // cfg["BM"]), -(-Nk // cfg["BN"]))
+
+
+def _n_sm(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 2
+
+
+def _common_args(q: Tensor, k: Tensor, v: Tensor):
+    return (*q.stride(), *k.stride(), *v.stride())
+
+
+# ============================================================================ forward / backward launches
+
+def _forward_impl(q: Tensor, k: Tensor, v: Tensor, alpha: float, alpha_heads: Tensor | None,
+                  slopes: Tensor | None, key_lengths: Tensor | None, scale: float, is_causal: bool,
+                  decode: bool) -> tuple[Tensor, Tensor, Tensor]:
+    _kernels()
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = H // Hkv
+    mode = _mode(alpha, alpha_heads)
+    max_iter = _MAX_ITER_GENERAL if mode == _MODE_GENERAL else _MAX_ITER_EXACT
+    cfg = _config(D, q.dtype, q.device.type)
+    alphas, slopes, lens = _runtime_args(q, k, alpha, alpha_heads, slopes, key_lengths)
+    causal = int(is_causal)
+    o = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
+    stats = torch.empty((3, B, H, Nq), dtype=torch.float32, device=q.device)
+    if not decode:
+        BM, BN = cfg["BM"], cfg["BN"]
+        n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
+        tile_mask = torch.empty((B, H, n_qb, n_kt), dtype=torch.int8, device=q.device)
+        _fwd_kernel[(n_qb, B * H)](
+            q, k, v, o, stats, tile_mask, alphas, slopes, lens,
+            *_common_args(q, k, v), *o.stride(), H, group, Nq, Nk, n_qb, n_kt, scale, causal,
+            D=D, BM=BM, BN=BN, MODE=mode, MAX_ITER=max_iter, TOL=_TOL, DOT_PREC=cfg["prec"], num_warps=cfg["fwd"])
+        return o, stats, tile_mask
+
+    # decode: split-K logits → per-row threshold → split-K output → reduction
+    BN, BJ = cfg["dec_BN"], cfg["dec_BJ"]
+    hpp = group if group * Nq <= 64 else 1           # query heads per program (they share one kv head)
+    BMd = max(16, _next_pow2(hpp * Nq))
+    n_prog = B * (H // hpp)
+    n_split = max(1, min(triton.cdiv(Nk, BN), triton.cdiv(2 * _n_sm(q.device), n_prog)))
+    split = triton.cdiv(triton.cdiv(Nk, n_split), BN) * BN
+    n_split = triton.cdiv(Nk, split)
+    rows = B * H * Nq
+    z = torch.empty((rows, Nk), dtype=torch.float32, device=q.device)
+    mpart = torch.empty((rows, n_split), dtype=torch.float32, device=q.device)
+    _dec_scores_kernel[(n_split, n_prog)](
+        q, k, z, mpart, slopes, lens, *q.stride(), *k.stride(), H, group, hpp, Nq, Nk, split, n_split, scale, causal,
+        D=D, BM=BMd, BN=BN, DOT_PREC=cfg["prec"], num_warps=cfg["dec"])
+    _dec_solve_kernel[(rows,)](
+        z, mpart, stats, alphas, lens, H, Nq, Nk, n_split, causal,
+        BLOCK_J=BJ, BLOCK_S=_next_pow2(n_split), MODE=mode, MAX_ITER=max_iter, TOL=_TOL)
+    opart = torch.empty((rows, n_split, D), dtype=torch.float32, device=q.device)
+    lpart = torch.empty((rows, n_split), dtype=torch.float32, device=q.device)
+    _dec_out_kernel[(n_split, n_prog)](
+        z, v, stats, opart, lpart, alphas, lens, *v.stride(), H, group, hpp, Nq, Nk, split, n_split, causal,
+        D=D, BM=BMd, BN=BN, MODE=mode, DOT_PREC=cfg["prec"], num_warps=cfg["dec"])
+    lsum = lpart.sum(1)
+    inv = torch.where(lsum > 0, 1.0 / lsum, torch.zeros_like(lsum))
+    o.copy_((opart.sum(1) * inv[:, None]).view(B, H, Nq, D))
+    stats[2].copy_(inv.view(B, H, Nq))
+    return o, stats, torch.empty((0,), dtype=torch.int8, device=q.device)
+
+
+def _backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, stats: Tensor, tile_mask: Tensor,
+                   alpha: float, alpha_heads: Tensor | None, slopes: Tensor | None,
+                   key_lengths: Tensor | None, scale: float, is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+    _kernels()
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = H // Hkv
+    cfg = _config(D, q.dtype, q.device.type)
+    BM, BN = cfg["BM"], cfg["BN"]
+    n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
+    use_mask = tile_mask.numel() > 0
+    alphas, slopes, lens = _runtime_args(q, k, alpha, alpha_heads, slopes, key_lengths)
+    do = do.contiguous()
+    delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    dq = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
+    dk = torch.empty((B, Hkv, Nk, D), dtype=k.dtype, device=k.device)
+    dv = torch.empty((B, Hkv, Nk, D), dtype=v.dtype, device=v.device)
+    mask_ptr = tile_mask if use_mask else delta        # never read without USE_MASK
+    args = (alphas, slopes, lens, *_common_args(q, k, v), H, group, Nq, Nk, n_qb, n_kt, scale, int(is_causal))
+    flags = {"D": D, "BM": BM, "BN": BN, "MODE": _mode(alpha, alpha_heads), "USE_MASK": use_mask,
+             "DOT_PREC": cfg["prec"]}
+    _bwd_prep_kernel[(n_qb, B * H)](q, k, v, do, stats, mask_ptr, delta, *args, num_warps=cfg["prep"], **flags)
+    _bwd_dkdv_kernel[(n_kt, B * Hkv)](q, k, v, do, dk, dv, stats, delta, mask_ptr, *args, num_warps=cfg["dkdv"],
+                                      **flags)
+    _bwd_dq_kernel[(n_qb, B * H)](q, k, v, do, dq, stats, delta, mask_ptr, *args, num_warps=cfg["dq"], **flags)
+    return dq, dk, dv
+
+
+# ============================================================================ custom ops (torch.compile)
+
+@torch.library.custom_op("longsparse::triton_entmax_attention", mutates_args=())
+def _attention_op(q: Tensor, k: Tensor, v: Tensor, alpha: float, alpha_heads: Tensor | None,
+                  slopes: Tensor | None, key_lengths: Tensor | None, scale: float, is_causal: bool,
+                  decode: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(O (B, H, Nq, D), stats (3, B, H, Nq) fp32 = row max, τ, 1/Σp, tile mask int8 (B, H, ⌈Nq/BM⌉,
+    ⌈Nk/BN⌉), or (0,) from the decode path)."""
+    return _forward_impl(q, k, v, alpha, alpha_heads, slopes, key_lengths, scale, is_causal, decode)
+
+
+@_attention_op.register_fake
+def _attention_fake(q, k, v, alpha, alpha_heads, slopes, key_lengths, scale, is_causal, decode):
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    o = q.new_empty((B, H, Nq, D))
+    stats = q.new_empty((3, B, H, Nq), dtype=torch.float32)
+    mask = q.new_empty(_tile_mask_shape(B, H, Nq, Nk, D, q.dtype, q.device.type, decode), dtype=torch.int8)
+    return o, stats, mask
+
+
+@torch.library.custom_op("longsparse::triton_entmax_attention_backward", mutates_args=())
+def _attention_backward_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, stats: Tensor, tile_mask: Tensor,
+                           alpha: float, alpha_heads: Tensor | None, slopes: Tensor | None,
+                           key_lengths: Tensor | None, scale: float,
+                           is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _backward_impl(do, q, k, v, stats, tile_mask, alpha, alpha_heads, slopes, key_lengths, scale, is_causal)
+
+
+@_attention_backward_op.register_fake
+def _attention_backward_fake(do, q, k, v, stats, tile_mask, alpha, alpha_heads, slopes, key_lengths, scale,
+                             is_causal):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, alpha, alpha_heads, slopes, key_lengths, scale, is_causal, _decode = inputs
+    _, stats, tile_mask = output
+    ctx.save_for_backward(q, k, v, stats, tile_mask, alpha_heads, slopes, key_lengths)
+    ctx.alpha, ctx.scale, ctx.is_causal = alpha, scale, is_causal
+    ctx.mark_non_differentiable(stats, tile_mask)
+
+
+def _backward(ctx, do, _dstats, _dmask):
+    q, k, v, stats, tile_mask, alpha_heads, slopes, key_lengths = ctx.saved_tensors
+    dq, dk, dv = _attention_backward_op(do, q, k, v, stats, tile_mask, ctx.alpha, alpha_heads, slopes,
+                                        key_lengths, ctx.scale, ctx.is_causal)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ============================================================================ public API
+
+AlphaArg = float | int | Tensor
+
+_IGNORED_KWARGS = ("chunk_size", "topk", "adatemp_order", "path", "backend")
+
+
+def supports(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha: AlphaArg = 1.5,
+             is_causal: bool = False, scale: float | None = None, alibi_slopes: Tensor | None = None,
+             q_scale: Tensor | None = None, attn_mask: Tensor | None = None,
+             key_lengths: Tensor | None = None, decode: bool | None = None, **other) -> str | None:
+    """None when `entmax_attention_triton` can take this call, else a one-line reason.
+
+    Accepts ``ls.attention``'s keywords (``mapping`` entmax / asentmax / sparsemax; ``chunk_size``,
+    ``topk``, ``adatemp_order``, ``path``, ``backend`` are ignored) plus ``key_lengths`` and ``decode``. Refused:
+    Triton missing; tensors not on CUDA (CPU only in interpreter mode, TRITON_INTERPRET=1); other
+    mappings; α outside (1, 2], α requiring grad, an α tensor not of shape (H,); dtypes other than
+    float16 / bfloat16 / float32 or mixed; head dims other than 16, 32, 64, 128; shapes that are not
+    (B, H, N, D) with H divisible by H_kv and Nq ≤ Nk; an attn_mask; ALiBi slopes requiring grad or not
+    of shape (H,); q_scale not (B, H, Nq) / (B, H, Nq, 1); key_lengths not an integer (B,) tensor;
+    decode=True with more than 16 queries."""
+    if _TRITON_ERROR is not None:
+        return _TRITON_ERROR
+    for key in other:
+        if key not in _IGNORED_KWARGS:
+            return f"unsupported argument {key!r}"
+    if mapping not in ("entmax", "asentmax", "sparsemax"):
+        return f"mapping {mapping!r} is not α-entmax"
+    if mapping == "sparsemax":
+        alpha = 2.0
+    tensors = {"q": q, "k": k, "v": v}
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            return f"{name} must be a 4-D (B, H, N, D) tensor"
+    devices = {t.device for t in tensors.values()}
+    if len(devices) != 1:
+        return f"q, k, v are on different devices: {sorted(map(str, devices))}"
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreter_mode()):
+        return f"tensors on {q.device.type}: the kernels need CUDA (or CPU tensors with TRITON_INTERPRET=1)"
+    if q.dtype not in DTYPES:
+        return f"dtype {q.dtype} is not float16, bfloat16 or float32"
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
+    B, H, Nq, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B or k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        return f"inconsistent shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if k.shape[3] != D or v.shape[3] != D:
+        return f"head dims differ: q {D}, k {k.shape[3]}, v {v.shape[3]}"
+    if H % k.shape[1]:
+        return f"query heads ({H}) not a multiple of key/value heads ({k.shape[1]})"
+    if D not in HEAD_DIMS:
+        return f"head dim {D} not one of {HEAD_DIMS}"
+    Nk = k.shape[2]
+    if Nk < 1 or Nq < 1:
+        return "empty query or key sequence"
+    if Nq > Nk:
+        return f"more queries ({Nq}) than keys ({Nk}): queries sit at the last key positions"
+    if isinstance(alpha, Tensor):
+        if alpha.requires_grad:
+            return "alpha requires grad (the kernels do not differentiate α; use backend='reference')"
+        if alpha.numel() != 1 and tuple(alpha.shape) != (H,):
+            return f"alpha tensor of shape {tuple(alpha.shape)}: only a scalar or per-head (H,) = ({H},)"
+        if alpha.device.type == "cpu" and not torch.compiler.is_compiling():   # no device sync for CUDA α
+            a = alpha.detach()
+            if not bool(((a > 1) & (a <= 2)).all()):
+                return "alpha outside (1, 2]"
+    else:
+        if not isinstance(alpha, (int, float)) or not 1.0 < float(alpha) <= 2.0:
+            return f"alpha {alpha!r} outside (1, 2]"
+    if attn_mask is not None:
+        return "attn_mask is not supported (use key_lengths for right padding, is_causal for causality)"
+    if alibi_slopes is not None:
+        if alibi_slopes.requires_grad:
+            return "alibi_slopes requires grad (not differentiated by the kernels)"
+        if tuple(alibi_slopes.shape) != (H,):
+            return f"alibi_slopes must have shape ({H},); got {tuple(alibi_slopes.shape)}"
+    if q_scale is not None and tuple(q_scale.shape) not in ((B, H, Nq), (B, H, Nq, 1)):
+        return f"q_scale must have shape ({B}, {H}, {Nq}) or ({B}, {H}, {Nq}, 1); got {tuple(q_scale.shape)}"
+    if key_lengths is not None and (key_lengths.dtype.is_floating_point or key_lengths.dtype == torch.bool
+                                    or tuple(key_lengths.shape) != (B,)):
+        return f"key_lengths must be an integer tensor of shape ({B},)"
+    if decode and Nq > DECODE_MAX_QUERIES:
+        return f"the decode path takes at most {DECODE_MAX_QUERIES} queries; got {Nq}"
+    if scale is not None and not math.isfinite(float(scale)):
+        return f"scale {scale!r} is not finite"
+    return None
+
+
+def entmax_attention_triton(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaArg = 1.5, is_causal: bool = False,
+                            alibi_slopes: Tensor | None = None, q_scale: Tensor | None = None,
+                            scale: float | None = None, key_lengths: Tensor | None = None,
+                            decode: bool | None = None) -> Tensor:
+    """α-entmax attention through the Triton kernels; returns (B, H, Nq, D) in q's dtype.
+
+    q: (B, H, Nq, D); k, v: (B, H_kv, Nk, D) with H % H_kv == 0 (GQA) and Nq ≤ Nk: query i sits at
+    absolute position i + Nk − Nq (bottom-right), so Nq < Nk is prefill against a cache or decoding.
+    alpha: float in (1, 2] (1.5 and 2 finish exactly), or an (H,) tensor of per-head α (general solver;
+    a 0-d tensor on the CPU counts as a float). Values of a CUDA α tensor are not checked here (that
+    would synchronise): ls.attention checks α before it dispatches.
+    alibi_slopes: (H,) slopes m, bias −m·(i − j); zero slopes are NoPE heads (NAPE = half zeros).
+    q_scale: (B, H, Nq) or (B, H, Nq, 1) per-query multiplier of q (SSMax / ASEntmax), differentiable.
+    scale: logit scale, default 1/√D. key_lengths: (B,) integer; keys at positions ≥ length are masked.
+    decode: force (True) or forbid (False) the split-K decode path; None = Nq ≤ 16 and Nk ≥ 1024.
+    Rows that can attend to nothing give zeros. Differentiable in q, k, v (not α, not the slopes).
+    Raises ValueError with `supports`' reason when the call is not supported."""
+    out, _, _ = _attention_op(*_op_args(q, k, v, alpha=alpha, is_causal=is_causal, alibi_slopes=alibi_slopes,
+                                        q_scale=q_scale, scale=scale, key_lengths=key_lengths, decode=decode))
+    return out
+
+
+def threshold_stats(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward op's results for diagnostics and tests: (O, stats (3, B, H, Nq) fp32 = row max M / τ /
+    1/Σp, tile mask int8 (B, H, ⌈Nq/BM⌉, ⌈Nk/BN⌉) with 1 where a key tile holds some p > 0; shape (0,)
+    from the decode path). Takes `entmax_attention_triton`'s keywords."""
+    return _attention_op(*_op_args(q, k, v, **kwargs))
+
+
+def _op_args(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaArg = 1.5, is_causal: bool = False,
+             alibi_slopes: Tensor | None = None, q_scale: Tensor | None = None, scale: float | None = None,
+             key_lengths: Tensor | None = None, decode: bool | None = None) -> tuple:
+    """Checks the call (`supports`) and turns it into the custom op's arguments."""
+    reason = supports(q, k, v, alpha=alpha, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
+                      q_scale=q_scale, key_lengths=key_lengths, decode=decode)
+    if reason is not None:
+        raise ValueError(f"entmax_attention_triton: {reason}")
+    H, Nq, D = q.shape[1:]
+    Nk = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if q_scale is not None:       # exact: the scale multiplies q·k, never the ALiBi bias
+        q = q * (q_scale if q_scale.dim() == 4 else q_scale.unsqueeze(-1)).to(q.dtype)
+    alpha_heads = None
+    if isinstance(alpha, Tensor):
+        if alpha.numel() == 1 and alpha.device.type == "cpu" and not torch.compiler.is_compiling():
+            alpha = float(alpha.item())
+        else:
+            alpha_heads = alpha.detach().to(device=q.device, dtype=torch.float32).reshape(-1).expand(H).contiguous()
+            alpha = 1.5           # not read by the kernels when per-head α is given
+    slopes = None if alibi_slopes is None else alibi_slopes.detach().to(device=q.device, dtype=torch.float32)
+    lens = None if key_lengths is None else key_lengths.to(device=q.device, dtype=torch.int32)
+    if decode is None:
+        decode = Nq <= DECODE_MAX_QUERIES and Nk >= DECODE_MIN_KEYS
+    return q, k, v, float(alpha), alpha_heads, slopes, lens, scale, bool(is_causal), bool(decode)

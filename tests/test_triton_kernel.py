@@ -1,0 +1,316 @@
+"""The Triton α-entmax attention kernels (longsparse.attention.triton_entmax) against the reference path.
+
+Without a GPU the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1, set before the kernels
+are first built); shapes stay tiny because the interpreter costs milliseconds per tile operation.
+Everything is compared with ``ls.attention(..., backend="reference")`` in float64: outputs and the
+gradients w.r.t. q, k, v (and q_scale, which reaches the kernel folded into q). One test compiles the
+kernels for sm_90 (H100) through Triton's full pipeline, which the interpreter does not exercise.
+"""
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"     # before the first kernel is built (triton reads it at jit time)
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed (pip install 'longsparse[gpu]')")
+
+import longsparse as ls
+from longsparse.attention import dense_logits
+from longsparse.attention import triton_entmax as te
+
+ROOT = Path(__file__).resolve().parents[1]
+# the reference path: backend="reference" (path= is its older, deprecated spelling)
+REF = {"backend": "reference"} if "backend" in inspect.signature(ls.attention).parameters else {"path": "reference"}
+TOL = 1e-4          # fp32 kernels against the float64 reference (observed ≤ 1e-5)
+
+
+def _inputs(B=1, H=2, Hkv=None, Nq=77, Nk=77, D=16, dtype=torch.float32, q_scale=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Hkv = H if Hkv is None else Hkv
+    q = torch.randn(B, H, Nq, D, generator=g)
+    k = torch.randn(B, Hkv, Nk, D, generator=g)
+    v = torch.randn(B, Hkv, Nk, D, generator=g)
+    leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    if q_scale:
+        leaves.append((torch.rand(B, H, Nq, 1, generator=g) + 0.5).requires_grad_())
+    up = torch.randn(B, H, Nq, D, generator=g)
+    return leaves, up
+
+
+def _lengths_mask(key_lengths, Nk):
+    if key_lengths is None:
+        return None
+    return (torch.arange(Nk)[None, :] < key_lengths[:, None]).view(-1, 1, 1, Nk)
+
+
+def _compare(leaves, up, *, alpha, is_causal, slopes=None, key_lengths=None, decode=False, tol=TOL,
+             ref_dtype=torch.float64):
+    """Kernel vs reference: output and gradients of <out, up> w.r.t. every leaf; returns the kernel output."""
+    q, k, v = leaves[:3]
+    q_scale = leaves[3] if len(leaves) > 3 else None
+    out = te.entmax_attention_triton(q, k, v, alpha=alpha, is_causal=is_causal, alibi_slopes=slopes,
+                                     q_scale=q_scale, key_lengths=key_lengths, decode=decode)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    grads = torch.autograd.grad((out.float() * up).sum(), leaves)
+    ref_leaves = [t.detach().to(ref_dtype).requires_grad_() for t in leaves]
+    rq, rk, rv = ref_leaves[:3]
+    ref = ls.attention(rq, rk, rv, mapping="entmax",
+                       alpha=alpha.to(ref_dtype) if isinstance(alpha, torch.Tensor) else alpha,
+                       is_causal=is_causal, alibi_slopes=None if slopes is None else slopes.to(ref_dtype),
+                       q_scale=ref_leaves[3].squeeze(-1) if q_scale is not None else None,
+                       attn_mask=_lengths_mask(key_lengths, k.shape[2]), **REF)
+    ref_grads = torch.autograd.grad((ref * up.to(ref_dtype)).sum(), ref_leaves)
+    torch.testing.assert_close(out.to(ref_dtype), ref, atol=tol, rtol=tol)
+    for name, a, b in zip(["q", "k", "v", "q_scale"], grads, ref_grads):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a.to(ref_dtype), b, atol=tol, rtol=tol, msg=lambda m, n=name: f"d{n}: {m}")
+    return out
+
+
+NAPE2 = torch.tensor([0.5, 0.0])            # NAPE on two heads: one ALiBi head, one NoPE head
+NAPE4 = torch.tensor([1.0, 0.5, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0])
+@pytest.mark.parametrize("is_causal", [True, False])
+@pytest.mark.parametrize("nape_and_q_scale", [False, True], ids=["plain", "nape+qscale"])
+def test_matches_reference(alpha, is_causal, nape_and_q_scale):
+    """N = 77 (no power of two), three query blocks × three key tiles, fp32, values and gradients."""
+    leaves, up = _inputs(q_scale=nape_and_q_scale)
+    _compare(leaves, up, alpha=alpha, is_causal=is_causal, slopes=NAPE2 if nape_and_q_scale else None)
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_gqa_key_lengths_and_fully_masked_rows(is_causal):
+    """H = 4 query heads on 2 kv heads; batch 0 padded to 50 keys, batch 1 has no keys: its rows are zero
+    (and so are their gradients), never NaN."""
+    leaves, up = _inputs(B=2, H=4, Hkv=2)
+    lengths = torch.tensor([50, 0])
+    out = _compare(leaves, up, alpha=1.5, is_causal=is_causal, slopes=NAPE4, key_lengths=lengths)
+    assert out[1].abs().max() == 0
+
+
+@pytest.mark.parametrize("Nq", [1, 5])
+@pytest.mark.parametrize("decode", [False, True], ids=["block", "decode"])
+def test_decoding_offsets(Nq, decode):
+    """Nq < Nk: queries at the last Nq positions (bottom-right causal), through the block kernel and the
+    split-K decode path (several splits of the 77 keys), gradients included."""
+    leaves, up = _inputs(Nq=Nq, Nk=77, q_scale=True)
+    _compare(leaves, up, alpha=1.5, is_causal=True, slopes=NAPE2, decode=decode)
+
+
+def test_decode_path_gqa_lengths_per_head_alpha():
+    """The decode path with 4 query heads per kv head in one program, padding, per-head α, non-causal."""
+    leaves, up = _inputs(B=2, H=4, Hkv=1, Nq=3, Nk=77, seed=1)
+    _compare(leaves, up, alpha=torch.tensor([1.25, 1.5, 1.75, 2.0]), is_causal=False, slopes=NAPE4,
+             key_lengths=torch.tensor([77, 31]), decode=True)
+
+
+def test_per_head_alpha():
+    leaves, up = _inputs(H=4, Hkv=2, seed=2)
+    _compare(leaves, up, alpha=torch.tensor([1.25, 1.5, 1.75, 2.0]), is_causal=True, slopes=NAPE4)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0])
+def test_exact_finish_sums_to_one_before_renormalising(alpha):
+    """α = 1.5 and 2 finish τ in closed form on the certified support: Σp = 1 up to fp32 summation
+    round-off before the output pass divides by it (general α stop at a Newton step below 1e-6)."""
+    leaves, _ = _inputs(H=2, seed=3)
+    q, k, v = (t.detach() * 2 for t in leaves[:3])          # sharper rows: small supports
+    out, stats, _ = te.threshold_stats(q, k, v, alpha=alpha, is_causal=True, decode=False)
+    assert (stats[2] - 1).abs().max() < 1e-6
+    ref = ls.attention(q.double(), k.double(), v.double(), mapping="entmax", alpha=alpha, is_causal=True,
+                       **REF)
+    assert (out.double() - ref).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs(dtype):
+    """16-bit inputs, fp32 accumulation: compared with the float32 reference on the same rounded inputs."""
+    leaves, up = _inputs(H=2, Nq=40, Nk=40, dtype=dtype, seed=4)
+    tol = 2e-2 if dtype == torch.float16 else 6e-2
+    _compare(leaves, up, alpha=1.5, is_causal=True, slopes=NAPE2, tol=tol, ref_dtype=torch.float32)
+
+
+def test_dead_tiles_are_skipped_and_exact(monkeypatch):
+    """16×16 tiles and steep ALiBi: most key tiles die (no p > 0). The tile mask marks exactly the tiles
+    holding some support, and outputs/gradients computed while skipping the others still match."""
+    monkeypatch.setattr(te, "INTERPRETER_BLOCK", 16)
+    leaves, up = _inputs(H=2, seed=5)
+    slopes = torch.tensor([2.0, 1.0])
+    _compare(leaves, up, alpha=1.5, is_causal=True, slopes=slopes)
+    q, k, v = (t.detach() for t in leaves[:3])
+    _, _, mask = te.threshold_stats(q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes, decode=False)
+    z = dense_logits(q.double(), k.double(), scale=0.25, alibi_slopes=slopes.double(), is_causal=True)
+    p = ls.entmax(z, 1.5)
+    n_qb = mask.shape[-2]
+    n_live = n_visited = 0
+    for a in range(n_qb):
+        for b in range(a + 1):          # causal with Nq = Nk: tiles above the diagonal are never visited
+            live = (p[..., a * 16:(a + 1) * 16, b * 16:(b + 1) * 16] > 0).flatten(-2).any(-1)
+            assert torch.equal(mask[..., a, b].bool(), live), (a, b)
+            n_live += int(live.sum())
+            n_visited += live.numel()
+    assert n_live < n_visited / 2
+
+
+def test_supports_names_what_it_refuses(monkeypatch):
+    q, k, v = (t.detach() for t in _inputs(Nq=8, Nk=8)[0])
+    assert te.supports(q, k, v, alpha=1.5, is_causal=True) is None
+    assert te.supports(q, k, v, mapping="sparsemax") is None
+    assert te.supports(q, k, v, alpha=torch.tensor([1.5, 2.0])) is None
+    refusals = {
+        "dtype": te.supports(q.double(), k.double(), v.double()),
+        "head dim": te.supports(q[..., :8], k[..., :8], v[..., :8]),
+        "(1, 2]": te.supports(q, k, v, alpha=2.5),
+        "requires grad": te.supports(q, k, v, alpha=torch.tensor(1.5, requires_grad=True)),
+        "attn_mask": te.supports(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool)),
+        "alibi_slopes requires grad": te.supports(q, k, v, alibi_slopes=torch.ones(2, requires_grad=True)),
+        "more queries": te.supports(q, k[:, :, :4], v[:, :, :4]),
+        "not α-entmax": te.supports(q, k, v, mapping="softmax"),
+        "multiple": te.supports(torch.randn(1, 3, 8, 16), k, v),
+        "key_lengths": te.supports(q, k, v, key_lengths=torch.tensor([1.0])),
+        "unsupported argument": te.supports(q, k, v, window=4),
+        "alpha tensor of shape": te.supports(q, k, v, alpha=torch.tensor([1.5, 1.5, 1.5])),
+    }
+    for needle, reason in refusals.items():
+        assert reason is not None and needle in reason, (needle, reason)
+    monkeypatch.setattr(te, "_interpreter_mode", lambda: False)
+    assert "CUDA" in te.supports(q, k, v)
+    with pytest.raises(ValueError, match="CUDA"):
+        te.entmax_attention_triton(q, k, v)
+
+
+def test_torch_compile_traces_the_custom_op():
+    """fullgraph tracing through the custom op (fake implementation + registered autograd)."""
+    leaves, up = _inputs(H=2, Nq=20, Nk=20, q_scale=True, seed=6)
+
+    def f(q, k, v, s):
+        return te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True, alibi_slopes=NAPE2, q_scale=s)
+
+    eager = f(*leaves)
+    eager_grads = torch.autograd.grad((eager * up).sum(), leaves)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    out = compiled(*leaves)
+    grads = torch.autograd.grad((out * up).sum(), leaves)
+    torch.testing.assert_close(out, eager)
+    for a, b in zip(grads, eager_grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_custom_op_registration_opcheck():
+    q, k, v = _inputs(H=1, Nq=6, Nk=6, seed=7)[0]
+    args = (q, k, v, 1.5, None,
+            torch.tensor([0.5]), torch.tensor([5], dtype=torch.int32), 0.25, True, False)
+    torch.library.opcheck(te._attention_op, args,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_gpu_check_script_dry_run(tmp_path):
+    """benchmarks/gpu_check.py runs end to end on CPU: the interpreter, tiny shapes, three checks (the
+    kernel tests above cover the rest) through its worker pool, and its timing code once (times unused)."""
+    out = tmp_path / "gpu_check.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cases = ["alpha1.25_causal", "gqa_lengths_masked_rows", "decode_Nq5_decode_path"]
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run",
+                           "--out", str(out), "--workers", "1", "--cases", *cases],
+                          check=False, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    checks = data["checks"]
+    assert len(checks) == len(cases) and all(c["ok"] for c in checks), [c for c in checks if not c["ok"]]
+    assert data["tile_skip"]["nape"]["visited_tiles"] > 0 and data["dry_run"] is True
+    # the timing code ran once at tiny sizes: every method gave a time, none an error
+    rows = data["timings"] + data["decode"]
+    assert {r["method"] for r in data["decode"]} == {"sdpa", "triton_entmax15_decode", "triton_entmax15_alibi_decode"}
+    assert {(r["direction"], r["method"]) for r in data["timings"]} >= {
+        (d, m) for d in ("fwd", "fwd+bwd") for m in ("sdpa_flash", "triton_entmax15", "triton_entmax15_alibi",
+                                                      "ls_chunked_entmax15")}
+    assert all("error" not in r and r["median_s"] > 0 for r in rows), rows
+
+
+_COMPILE_SCRIPT = textwrap.dedent("""
+    import inspect, json, os, re, subprocess, sys, tempfile
+    import torch, triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from longsparse.attention import triton_entmax as te
+    te._kernels()
+    assert te._BUILT is False
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas-blackwell")
+    POINTERS = {"Stats": "*fp32", "TileMask": "*i8", "Alpha": "*fp32", "Slopes": "*fp32", "Lens": "*i32",
+                "Delta": "*fp32", "Z": "*fp32", "Mpart": "*fp32", "Opart": "*fp32", "Lpart": "*fp32"}
+    FLOATS = ("scale",)
+    results = []
+    for D, dtype_name, mode in json.loads(sys.argv[1]):
+        dtype = getattr(torch, dtype_name)
+        tdt = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}[dtype_name]
+        cfg = te._config(D, dtype, "cuda")
+        blk = dict(D=D, BM=cfg["BM"], BN=cfg["BN"], MODE=mode, DOT_PREC=cfg["prec"])
+        dec = dict(D=D, BM=16, BN=cfg["dec_BN"], DOT_PREC=cfg["prec"])
+        plan = [("_fwd_kernel", dict(blk, MAX_ITER=24, TOL=1e-6), cfg["fwd"]),
+                ("_bwd_prep_kernel", dict(blk, USE_MASK=True), cfg["prep"]),
+                ("_bwd_dkdv_kernel", dict(blk, USE_MASK=True), cfg["dkdv"]),
+                ("_bwd_dq_kernel", dict(blk, USE_MASK=False), cfg["dq"]),
+                ("_dec_scores_kernel", dec, cfg["dec"]),
+                ("_dec_solve_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode, MAX_ITER=24, TOL=1e-6),
+                 cfg["dec"]),
+                ("_dec_out_kernel", dict(dec, MODE=mode), cfg["dec"])]
+        for name, consts, warps in plan:
+            fn = getattr(te, name)
+            sig = {}
+            for p in inspect.signature(fn.fn).parameters:
+                sig[p] = ("constexpr" if p in consts else POINTERS.get(p) or
+                          (tdt if p in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else
+                           "fp32" if p in FLOATS else "i32"))
+            ck = triton.compile(ASTSource(fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": warps})
+            with tempfile.TemporaryDirectory() as d:
+                f = os.path.join(d, "k.ptx")
+                open(f, "w").write(ck.asm["ptx"])
+                r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f, "-o", os.path.join(d, "k.cubin")],
+                                   capture_output=True, text=True)
+            spills = [int(x) for x in re.findall(r"(\\d+) bytes spill stores", r.stdout + r.stderr)]
+            results.append(dict(kernel=name, D=D, dtype=dtype_name, mode=mode, ptxas_rc=r.returncode,
+                                shared=ck.metadata.shared, spill_bytes=max(spills, default=0)))
+    print(json.dumps(results))
+""")
+
+
+def _compile_for_sm90(variants):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(variants)], check=False,
+                          capture_output=True, text=True, env=env, timeout=900)
+    if proc.returncode != 0 and "ptxas" in proc.stderr and "No such file" in proc.stderr:
+        pytest.skip("Triton's bundled ptxas is not available")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _check_compiled(results):
+    for r in results:
+        assert r["ptxas_rc"] == 0, r
+        assert r["shared"] <= 227 * 1024, r            # H100: 227 KiB of shared memory per block
+        limit = 4096 if r["dtype"] == "float32" else 512   # 16-bit: at most a few spilled registers
+        assert r["spill_bytes"] <= limit, r
+
+
+def test_kernels_compile_for_h100():
+    """Every kernel through Triton's full compiler (TTIR → PTX → ptxas cubin) for sm_90 with the launch
+    configuration used on CUDA: the interpreter never checks types, layouts, shared memory or spills."""
+    _check_compiled(_compile_for_sm90([[64, "bfloat16", 1]]))
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_h100_all_variants():
+    """Every head dim and dtype (α = 1.5), and the general and sparsemax variants at D = 64 and 128."""
+    variants = [[d, dt, 1] for d in (16, 32, 64, 128) for dt in ("bfloat16", "float16", "float32")]
+    variants += [[d, dt, mode] for d in (64, 128) for dt in ("bfloat16", "float32") for mode in (0, 2)]
+    _check_compiled(_compile_for_sm90(variants))
