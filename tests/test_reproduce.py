@@ -277,3 +277,27 @@ def test_preregistered_study_is_the_headline_recipe():
             a, b = cell_config(s, c), cell_config(head, ref)
             a["train"]["seed"] = b["train"]["seed"]
             assert a == b
+
+
+def test_archived_cells_keep_their_identity():
+    """Every archived cell's recorded config hash is still the hash its study file gives: a new config setting
+    that changes no result (such as the attention backend) must not turn the archive stale."""
+    import json as _json
+
+    from longsparse.reproduce import cell_config, cell_hash
+    from longsparse.train.config import config_hash
+
+    archive = _json.loads((Path(__file__).parents[1] / "docs" / "results" / "results.json").read_text())
+    stale = []
+    for study in load_study("synthetic")["studies"]:
+        runs = archive["studies"].get(study["name"], {}).get("runs", {})
+        for c in cells(study):
+            recorded = (runs.get(c["run"]) or {}).get("config_hash")
+            if recorded is not None and recorded != cell_hash(cell_config(study, c)):
+                stale.append(c["run"])
+    assert not stale
+    cfg = build_config("copy", preset="cpu", method="softmax", positions="nape", seed=0)
+    other = _json.loads(_json.dumps(cfg))
+    other["model"]["attn_backend"] = "reference"
+    del cfg["model"]["attn_backend"]
+    assert config_hash(cfg) == config_hash(other)

@@ -378,8 +378,24 @@ def _check_train(tr: dict, task) -> None:
             raise ConfigError(f"impossible length: {e}") from None
 
 
+# Settings that choose how a run is computed, not what it computes (every attention backend is tested equal to the
+# reference): they are not part of a run's identity, so a run resumes, and an archived result stays valid, under
+# another choice, and configs written before such a setting existed keep their identity.
+NOT_IDENTITY = (("model", "attn_backend"),)
+
+
+def run_identity(cfg: Mapping) -> dict:
+    """``cfg`` as plain JSON data without the ``NOT_IDENTITY`` settings: what two runs must share to be one run."""
+    out = json.loads(json.dumps(cfg, sort_keys=True))
+    for section, key in NOT_IDENTITY:
+        if isinstance(out.get(section), dict):
+            out[section].pop(key, None)
+    return out
+
+
 def config_hash(cfg: Mapping) -> str:
-    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+    """The short hash of a run's identity (``run_identity``) that checkpoints and archives record."""
+    return hashlib.sha256(json.dumps(run_identity(cfg), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def config_diff(a: Mapping, b: Mapping, prefix: str = "") -> list[str]:

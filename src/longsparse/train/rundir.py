@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Mapping
 
 from longsparse.io import atomic_write_text, is_temp_name, remove_stale_temps
-from longsparse.train.config import ConfigError, config_diff, resolve
+from longsparse.train.config import ConfigError, config_diff, resolve, run_identity
 
 CHECKPOINTS = ("best", "last")
 LOCK_NAME = ".lock"      # flock'ed while a process trains into the folder (run_lock)
@@ -85,7 +85,7 @@ def checkpoint_path(run: str | os.PathLike, which: str = "last") -> Path:
 
 
 def normalise(cfg: Mapping) -> dict:
-    return json.loads(json.dumps(cfg, sort_keys=True))
+    return run_identity(cfg)
 
 
 def check_run_dir(out: str | os.PathLike, cfg: Mapping) -> str:
