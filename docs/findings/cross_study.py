@@ -168,7 +168,8 @@ def max_retrieval_1024x():
 HSA_RUNS = {"hsa": "fl_full", "hsa.meanlm": "fl_mean", "hsa.encmeanlm": "fl_encmean", "hsa.standard": "fl_standard",
             "hsa.top16": "fl_dense16", "hsa.sb2warm": "fl_sb2warm", "hsa.entmax": "fl_entmax",
             "hsa.entmax_ls": "fl_entmax_ls", "swa_only": "fl_swa", "dec.softmax_rope": "dec_softmax",
-            "dec.asentmax_nape": "dec_asentmax", "dec4.softmax_rope": "dec4_softmax",
+            "dec.asentmax_nape": "dec_asentmax", "dec.softmax_nape": "dec_softmax_nape",
+            "dec4.softmax_rope": "dec4_softmax",
             "dec4.asentmax_nape": "dec4_asentmax"}
 
 
@@ -183,14 +184,16 @@ def hsa():
         named[label] = by_len
     pairs = [("hsa", "dec.softmax_rope"), ("hsa", "swa_only"), ("hsa", "hsa.meanlm"), ("hsa", "hsa.encmeanlm"),
              ("hsa", "hsa.standard"), ("hsa", "hsa.top16"), ("hsa.sb2warm", "hsa"), ("hsa.entmax", "hsa"),
-             ("dec.asentmax_nape", "dec.softmax_rope"), ("dec4.asentmax_nape", "dec4.softmax_rope"),
+             ("dec.asentmax_nape", "dec.softmax_rope"), ("dec.asentmax_nape", "dec.softmax_nape"),
+             ("dec.softmax_nape", "dec.softmax_rope"), ("dec4.asentmax_nape", "dec4.softmax_rope"),
              ("hsa", "dec.asentmax_nape")]
     res = run("hsa_passkey", named, pairs, endpoint=16384, lengths=[1024, 4096, 16384, 262144], id_length=256,
               train_length=256,
                note="HSA passkey study (docs/hsa.md section 4; eval JSONs docs/hsa/raw/), last checkpoint, trained on "
                     "64–256 tokens (× = length / 256). hsa = fl_full (top-4 softmax over CLS landmarks, bypass); "
                     "dec.* = full-attention decoders on the same data (softmax with RoPE, ASEntmax with NAPE: the "
-                    "mapping and the positions differ, so dec.asentmax_nape − dec.softmax_rope is confounded).")
+                    "mapping and the positions differ, so dec.asentmax_nape − dec.softmax_rope is confounded; softmax with NAPE, "
+                    "dec.softmax_nape, separates the two).")
     lengths = ["256", "16384", "65536", "262144"]      # absolute numbers per run (not differences)
     lines = ["", "Per run, exact match % (n examples), by training seed:", "",
              "| run | " + " | ".join(f"{int(L):,}" for L in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
