@@ -1,6 +1,6 @@
 """The `longsparse` command line.
 
-    longsparse demo [--out runs/demo] [--quick]          softmax vs ASEntmax (NAPE): train, evaluate 1x-16x+, table + plot
+    longsparse demo [--out runs/demo] [--quick]          softmax+RoPE, ASEntmax+NAPE, softmax+NAPE: 1x-16x, verdicts
     longsparse train --task copy --method asentmax --positions nape --preset cpu --out runs/NAME
                      [--seed S] [--steps N] [--set train.lr=3e-4 ...] [--config FILE.toml]
     longsparse eval RUN --lengths 64,128,256 [--samples N] [--checkpoint best|last]
@@ -108,9 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="the main job: softmax vs ASEntmax length generalisation in ~10 CPU minutes")
+    d = sub.add_parser("demo", help="the main job: standard (softmax+RoPE) vs papers' (ASEntmax+NAPE) recipe, "
+                                         "with softmax+NAPE to attribute the difference; ~2 CPU minutes")
     d.add_argument("--out", default="runs/demo", help="output folder (runs, table, plot, JSON)")
-    d.add_argument("--quick", action="store_true", help="a ~1-minute smoke version (too short to show the effect)")
+    d.add_argument("--quick", action="store_true", help="a seconds-long smoke version (too short to show the effect)")
     d.add_argument("--samples", type=int, default=None, help="test examples per length")
     d.add_argument("--seed", type=int, default=0, help="training seed (results go to OUT/seed<S> for S != 0)")
     d.set_defaults(func=_demo)
