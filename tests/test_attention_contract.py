@@ -1,6 +1,7 @@
-"""The input contract of `ls.attention` and the mappings, the same on every path (reference, chunked with and
-without the fused CPU kernel, the SDPA route of "auto"): α = 1 is softmax, masks are bool or float, non-finite
-inputs and non-float tensors are refused, scale = 0 gives uniform rows."""
+"""The input contract of `ls.attention` and the mappings, the same on every backend that runs on CPU tensors
+(reference, chunked, fused_cpu, sdpa; triton's CPU interpreter is too slow here: tests/test_backends.py) and on
+"auto": α = 1 is softmax, masks are bool or float, non-finite inputs and non-float tensors are refused,
+scale = 0 gives uniform rows."""
 import math
 
 import pytest
@@ -8,10 +9,21 @@ import torch
 
 import longsparse as ls
 from conftest import solver_path
+from longsparse.attention import BACKENDS
+from longsparse.attention.call import make_call
 from longsparse.nn.mha import EntmaxMultiheadAttention
 
 B, H, D = 2, 4, 8
-PATHS = ["reference", "chunked", "auto"]
+CHOICES = [name for name in BACKENDS if name not in ("triton", "adasplash")] + ["auto"]
+
+
+def _attention(q, k, v, backend="auto", **kw):
+    """ls.attention with a named backend; skips where that backend does not take the call."""
+    if backend != "auto":
+        reason = BACKENDS[backend].supports(make_call(q, k, v, **kw))
+        if reason is not None:
+            pytest.skip(f"{backend}: {reason}")
+    return ls.attention(q, k, v, backend=backend, **kw)
 
 
 def _qkv(nq, nk, seed=0, dtype=torch.float32):
@@ -25,8 +37,8 @@ def _out_and_grads(q, k, v, grad, **kw):
     leaves = [t.detach().clone().requires_grad_(grad) for t in (q, k, v)]
     if not grad:
         with torch.no_grad():
-            return [ls.attention(*leaves, **kw)]
-    out = ls.attention(*leaves, **kw)
+            return [_attention(*leaves, **kw)]
+    out = _attention(*leaves, **kw)
     up = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
     (out * up).sum().backward()
     return [out] + [t.grad for t in leaves]
@@ -42,31 +54,31 @@ ALPHA_ONE_CASES = {
 }
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("backend", CHOICES)
 @pytest.mark.parametrize("grad", [False, True])
-@pytest.mark.parametrize("n", [37, 70])          # > 64 keys: "auto" takes the chunked path with gradients too
+@pytest.mark.parametrize("n", [37, 70])          # > 64 keys: "auto" takes a chunked backend with gradients too
 @pytest.mark.parametrize("case", sorted(ALPHA_ONE_CASES))
-def test_alpha_one_equals_softmax(path, grad, n, case):
+def test_alpha_one_equals_softmax(backend, grad, n, case):
     q, k, v = _qkv(n, n)
     kw = dict(ALPHA_ONE_CASES[case])
     if "attn_mask" in kw:
         kw["attn_mask"] = kw["attn_mask"][..., :n, :n]
-    want = _out_and_grads(q, k, v, grad, mapping="softmax", path="reference", **kw)
+    want = _out_and_grads(q, k, v, grad, mapping="softmax", backend="reference", **kw)
     for alpha in (1.0, 1, torch.tensor(1.0)):
-        got = _out_and_grads(q, k, v, grad, mapping="entmax", alpha=alpha, path=path, **kw)
+        got = _out_and_grads(q, k, v, grad, mapping="entmax", alpha=alpha, backend=backend, **kw)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("backend", CHOICES)
 @pytest.mark.parametrize("grad", [False, True])
-def test_per_head_alpha_with_ones_is_softmax_on_those_heads(path, grad):
+def test_per_head_alpha_with_ones_is_softmax_on_those_heads(backend, grad):
     q, k, v = _qkv(70, 70)
     alpha = torch.tensor([1.0, 1.5, 1.0, 1.3])
-    got = _out_and_grads(q, k, v, grad, mapping="entmax", alpha=alpha, path=path)
-    soft = _out_and_grads(q, k, v, grad, mapping="softmax", path="reference")
+    got = _out_and_grads(q, k, v, grad, mapping="entmax", alpha=alpha, backend=backend)
+    soft = _out_and_grads(q, k, v, grad, mapping="softmax", backend="reference")
     for h, a in enumerate(alpha.tolist()):
-        want = soft if a == 1 else _out_and_grads(q, k, v, grad, mapping="entmax", alpha=a, path="reference")
+        want = soft if a == 1 else _out_and_grads(q, k, v, grad, mapping="entmax", alpha=a, backend="reference")
         for x, y in zip(got, want):
             torch.testing.assert_close(x[:, h], y[:, h], atol=1e-5, rtol=1e-5)
 
@@ -128,14 +140,14 @@ def test_mha_alpha_one_equals_softmax():
 
 # ----------------------------------------------------------------------------- masks: bool or float only
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("backend", CHOICES)
 @pytest.mark.parametrize("mapping", ["softmax", "entmax"])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.int32])
-def test_integer_masks_are_refused(path, mapping, dtype):
+def test_integer_masks_are_refused(backend, mapping, dtype):
     q, k, v = _qkv(9, 9)
     mask = (torch.rand(B, 1, 9, 9) > 0.3).to(dtype)
     with pytest.raises(ValueError, match=f"attn_mask.*{str(dtype).split('.')[-1]}"):
-        ls.attention(q, k, v, mapping=mapping, attn_mask=mask, path=path)
+        ls.attention(q, k, v, mapping=mapping, attn_mask=mask, backend=backend)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.uint8])
@@ -150,37 +162,37 @@ def test_mha_integer_masks_are_refused(dtype):
 
 # ----------------------------------------------------------------------------- non-finite inputs are refused
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("backend", CHOICES)
 @pytest.mark.parametrize("mapping", ["softmax", "entmax", "topk"])
 @pytest.mark.parametrize("where", ["q", "k", "v", "q_scale", "alibi_slopes", "attn_mask"])
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 @pytest.mark.parametrize("causal", [True, False])
-def test_non_finite_inputs_are_refused(path, mapping, where, value, causal):
+def test_non_finite_inputs_are_refused(backend, mapping, where, value, causal):
     q, k, v = _qkv(9, 9)
     kw = dict(q_scale=torch.ones(B, H, 9), alibi_slopes=torch.full((H,), 0.5), attn_mask=torch.zeros(1, H, 9, 9))
     t = dict(q=q, k=k, v=v, **kw)[where]
     t.view(-1)[-3] = value
     with pytest.raises(ValueError, match=f"{where} contains"):
-        ls.attention(q, k, v, mapping=mapping, path=path, is_causal=causal, **kw)
+        ls.attention(q, k, v, mapping=mapping, backend=backend, is_causal=causal, **kw)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("backend", CHOICES)
 @pytest.mark.parametrize("mapping", ["softmax", "entmax"])
 @pytest.mark.parametrize("scale", [math.nan, math.inf, -math.inf])
-def test_non_finite_scale_is_refused(path, mapping, scale):
+def test_non_finite_scale_is_refused(backend, mapping, scale):
     q, k, v = _qkv(9, 9)
     with pytest.raises(ValueError, match="scale"):
-        ls.attention(q, k, v, mapping=mapping, path=path, scale=scale)
+        ls.attention(q, k, v, mapping=mapping, backend=backend, scale=scale)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("backend", CHOICES)
 @pytest.mark.parametrize("mapping", ["softmax", "entmax", "sparsemax", "topk", "adatemp"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("nq", [9, 3])
-def test_zero_scale_gives_uniform_rows(path, mapping, causal, nq):
+def test_zero_scale_gives_uniform_rows(backend, mapping, causal, nq):
     """scale = 0 makes every logit 0: each query averages v over the keys it may see."""
     q, k, v = _qkv(nq, 9)
-    out = ls.attention(q, k, v, mapping=mapping, path=path, is_causal=causal, scale=0.0)
+    out = _attention(q, k, v, mapping=mapping, backend=backend, is_causal=causal, scale=0.0)
     seen = torch.arange(9 - nq, 9) + 1 if causal else torch.full((nq,), 9)
     want = torch.stack([v[:, :, :s].mean(2) for s in seen.tolist()], 2)
     torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-5)
@@ -189,33 +201,34 @@ def test_zero_scale_gives_uniform_rows(path, mapping, causal, nq):
 @pytest.mark.parametrize("mapping", ["softmax", "entmax"])
 def test_negative_scale_equals_the_reference(mapping):
     q, k, v = _qkv(9, 9)
-    want = ls.attention(q, k, v, mapping=mapping, path="reference", scale=-0.3)
-    for path in ("chunked", "auto"):
-        torch.testing.assert_close(ls.attention(q, k, v, mapping=mapping, path=path, scale=-0.3), want)
+    want = ls.attention(q, k, v, mapping=mapping, backend="reference", scale=-0.3)
+    for backend in CHOICES:
+        if backend == "auto" or BACKENDS[backend].supports(make_call(q, k, v, mapping=mapping, scale=-0.3)) is None:
+            torch.testing.assert_close(ls.attention(q, k, v, mapping=mapping, backend=backend, scale=-0.3), want)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("backend", CHOICES)
 @pytest.mark.parametrize("bad", [math.inf, math.nan])
-def test_non_finite_tensor_alpha_is_refused(path, bad):
+def test_non_finite_tensor_alpha_is_refused(backend, bad):
     q, k, v = _qkv(9, 9)
     alpha = torch.tensor([1.5, bad, 1.5, 1.5])
     with pytest.raises(ValueError, match="alpha"):
-        ls.attention(q, k, v, alpha=alpha, path=path)
+        ls.attention(q, k, v, alpha=alpha, backend=backend)
     with pytest.raises(ValueError, match="alpha"):
         ls.entmax(torch.randn(2, H, 3, 5), alpha)
     with pytest.raises(ValueError, match="alpha"):
-        ls.attention(q, k, v, alpha=bad, path=path)
+        ls.attention(q, k, v, alpha=bad, backend=backend)
 
 
 # ----------------------------------------------------------------------------- floating-point tensors only
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("backend", CHOICES)
 @pytest.mark.parametrize("mapping", ["softmax", "entmax"])
 @pytest.mark.parametrize("which", ["q", "k", "v", "all"])
-def test_non_float_inputs_are_refused(path, mapping, which):
+def test_non_float_inputs_are_refused(backend, mapping, which):
     q, k, v = _qkv(9, 9)
     t = dict(q=q, k=k, v=v)
     for name in (("q", "k", "v") if which == "all" else (which,)):
         t[name] = (t[name] * 10).long()
     with pytest.raises(TypeError, match="floating-point.*int64"):
-        ls.attention(t["q"], t["k"], t["v"], mapping=mapping, path=path)
+        ls.attention(t["q"], t["k"], t["v"], mapping=mapping, backend=backend)

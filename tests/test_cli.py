@@ -16,7 +16,7 @@ def _run(*args):
 
 @pytest.mark.parametrize("args,needle", [
     (["train", "--task", "bogus", "--out", "x"], "invalid choice: bogus"),
-    (["train", "--task", "copy", "--method", "bogus", "--out", "x"], "choose from softmax, ssmax"),
+    (["train", "--task", "copy", "--method", "bogus", "--out", "x"], "choose from softmax, entmax"),
     (["train", "--task", "copy", "--positions", "bogus", "--out", "x"], "choose from nope, rope, alibi, nape"),
     (["train", "--task", "copy"], "the following arguments are required: --out"),
     (["eval", "runs/x"], "the following arguments are required: --lengths"),

@@ -4,11 +4,14 @@ Without a GPU these tests make the *default* device "meta" while every input liv
 the code creates without ``device=`` then lands on meta, and mixing it with the CPU inputs raises, as a CPU
 tensor mixed with CUDA inputs does on a GPU. The results must equal those computed without the trick.
 """
+import dataclasses
+
 import pytest
 import torch
 
 import longsparse as ls
-from longsparse.attention.chunked import BlockSpec
+from longsparse.attention import BACKENDS
+from longsparse.attention.call import make_call
 from longsparse.nn import METHODS, POSITIONS, ModelConfig
 from longsparse.nn.model import Transformer
 
@@ -26,17 +29,21 @@ def _attention_and_grads(q, k, v, **kw):
 
 @pytest.mark.parametrize("mapping,extra", MAPPINGS)
 @pytest.mark.parametrize("bias", ["none", "alibi", "q_scale"])
-@pytest.mark.parametrize("path", ["auto", "chunked", "reference"])
-def test_attention_makes_nothing_on_the_default_device(mapping, extra, bias, path):
+@pytest.mark.parametrize("backend", ["auto", *(name for name in BACKENDS if name not in ("triton", "adasplash"))])
+def test_attention_makes_nothing_on_the_default_device(mapping, extra, bias, backend):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 80, 16, generator=g) for _ in range(3))
     if bias == "alibi":
         extra = {**extra, "alibi_slopes": torch.tensor([0.5, 0.25, 0.0, 0.0])}
     elif bias == "q_scale":
         extra = {**extra, "q_scale": 0.5 + torch.rand(2, 4, 80, generator=g)}
-    want = _attention_and_grads(q, k, v, mapping=mapping, path=path, **extra)
+    if backend != "auto":
+        reason = BACKENDS[backend].supports(make_call(q, k, v, mapping=mapping, **extra))
+        if reason is not None:
+            pytest.skip(f"{backend}: {reason}")
+    want = _attention_and_grads(q, k, v, mapping=mapping, backend=backend, **extra)
     with torch.device("meta"):   # the default device inside the block
-        got = _attention_and_grads(q, k, v, mapping=mapping, path=path, **extra)
+        got = _attention_and_grads(q, k, v, mapping=mapping, backend=backend, **extra)
     for a, b in zip(got, want):
         assert a.device.type == "cpu"
         torch.testing.assert_close(a, b)
@@ -66,7 +73,8 @@ def test_model_makes_nothing_on_the_default_device(method, positions):
 
 def test_fused_cpu_kernel_is_never_chosen_for_other_devices():
     # the kernel reads raw data pointers: given CUDA tensors it crashed the process (segmentation fault)
-    kw = dict(name="entmax", alpha=1.5, is_causal=True, scale=0.25, alibi_slopes=None, attn_mask=None, topk=32,
-              adatemp_order="original", first_pos=0, block=16, head_block=4, dtype=torch.float32)
-    assert not BlockSpec(**kw, device=torch.device("cuda", 0)).fused
-    assert not BlockSpec(**kw, device=torch.device("meta")).fused
+    q = torch.randn(1, 2, 8, 4)
+    call = make_call(q, q, q)
+    for device_type in ("cuda", "meta"):
+        reason = BACKENDS["fused_cpu"].supports(dataclasses.replace(call, device_type=device_type))
+        assert reason is not None and device_type in reason

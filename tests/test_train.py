@@ -195,7 +195,7 @@ def test_corrupt_checkpoint_gives_clear_error(tmp_path):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(task="nope"), "unknown task 'nope'; known tasks: copy, flip_flop"),
-    (dict(task="copy", method="softmaxx"), "valid methods: softmax, ssmax"),
+    (dict(task="copy", method="softmaxx"), "valid methods: softmax, entmax, sparsemax"),
     (dict(task="copy", positions="xyz"), "valid positions: nope, rope, alibi, nape"),
     (dict(task="copy", preset="huge"), "no preset 'huge' for task 'copy'.*available: cpu, paper"),
     (dict(task="mqmtar", sets=["train.val_lengths=[6]"]), "impossible length: mqmtar: length 6 is too short"),

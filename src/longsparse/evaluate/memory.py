@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 HOST_BYTES_PER_TOKEN = 128
-ATTN_BLOCK_ELEMENTS = 1 << 24     # = longsparse.attention.core._AUTO_CHUNK_ELEMENTS
+ATTN_BLOCK_ELEMENTS = 1 << 24     # = longsparse.attention.chunked._AUTO_CHUNK_ELEMENTS
 ATTN_BUFFERS = 6                  # logits, mapped weights, masks/bias and the mapping's temporaries
 HEADROOM = 0.8
 FLOAT_BYTES = 4

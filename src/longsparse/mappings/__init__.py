@@ -1,4 +1,5 @@
-"""Row-wise probability mappings (pure functions + autograd Functions, no module state)."""
+"""Row-wise probability mappings (pure functions + autograd Functions, no module state) and the registry of
+attention mappings by name (`get_mapping`, `MAPPING_NAMES`)."""
 from longsparse.mappings.compat import Entmax15, EntmaxBisect, Sparsemax, entmax_bisect
 from longsparse.mappings.entmax import (
     LearnedAlpha, bounded_alpha, entmax, entmax15, inverse_bounded_alpha, sparsemax,
@@ -6,6 +7,10 @@ from longsparse.mappings.entmax import (
 from longsparse.mappings.losses import (
     Entmax15Loss, EntmaxBisectLoss, SparsemaxLoss, entmax15_loss, entmax_bisect_loss, sparsemax_loss,
     tsallis_entropy,
+)
+from longsparse.mappings.registry import MAPPING_NAMES, METHODS, SCALED_METHODS, get_mapping, map_scores
+from longsparse.mappings.variants import (
+    ADATEMP_POLY, adaptive_temperature, adaptive_temperature_softmax, topk_softmax,
 )
 
 __all__ = [

@@ -8,8 +8,9 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from longsparse.attention import attention, dense_logits, map_scores
-from longsparse.mappings import LearnedAlpha
+from longsparse.attention import attention, dense_logits
+from longsparse.mappings import LearnedAlpha, get_mapping
+from longsparse.mappings.registry import method_mapping
 from longsparse.nn.config import ModelConfig
 from longsparse.nn.positions import RoPE, position_setup
 from longsparse.nn.scalers import ASEntmaxScaler, SSMaxScaler, StaticASEntmaxScaler
@@ -106,7 +107,8 @@ class Attention(nn.Module):
         return self.learned_alpha() if self.learned_alpha is not None else float(self.cfg.alpha)
 
     def mapping_kwargs(self) -> Dict:
-        return dict(mapping=self.cfg.method, alpha=self.alpha(), topk=self.cfg.topk,
+        """The mapping of the layer's method (ssmax / asentmax: softmax / entmax, their scales arrive as q_scale)."""
+        return dict(mapping=method_mapping(self.cfg.method), alpha=self.alpha(), topk=self.cfg.topk,
                     adatemp_order=self.cfg.adatemp_order)
 
     def probabilities(self, q: Tensor, k: Tensor, q_scale: Optional[Tensor] = None,
@@ -115,7 +117,7 @@ class Attention(nn.Module):
         z = dense_logits(q, k, scale=self.scale, q_scale=q_scale, alibi_slopes=self.alibi_slopes,
                          attn_mask=attn_mask)
         kw = self.mapping_kwargs()
-        return map_scores(z, kw["mapping"], alpha=kw["alpha"], topk=kw["topk"], adatemp_order=kw["adatemp_order"])
+        return get_mapping(kw.pop("mapping"), **kw)(z)
 
     # -- forward ----------------------------------------------------------------------------
     def _heads(self, x: Tensor) -> Tensor:
@@ -144,7 +146,7 @@ class Attention(nn.Module):
         q_scale = self.scaler(hq, pq) if self.scaler is not None else None
         out = attention(q, k, v, is_causal=True, scale=self.scale, alibi_slopes=self.alibi_slopes,
                         q_scale=q_scale, attn_mask=attn_mask, chunk_size=self.cfg.attn_chunk_size,
-                        **self.mapping_kwargs())
+                        backend=self.cfg.attn_backend, **self.mapping_kwargs())
         if self._capture is not None:
             self._capture.record(self, q=q, k=k, q_scale=q_scale, attn_mask=attn_mask)
         return self.o_proj(out.transpose(1, 2).reshape(B, nq, self.n_heads * self.head_dim))

@@ -5,10 +5,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+from longsparse.attention import BACKENDS
+from longsparse.mappings.registry import METHODS
 from longsparse.nn.positions import NAPE_SLOPES, POSITIONS
 from longsparse.nn.scalers import ASENTMAX_INITS
 
-METHODS = ("softmax", "ssmax", "adatemp", "topk", "entmax", "sparsemax", "asentmax")
 ADATEMP_ORDERS = ("original", "reversed")
 ASENTMAX_SCALERS = ("adaptive", "static")
 
@@ -27,6 +28,8 @@ class ModelConfig:
     asentmax_init: "scale_aware" (default; scale ≈ 1.05 at init) or "reference" (N(0, 0.02) weights).
     asentmax_scaler: "adaptive" (ASEntmax) or "static" (δ + β_h log(i+2)^{γ_h} ablation).
     attn_chunk_size: passed to longsparse.attention (None = automatic).
+    attn_backend: the attention backend, "auto" (longsparse.attention's policy) or a name in
+    longsparse.attention.BACKENDS; a named one that cannot take a call raises instead of falling back.
     """
     vocab_size: int
     d_model: int = 256
@@ -51,6 +54,7 @@ class ModelConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     attn_chunk_size: Optional[int] = None
+    attn_backend: str = "auto"
 
     def __post_init__(self):
         if self.head_dim is None and self.n_heads > 0:
@@ -95,6 +99,8 @@ class ModelConfig:
             raise ValueError("norm_eps and init_std must be > 0")
         if self.attn_chunk_size is not None:
             pos_int("attn_chunk_size")
+        if self.attn_backend != "auto" and self.attn_backend not in BACKENDS:
+            raise ValueError(f"unknown attn_backend {self.attn_backend!r}; choose auto or one of {', '.join(BACKENDS)}")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

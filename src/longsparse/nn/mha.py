@@ -12,8 +12,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from longsparse.attention import attention, map_scores
-from longsparse.nn.attention import dense_logits
+from longsparse.attention import attention, dense_logits
+from longsparse.mappings import get_mapping
 
 
 class EntmaxMultiheadAttention(nn.Module):
@@ -97,7 +97,7 @@ class EntmaxMultiheadAttention(nn.Module):
         weights = None
         if need_weights or L > S:
             z = dense_logits(q, k, scale=scale, attn_mask=mask, is_causal=False)
-            p = map_scores(z, self.mapping, alpha=self.alpha, topk=self.topk)
+            p = get_mapping(self.mapping, alpha=self.alpha, topk=self.topk)(z)
             out = torch.matmul(p, v.to(p.dtype)).to(q.dtype)
             if need_weights:
                 weights = (p.mean(1) if average_attn_weights else p).to(q.dtype)

@@ -1,0 +1,191 @@
+"""The named attention backends. Each declares what it takes, ``supports(call) -> None | reason``, and runs a
+call it supports, ``run(call) -> (B, H, Nq, D)``. Every backend is tested equal to `reference` (values and
+gradients) by tests/test_backends.py, over every registered backend: registering one here enrols it.
+
+    reference   all logits at once, autograd differentiates everything (also α, ALiBi slopes, a float mask)
+    chunked     query blocks with a recomputing backward, pure PyTorch: O(block × Nk) memory, any mapping
+    fused_cpu   chunked, with the C++ kernel doing scale, ALiBi, causal mask and α-entmax per block (CPU)
+    sdpa        torch SDPA for softmax-form mappings: softmax; top-k and adaptive temperature after a
+                no-grad pass over the logits (the kept set / θ enter SDPA's mask and q)
+    triton      α-entmax flash attention in Triton (attention/triton_entmax.py): CUDA, or CPU tensors
+                in Triton's interpreter (TRITON_INTERPRET=1) when named
+    adasplash   the adasplash package's α-entmax kernels (CUDA); opt-in, see attention/cuda.py
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from longsparse.attention import cuda
+from longsparse.attention.call import AttentionCall
+from longsparse.attention.chunked import chunked_attention
+from longsparse.attention.logits import additive_bias, dense_logits
+from longsparse.mappings import _kernel
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    summary: str
+    supports: Callable[[AttentionCall], Optional[str]]
+    run: Callable[[AttentionCall], Tensor]
+
+
+BACKENDS: Dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    BACKENDS[backend.name] = backend
+    return backend
+
+
+_NO_BIAS_GRAD = "does not differentiate alpha, alibi_slopes or attn_mask (use backend='reference')"
+
+
+# ----------------------------------------------------------------------------- reference
+
+def _reference_run(call: AttentionCall) -> Tensor:
+    k, v = call.kv_heads_repeated()
+    z = dense_logits(call.q, k, scale=call.scale, q_scale=call.q_scale, alibi_slopes=call.alibi_slopes,
+                     attn_mask=call.attn_mask, is_causal=call.is_causal)
+    p = call.mapping(z)
+    return torch.matmul(p, v.to(p.dtype)).to(call.q.dtype)
+
+
+register(Backend("reference", "materialises all (B, H, Nq, Nk) logits; autograd differentiates every input",
+                 lambda call: None, _reference_run))
+
+
+# ----------------------------------------------------------------------------- chunked, fused_cpu
+
+def _chunked_supports(call: AttentionCall) -> Optional[str]:
+    return _NO_BIAS_GRAD if call.grad_of_bias else None
+
+
+def _fused_supports(call: AttentionCall) -> Optional[str]:
+    if call.device_type != "cpu":
+        return f"tensors on {call.device_type}: the kernel reads CPU memory only"
+    if not _kernel.enabled():
+        return "disabled by LONGSPARSE_KERNEL=0"
+    if call.grad_of_bias:
+        return _NO_BIAS_GRAD
+    alpha = call.mapping.alpha
+    if alpha is None:
+        return f"mapping {call.mapping_name!r} is not α-entmax of the logits (the kernel solves α-entmax rows)"
+    if isinstance(alpha, Tensor) and not (alpha.dim() == 4 and alpha.shape[0] == 1
+                                          and alpha.shape[2] == alpha.shape[3] == 1):
+        return f"α of shape {tuple(alpha.shape)}: the kernel takes one α per head"
+    if call.attn_mask is not None:
+        return "attn_mask: the kernel applies only the causal mask"
+    if _kernel.get() is None:
+        return "not available: the C++ kernel could not be built (see the warning)"
+    return None
+
+
+register(Backend("chunked", "query blocks with a recomputing backward (PyTorch): O(block × Nk) memory",
+                 _chunked_supports, lambda call: chunked_attention(call, fused=False)))
+register(Backend("fused_cpu", "chunked, with the C++ kernel doing scale, ALiBi, causal mask and α-entmax (CPU)",
+                 _fused_supports, lambda call: chunked_attention(call, fused=True)))
+
+
+# ----------------------------------------------------------------------------- sdpa
+
+def _sdpa_supports(call: AttentionCall) -> Optional[str]:
+    if not call.mapping.softmax_form:
+        return f"mapping {call.mapping_name!r} is not a softmax"
+    if call.grad_of_bias:
+        return _NO_BIAS_GRAD
+    return None
+
+
+def _sdpa_run(call: AttentionCall) -> Tensor:
+    """torch SDPA (fused kernels on CPU and CUDA; a fully masked row gives 0). SDPA's own causal flag aligns
+    queries top-left, so decoding (Nq < Nk) and ALiBi need an explicit bias; so does a scale ≤ 0, since the
+    flag's −inf is multiplied by the scale (0 · −inf = NaN). Top-k and adaptive temperature: one pass over the
+    logits without autograd picks the kept set / θ (no gradient through either), which then enter as −inf in
+    the bias / as a factor of q and the bias: one differentiated attention."""
+    q = call.q
+    k, v = call.kv_heads_repeated()
+    B, H, Nq, Nk, _ = call.shape
+    if call.q_scale is not None:
+        q = q * call.q_scale.unsqueeze(-1).to(q.dtype)
+    m = call.mapping
+    simple = call.alibi_slopes is None and call.attn_mask is None
+    if not m.adjusts_logits and simple and (not call.is_causal or (Nq == Nk and call.scale > 0)):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=call.is_causal, scale=call.scale)
+    theta = None
+    with torch.no_grad():
+        bias = additive_bias(B, H, Nq, Nk, dtype=q.dtype, device=q.device, alibi_slopes=call.alibi_slopes,
+                             attn_mask=call.attn_mask, is_causal=call.is_causal)
+        if m.adjusts_logits:
+            z = dense_logits(q, k, scale=call.scale, alibi_slopes=call.alibi_slopes, attn_mask=call.attn_mask,
+                             is_causal=call.is_causal)
+            theta, dropped = m.softmax_adjustment(z)
+            if theta is not None:
+                theta = theta.to(q.dtype)
+                bias = None if bias is None else theta * bias          # θ ≥ 1 keeps −inf at −inf
+            if dropped is not None:
+                drop = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(dropped, float("-inf"))
+                bias = drop if bias is None else bias + drop
+        bias = None if bias is None else bias.expand(B, H, Nq, Nk)
+    if theta is not None:
+        q = q * theta
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=call.scale)
+
+
+register(Backend("sdpa", "torch scaled_dot_product_attention for softmax, top-k and adaptive temperature",
+                 _sdpa_supports, _sdpa_run))
+
+
+# ----------------------------------------------------------------------------- triton
+
+_TRITON: Dict[str, object] = {}
+
+
+def triton_module():
+    """(attention/triton_entmax.py as a module or None, why not), imported on first use."""
+    if "module" not in _TRITON:
+        try:
+            _TRITON["module"], _TRITON["why"] = importlib.import_module("longsparse.attention.triton_entmax"), None
+        except Exception as exc:  # noqa: BLE001 - any import failure means: not available, and why
+            _TRITON["module"], _TRITON["why"] = None, f"not available: {type(exc).__name__}: {exc}"
+    return _TRITON["module"], _TRITON["why"]
+
+
+def _triton_alpha(call: AttentionCall):
+    """α for the kernels: the float of softmax / sparsemax / entmax, or the tensor α as the caller gave it."""
+    return call.alpha if isinstance(call.mapping.alpha, Tensor) else call.mapping.alpha
+
+
+def _triton_supports(call: AttentionCall) -> Optional[str]:
+    mod, why = triton_module()
+    if mod is None:
+        return why
+    if call.mapping.alpha is None:
+        return f"mapping {call.mapping_name!r} is not α-entmax"
+    return mod.supports(call.q, call.k, call.v, mapping=call.mapping_name, alpha=_triton_alpha(call),
+                        is_causal=call.is_causal, scale=call.scale, alibi_slopes=call.alibi_slopes,
+                        q_scale=call.q_scale, attn_mask=call.attn_mask)
+
+
+def _triton_run(call: AttentionCall) -> Tensor:
+    mod, why = triton_module()
+    if mod is None:
+        raise RuntimeError(why)
+    return mod.entmax_attention_triton(call.q, call.k, call.v, alpha=_triton_alpha(call), is_causal=call.is_causal,
+                                       alibi_slopes=call.alibi_slopes, q_scale=call.q_scale, scale=call.scale,
+                                       key_lengths=None)
+
+
+register(Backend("triton", "α-entmax flash attention in Triton (CUDA; CPU under TRITON_INTERPRET=1 when named)",
+                 _triton_supports, _triton_run))
+
+
+# ----------------------------------------------------------------------------- adasplash
+
+register(Backend("adasplash", "the adasplash package's α-entmax kernels (CUDA); opt-in", cuda.supports, cuda.run))

@@ -1,0 +1,172 @@
+"""How ``backend="auto"`` chooses: `select_backend`, the one policy, and the `Choice` it returns (what
+`explain_attention` shows). A named backend is never replaced: if it cannot take the call, `resolve_backend`
+raises with its reason."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
+
+import torch
+
+from longsparse.attention.backends import BACKENDS
+from longsparse.attention.call import AttentionCall
+
+# Largest bias (softmax: per batch row, H·Nq·Nk with ALiBi, else Nq·Nk) or logits tensor (top-k, adaptive
+# temperature: B·H·Nq·Nk) that auto lets the sdpa backend materialise: 64 MiB of fp32.
+SDPA_MAX_ELEMENTS = 1 << 24
+# Short rows that auto differentiates through the materialised logits with autograd (reference) instead of the
+# chunked backends' recomputing backward, which costs a second forward: 0.70-0.95x their time for entmax at
+# 32-64 keys (`longsparse bench short`), training at the synthetic tasks' lengths.
+REFERENCE_MAX_KEYS = 64
+REFERENCE_MAX_ELEMENTS = 1 << 22     # and at most this many logits (a few such buffers are kept)
+
+OPT_IN = {"adasplash": "opt-in (name it): not yet measured equal to the reference on a GPU"}
+
+
+@dataclass
+class Choice:
+    """The backend for one call, why, and why each other backend was passed over."""
+    backend: str
+    why: str
+    passed_over: Dict[str, str] = field(default_factory=dict)
+    call: str = ""
+
+    def as_dict(self) -> dict:
+        return {"backend": self.backend, "why": self.why, "passed_over": dict(self.passed_over), "call": self.call}
+
+    def __str__(self) -> str:
+        width = max(map(len, [self.backend, *self.passed_over]))
+        lines = [f"attention{' ' + self.call if self.call else ''}",
+                 f"  -> {self.backend:<{width}}  {self.why}"]
+        lines += [f"     {name:<{width}}  {reason}" for name, reason in self.passed_over.items()]
+        return "\n".join(lines)
+
+
+def describe(call: AttentionCall) -> str:
+    B, H, Nq, Nk, D = call.shape
+    parts = [call.mapping_name, f"B={B} H={H}" + (f"/{call.k.shape[1]}" if call.k.shape[1] != H else ""),
+             f"Nq={Nq} Nk={Nk} D={D}", str(call.q.dtype).replace("torch.", ""), call.device_type,
+             "causal" if call.is_causal else "non-causal"]
+    parts += [name for name, t in (("alibi", call.alibi_slopes), ("q_scale", call.q_scale), ("mask", call.attn_mask))
+              if t is not None]
+    if call.wants_grad or call.grad_of_bias:
+        parts.append("grad")
+    return "(" + ", ".join(parts) + ")"
+
+
+def _sdpa_gate(call: AttentionCall) -> Optional[str]:
+    """Why auto does not give this call to sdpa although sdpa could take it (None: it does)."""
+    if call.chunk_size is not None:
+        return "chunk_size was given: auto keeps to the chunked backends"
+    B, H, Nq, Nk, _ = call.shape
+    if call.mapping.adjusts_logits:
+        n = B * H * Nq * Nk
+        if n > SDPA_MAX_ELEMENTS:
+            return f"its no-grad pass would materialise {n:,} logits (auto's limit: {SDPA_MAX_ELEMENTS:,})"
+        return None
+    needs_bias = (call.alibi_slopes is not None or call.attn_mask is not None
+                  or (call.is_causal and (Nq != Nk or call.scale <= 0)))
+    n = (H if call.alibi_slopes is not None else 1) * Nq * Nk
+    if needs_bias and n > SDPA_MAX_ELEMENTS:
+        return f"its bias would hold {n:,} elements per batch row (auto's limit: {SDPA_MAX_ELEMENTS:,})"
+    return None
+
+
+def _short_reference_gate(call: AttentionCall) -> Optional[str]:
+    """Why auto does not differentiate this call through the reference's materialised logits (None: it does)."""
+    B, H, Nq, Nk, _ = call.shape
+    if call.chunk_size is not None:
+        return "chunk_size was given: auto keeps to the chunked backends"
+    if not call.wants_grad:
+        return "no gradient is needed (auto takes it for gradients through short rows)"
+    if Nk > REFERENCE_MAX_KEYS or B * H * Nq * Nk > REFERENCE_MAX_ELEMENTS:
+        return (f"rows too long for the dense backward ({Nk} keys, {B * H * Nq * Nk:,} logits; auto's limits: "
+                f"{REFERENCE_MAX_KEYS} keys, {REFERENCE_MAX_ELEMENTS:,} logits)")
+    # under autocast the chunked backends keep their logits in float32; the reference's matmul would not
+    if torch.is_autocast_enabled(call.q.device.type):
+        return "autocast is on (the chunked backends keep float32 logits)"
+    return None
+
+
+def select_backend(call: AttentionCall, *, supports: Optional[Callable[[str], Optional[str]]] = None,
+                   complete: bool = False) -> Choice:
+    """The auto policy. The first rule that applies picks:
+
+    1. CUDA tensors: ``triton`` when it supports the call.
+    2. α, ALiBi slopes or a float mask that needs a gradient: ``reference`` (no other backend gives those).
+    3. A softmax-form mapping (softmax, top-k, adaptive temperature), no chunk_size, and what SDPA must
+       materialise within `SDPA_MAX_ELEMENTS`: ``sdpa``.
+    4. A gradient through short rows (≤ `REFERENCE_MAX_KEYS` keys, ≤ `REFERENCE_MAX_ELEMENTS` logits), no
+       chunk_size, no autocast: ``reference``.
+    5. ``fused_cpu`` when it supports the call, else ``chunked``, else ``reference``.
+    ``adasplash`` is never picked (opt-in).
+
+    supports(name) -> None | reason replaces the backends' own `supports` (tests). complete=True also asks
+    every backend that the policy did not reach for its reason (`explain_attention`); auto itself asks only
+    the ones it reaches."""
+    asked: Dict[str, Optional[str]] = {}
+
+    def refusal(name: str) -> Optional[str]:
+        if name not in asked:
+            asked[name] = supports(name) if supports is not None else BACKENDS[name].supports(call)
+        return asked[name]
+
+    passed: Dict[str, str] = {}
+
+    def consider(name: str, gate: Optional[str]) -> bool:
+        """Whether `name` is picked; else records why not (its own refusal first, then the policy's)."""
+        if gate is not None and not complete:
+            passed.setdefault(name, gate)
+            return False
+        reason = refusal(name) or gate
+        if reason is None:
+            return True
+        passed.setdefault(name, reason)
+        return False
+
+    def pick(name: str, why: str) -> Choice:
+        for other in BACKENDS:
+            if other == name or other in passed:
+                continue
+            reason = refusal(other) if complete else None
+            passed[other] = reason or OPT_IN.get(other) or f"auto picked {name} earlier in its order"
+        passed.pop(name, None)
+        return Choice(name, why, {n: passed[n] for n in BACKENDS if n in passed}, describe(call) if complete else "")
+
+    if consider("triton", None if call.device_type == "cuda" else
+                f"tensors on {call.device_type}: auto uses triton for CUDA tensors only"):
+        return pick("triton", "CUDA tensors, and the Triton kernels take the call")
+    if call.grad_of_bias:
+        return pick("reference", "α, the ALiBi slopes or the mask need a gradient: only the reference gives it")
+    if consider("sdpa", _sdpa_gate(call)):
+        return pick("sdpa", "softmax: torch SDPA" if not call.mapping.adjusts_logits else
+                    f"{call.mapping_name} is a softmax after a per-row choice without gradient: one no-grad pass "
+                    "over the logits, then torch SDPA")
+    short = _short_reference_gate(call)
+    if short is None:
+        return pick("reference", f"a gradient through short rows (≤ {REFERENCE_MAX_KEYS} keys): autograd through "
+                                 "the logits beats the chunked backends' recomputing backward")
+    passed["reference"] = short
+    if consider("fused_cpu", None):
+        return pick("fused_cpu", "the C++ kernel takes the call: chunked blocks, one fused pass each")
+    if consider("chunked", None):
+        return pick("chunked", "query blocks with a recomputing backward: O(block × Nk) memory")
+    passed.pop("reference")
+    return pick("reference", "no faster backend takes the call")
+
+
+def resolve_backend(call: AttentionCall, backend: str) -> str:
+    """The backend that runs the call: the auto policy's choice, or the named one if it supports the call
+    (else ValueError with its reason: a named backend is never replaced)."""
+    if backend == "auto":
+        return select_backend(call).backend
+    check_backend_name(backend)
+    reason = BACKENDS[backend].supports(call)
+    if reason is not None:
+        raise ValueError(f"backend {backend!r} cannot take this call: {reason}")
+    return backend
+
+
+def check_backend_name(backend: str) -> None:
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose auto or one of {', '.join(BACKENDS)}")

@@ -1,0 +1,384 @@
+"""The attention backends: every registered backend equals the reference (values and gradients) over one grid
+of mapping × bias × mask × rows (decoding, causal or not) × GQA; the auto selection policy; explain; named
+backends that refuse; the path= alias; the model's attn_backend field.
+
+A backend registered in longsparse.attention.BACKENDS is enrolled in the grid automatically: where it
+supports a call it must match the reference, where it does not, naming it must raise with its reason.
+Triton runs here in its CPU interpreter (slow: a sample of its cases by default, all with -m slow)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import sys
+import zlib
+
+# Triton's interpreter must be on before triton is first imported (its own library functions are jitted at
+# import): CPU tensors reach the triton backend only through it. Auto never picks triton for CPU tensors.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+import longsparse as ls
+from longsparse.attention import BACKENDS, backends, policy
+from longsparse.attention.call import make_call
+from longsparse.attention.policy import select_backend
+from longsparse.nn import ModelConfig, Transformer
+
+B, H, N, D = 2, 4, 37, 16
+NQ_DECODE = 5
+
+MAPPINGS = {
+    "softmax": dict(mapping="softmax"),
+    "entmax15": dict(mapping="entmax"),
+    "entmax13": dict(mapping="entmax", alpha=1.3),
+    "per_head_alpha": dict(mapping="entmax", alpha=torch.tensor([1.2, 1.5, 2.0, 1.75])),
+    "sparsemax": dict(mapping="sparsemax"),
+    # α > 2: the Jacobian carries p^{2−α}, unbounded as p → 0, so gradients are compared in relative norm
+    "entmax3": dict(mapping="entmax", alpha=3.0),
+    "topk": dict(mapping="topk", topk=5),
+    "adatemp": dict(mapping="adatemp"),
+}
+BIASES = ("none", "alibi", "q_scale")
+MASKS = ("none", "bool", "float")
+ROWS = ("causal", "decode", "non_causal")
+HEADS = ("mha", "gqa")
+
+# triton in the CPU interpreter costs ~1 s per case (more under load): these run by default, all with -m slow
+TRITON_SAMPLE = {("entmax15", "alibi", "none", "decode", "gqa"), ("per_head_alpha", "q_scale", "none", "causal", "mha")}
+TRITON_MAPPINGS = {"entmax15", "entmax13", "per_head_alpha", "sparsemax"}
+
+
+def _case(mapping, bias, mask, rows, heads):
+    """(q, k, v, kwargs) of one grid case; the bool mask leaves query 3 nothing to attend to."""
+    nq = NQ_DECODE if rows == "decode" else N
+    hkv = H // 2 if heads == "gqa" else H
+    g = torch.Generator().manual_seed(zlib.crc32('-'.join((mapping, bias, mask, rows, heads)).encode()))
+    q = torch.randn(B, H, nq, D, generator=g) * 2          # sharp rows: sparse supports, θ > 1 on some rows
+    k, v = (torch.randn(B, hkv, N, D, generator=g) for _ in range(2))
+    kw = dict(MAPPINGS[mapping], is_causal=rows != "non_causal")
+    if bias == "alibi":
+        kw["alibi_slopes"] = torch.tensor([1.0, 0.5, 0.25, 0.0])
+    elif bias == "q_scale":
+        kw["q_scale"] = torch.rand(B, H, nq, generator=g) * 2 + 0.5
+    if mask == "bool":
+        m = torch.rand(B, 1, nq, N, generator=g) > 0.3
+        m[:, :, 3] = False
+        kw["attn_mask"] = m
+    elif mask == "float":
+        m = torch.randn(1, H, nq, N, generator=g)
+        m[..., 2] = float("-inf")
+        kw["attn_mask"] = m
+    return q, k, v, kw
+
+
+def _run(q, k, v, kw, **extra):
+    """Output and gradients of q, k, v (and q_scale) under a fixed upstream gradient."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    kw = dict(kw)
+    if kw.get("q_scale") is not None:
+        kw["q_scale"] = kw["q_scale"].detach().clone().requires_grad_()
+        leaves.append(kw["q_scale"])
+    out = ls.attention(*leaves[:3], **kw, **extra)
+    up = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
+    (out * up).sum().backward()
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(case):
+    q, k, v, kw = _case(*case)
+    return _run(q, k, v, kw, backend="reference")
+
+
+GRID = [(m, b, mk, r, h) for m in MAPPINGS for b in BIASES for mk in MASKS for r in ROWS for h in HEADS]
+
+
+def _params():
+    out = []
+    for name in BACKENDS:
+        for case in GRID:
+            slow = (name == "triton" and case[0] in TRITON_MAPPINGS and case[2] == "none"
+                    and case not in TRITON_SAMPLE)
+            out.append(pytest.param(name, case, id=f"{name}-{'-'.join(case)}",
+                                    marks=[pytest.mark.slow] if slow else []))
+    return out
+
+
+@pytest.mark.parametrize("name,case", _params())
+def test_backend_equals_reference(name, case):
+    """Where the backend supports the call: the reference's output and gradients (query 3 of the bool mask
+    sees nothing: zeros). Where it does not: naming it raises with its reason."""
+    q, k, v, kw = _case(*case)
+    reason = BACKENDS[name].supports(make_call(q, k, v, **kw, chunk_size=5))
+    if reason is not None:
+        with pytest.raises(ValueError, match=re.escape(f"backend {name!r} cannot take this call: {reason}")):
+            ls.attention(q, k, v, **kw, chunk_size=5, backend=name)
+        return
+    got = _run(q, k, v, kw, chunk_size=5, backend=name)
+    want = _reference(case)
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all()
+    if case[0] == "entmax3":
+        torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+        for a, b in zip(got[1:], want[1:]):
+            assert (a - b).norm() / b.norm() < 1e-4
+    else:
+        # fp32 round-off of other summation orders grows with the tensor's scale (the q_scale gradient sums D
+        # products); the kernels' general-α solve stops at a τ step of 1e-6
+        tol = 5e-5 if name in ("triton", "adasplash") else 1e-5
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=tol * max(1.0, b.abs().max().item()), rtol=tol)
+    if case[2] == "bool":
+        assert (got[0][:, :, 3] == 0).all() and (got[1][:, :, 3] == 0).all()
+
+
+@pytest.mark.parametrize("case", GRID, ids=["-".join(c) for c in GRID])
+@pytest.mark.parametrize("grad", [True, False])
+def test_explain_answers_for_every_call_and_auto_runs_its_choice(case, grad):
+    q, k, v, kw = _case(*case)
+    if grad:
+        q.requires_grad_()
+    choice = ls.explain_attention(q, k, v, **kw)
+    assert choice.backend in BACKENDS and choice.why
+    assert set(choice.passed_over) == set(BACKENDS) - {choice.backend}
+    assert all(choice.passed_over.values())
+    text = str(choice)
+    assert all(name in text for name in BACKENDS)
+    assert choice.passed_over["adasplash"]            # opt-in: never auto
+    torch.testing.assert_close(ls.attention(q, k, v, **kw), ls.attention(q, k, v, **kw, backend=choice.backend),
+                               atol=0, rtol=0)
+
+
+# ----------------------------------------------------------------------------- the selection policy
+
+def _call(nq=N, nk=N, mapping="entmax", grad=False, device_type="cpu", **kw):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, nq, D, generator=g).requires_grad_(grad)
+    k, v = (torch.randn(B, H, nk, D, generator=g) for _ in range(2))
+    return dataclasses.replace(make_call(q, k, v, mapping=mapping, **kw), device_type=device_type)
+
+
+def _all_support(name):
+    return None
+
+
+def _only(*names):
+    return lambda name: None if name in names or name == "reference" else f"{name} refuses"
+
+
+def test_policy_on_cuda_picks_triton_whenever_it_supports_the_call():
+    for kw in (dict(), dict(mapping="softmax"), dict(grad=True), dict(chunk_size=4)):
+        assert select_backend(_call(device_type="cuda", **kw), supports=_all_support).backend == "triton"
+    choice = select_backend(_call(device_type="cuda", mapping="softmax"), supports=_only("sdpa"))
+    assert choice.backend == "sdpa" and choice.passed_over["triton"] == "triton refuses"
+
+
+def test_policy_never_picks_triton_for_cpu_tensors():
+    choice = select_backend(_call(), supports=_all_support)
+    assert choice.backend != "triton" and "CUDA tensors only" in choice.passed_over["triton"]
+
+
+def test_policy_gradient_of_alpha_slopes_or_mask_goes_to_the_reference():
+    for kw in (dict(alpha=torch.full((H,), 1.5, requires_grad=True)),
+               dict(alibi_slopes=torch.full((H,), 0.5, requires_grad=True)),
+               dict(attn_mask=torch.zeros(300, 300, requires_grad=True), mapping="softmax")):
+        choice = select_backend(_call(nk=300, nq=300, **kw), supports=_all_support)
+        assert choice.backend == "reference" and "gradient" in choice.why
+
+
+def test_policy_softmax_forms_go_to_sdpa_within_its_size_limit(monkeypatch):
+    for mapping in ("softmax", "topk", "adatemp"):
+        assert select_backend(_call(mapping=mapping, grad=True), supports=_all_support).backend == "sdpa"
+        assert select_backend(_call(mapping=mapping, alpha=1.0), supports=_all_support).backend == "sdpa"
+    assert select_backend(_call(mapping="entmax", alpha=1.0), supports=_all_support).backend == "sdpa"  # α = 1
+    monkeypatch.setattr(policy, "SDPA_MAX_ELEMENTS", N * N - 1)
+    # plain causal softmax needs no bias; ALiBi, a mask or decoding do, top-k / adatemp their logits
+    assert select_backend(_call(mapping="softmax"), supports=_all_support).backend == "sdpa"
+    for kw in (dict(mapping="softmax", alibi_slopes=torch.ones(H)), dict(mapping="topk"), dict(mapping="adatemp"),
+               dict(mapping="softmax", attn_mask=torch.ones(N, N, dtype=torch.bool))):
+        choice = select_backend(_call(**kw), supports=_all_support)
+        assert choice.backend == "fused_cpu" and "limit" in choice.passed_over["sdpa"]
+
+
+def test_policy_chunk_size_keeps_to_the_chunked_backends():
+    for mapping in ("softmax", "topk", "entmax"):
+        choice = select_backend(_call(mapping=mapping, chunk_size=4, grad=True), supports=_all_support)
+        assert choice.backend == "fused_cpu" and "chunk_size" in choice.passed_over["reference"]
+    assert select_backend(_call(mapping="topk", chunk_size=4), supports=_only("chunked")).backend == "chunked"
+
+
+def test_policy_short_rows_with_gradients_go_to_the_reference():
+    not_sdpa = _only("fused_cpu", "chunked")
+    assert select_backend(_call(nk=64, nq=64, grad=True), supports=not_sdpa).backend == "reference"
+    for call in (_call(nk=65, nq=65, grad=True), _call(nk=64, nq=64)):
+        assert select_backend(call, supports=not_sdpa).backend == "fused_cpu"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        choice = select_backend(_call(nk=64, nq=64, grad=True), supports=not_sdpa)
+    assert choice.backend == "fused_cpu" and "autocast" in choice.passed_over["reference"]
+
+
+def test_policy_falls_back_from_fused_cpu_to_chunked_to_reference():
+    assert select_backend(_call(nk=300, nq=300), supports=_only("chunked")).backend == "chunked"
+    choice = select_backend(_call(nk=300, nq=300), supports=_only())
+    assert choice.backend == "reference" and choice.passed_over["chunked"] == "chunked refuses"
+
+
+def test_policy_never_picks_adasplash():
+    for device_type in ("cuda", "cpu"):
+        for kw in (dict(), dict(grad=True), dict(nk=300, nq=300)):
+            choice = select_backend(_call(device_type=device_type, **kw), supports=_only("adasplash"))
+            assert choice.backend == "reference" and "opt-in" in choice.passed_over["adasplash"]
+
+
+def test_policy_with_the_real_backends_on_cpu():
+    """The CPU routes: what each kind of call runs (the kernel is built on this machine)."""
+    from conftest import kernel_available
+    if not kernel_available():
+        pytest.skip("fused CPU kernel not available")
+    expect = {
+        "fused_cpu": [_call(nk=300, nq=300), _call(nk=300, nq=300, grad=True), _call(alibi_slopes=torch.ones(H)),
+                      _call(mapping="sparsemax", nq=3)],
+        "chunked": [_call(attn_mask=torch.ones(300, 300, dtype=torch.bool), nk=300, nq=300),
+                    _call(mapping="topk", chunk_size=4)],
+        "sdpa": [_call(mapping="softmax"), _call(mapping="adatemp", grad=True)],
+        "reference": [_call(grad=True), _call(alpha=torch.full((H,), 1.5, requires_grad=True))],
+    }
+    for name, calls in expect.items():
+        for call in calls:
+            assert select_backend(call).backend == name, policy.describe(call)
+
+
+# ----------------------------------------------------------------------------- named backends, aliases, overrides
+
+def test_a_named_backend_that_cannot_take_the_call_raises_with_the_reason():
+    q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
+    with pytest.raises(ValueError, match="backend 'sdpa' cannot take this call: mapping 'entmax' is not a softmax"):
+        ls.attention(q, k, v, backend="sdpa")
+    with pytest.raises(ValueError, match="'fused_cpu' cannot take this call: attn_mask"):
+        ls.attention(q, k, v, backend="fused_cpu", attn_mask=torch.ones(N, N, dtype=torch.bool))
+    with pytest.raises(ValueError, match="'fused_cpu' cannot take this call: mapping 'topk'"):
+        ls.attention(q, k, v, backend="fused_cpu", mapping="topk")
+    with pytest.raises(ValueError, match="'adasplash' cannot take this call: .*CUDA"):
+        ls.attention(q, k, v, backend="adasplash")
+    with pytest.raises(ValueError, match="'chunked' cannot take this call: .*reference"):
+        ls.attention(q, k, v, backend="chunked", alpha=torch.full((H,), 1.5, requires_grad=True))
+    with pytest.raises(ValueError, match="unknown attention backend 'fast'; choose auto or one of reference"):
+        ls.attention(q, k, v, backend="fast")
+    with pytest.raises(ValueError, match="'sdpa' cannot take"):
+        ls.explain_attention(q, k, v, backend="sdpa")
+    named = ls.explain_attention(q, k, v, backend="chunked")
+    assert named.backend == "chunked" and "auto would pick" in named.passed_over["reference"]
+
+
+def test_path_is_a_deprecated_alias_of_backend():
+    q, k, v, _ = _case("entmax15", "alibi", "none", "causal", "mha")
+    with pytest.warns(DeprecationWarning, match="backend="):
+        out = ls.attention(q, k, v, path="reference")
+    torch.testing.assert_close(out, ls.attention(q, k, v, backend="reference"), atol=0, rtol=0)
+    # path="chunked" keeps its meaning: the chunked path, with the fused kernel where it applies
+    with pytest.warns(DeprecationWarning):
+        assert ls.explain_attention(q, k, v, path="chunked").backend in ("fused_cpu", "chunked")
+        assert ls.explain_attention(q, k, v, path="chunked", mapping="topk").backend == "chunked"
+        with pytest.raises(ValueError, match="not both"):
+            ls.attention(q, k, v, path="chunked", backend="reference")
+
+
+def test_kernel_env_override_turns_fused_cpu_off(monkeypatch):
+    q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
+    monkeypatch.setenv("LONGSPARSE_KERNEL", "0")
+    choice = ls.explain_attention(q, k, v)
+    assert choice.backend == "chunked" and "LONGSPARSE_KERNEL=0" in choice.passed_over["fused_cpu"]
+
+
+def test_triton_backend_reports_an_import_failure(monkeypatch):
+    monkeypatch.setattr(backends, "_TRITON", {})
+    monkeypatch.setitem(sys.modules, "longsparse.attention.triton_entmax", None)     # import fails
+    q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
+    reason = BACKENDS["triton"].supports(make_call(q, k, v))
+    assert reason.startswith("not available: ")
+    with pytest.raises(ValueError, match="'triton' cannot take this call: not available"):
+        ls.attention(q, k, v, backend="triton")
+    assert ls.explain_attention(q, k, v).passed_over["triton"].startswith("not available")
+
+
+def test_triton_on_cpu_only_when_named_in_interpreter_mode(monkeypatch):
+    q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
+    mod, _ = backends.triton_module()        # imports triton with the interpreter on (see the top)
+    if mod is None:
+        pytest.skip("triton_entmax does not import here")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    if mod._BUILT is None:       # before the kernels are built, the environment decides
+        assert "CUDA" in BACKENDS["triton"].supports(make_call(q, k, v))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if mod._BUILT is not False:
+        assert BACKENDS["triton"].supports(make_call(q, k, v)) is None
+    assert ls.explain_attention(q, k, v).backend != "triton"
+
+
+# ----------------------------------------------------------------------------- mappings: one registry
+
+def test_method_and_mapping_names_come_from_the_registry():
+    from longsparse.attention import MAPPINGS as attention_mappings
+    from longsparse.mappings.registry import MAPPING_NAMES, METHODS, SCALED_METHODS
+    from longsparse.nn import METHODS as nn_methods
+
+    assert tuple(attention_mappings) == MAPPING_NAMES
+    assert nn_methods == METHODS == MAPPING_NAMES + tuple(SCALED_METHODS)
+    assert set(SCALED_METHODS.values()) <= set(MAPPING_NAMES)
+
+
+@pytest.mark.parametrize("method", ["asentmax", "ssmax"])
+def test_scaled_methods_need_their_q_scale(method):
+    q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
+    with pytest.raises(ValueError, match=f"mapping='{method}'.*q_scale"):
+        ls.attention(q, k, v, mapping=method)
+    with pytest.raises(ValueError, match="model method"):
+        ls.mappings.get_mapping(method)
+    scale = torch.rand(B, H, N) + 0.5
+    base = {"asentmax": "entmax", "ssmax": "softmax"}[method]
+    torch.testing.assert_close(ls.attention(q, k, v, mapping=method, q_scale=scale),
+                               ls.attention(q, k, v, mapping=base, q_scale=scale), atol=0, rtol=0)
+
+
+def test_old_import_paths_of_the_mappings_still_work():
+    from longsparse.attention import ADATEMP_POLY, adaptive_temperature, adaptive_temperature_softmax, map_scores
+    from longsparse.mappings import variants
+
+    assert adaptive_temperature is variants.adaptive_temperature and ADATEMP_POLY is variants.ADATEMP_POLY
+    z = torch.randn(3, 9) * 4
+    torch.testing.assert_close(map_scores(z, "adatemp"), adaptive_temperature_softmax(z))
+    torch.testing.assert_close(map_scores(z, "topk", topk=2), variants.topk_softmax(z, 2))
+
+
+# ----------------------------------------------------------------------------- the model names a backend
+
+def test_model_config_names_a_backend():
+    with pytest.raises(ValueError, match="unknown attn_backend 'flash'"):
+        ModelConfig(vocab_size=10, attn_backend="flash")
+    cfg = dict(vocab_size=20, d_model=32, n_heads=4, n_layers=1, d_ff=64, method="entmax")
+    ids = torch.randint(0, 20, (2, 12))
+    torch.manual_seed(0)
+    auto = Transformer(ModelConfig(**cfg))
+    for name in ("reference", "chunked"):
+        model = Transformer(ModelConfig(**cfg, attn_backend=name))
+        model.load_state_dict(auto.state_dict())
+        assert ModelConfig.from_dict(model.cfg.to_dict()).attn_backend == name
+        torch.testing.assert_close(model(ids), auto(ids), atol=1e-5, rtol=1e-5)
+    model = Transformer(ModelConfig(**cfg, attn_backend="sdpa"))
+    with pytest.raises(ValueError, match="'sdpa' cannot take this call: mapping 'entmax'"):
+        model(ids)
+
+
+# ----------------------------------------------------------------------------- layers (docs/architecture.md)
+
+@pytest.mark.parametrize("package,allowed", [("mappings", {"mappings"}), ("attention", {"mappings", "attention"})])
+def test_imports_point_down_the_layers(package, allowed):
+    from pathlib import Path
+
+    root = Path(ls.__file__).parent / package
+    for path in root.glob("*.py"):
+        used = set(re.findall(r"^\s*(?:from|import) longsparse\.(\w+)", path.read_text(), re.M))
+        assert used <= allowed, f"{path.name} imports longsparse.{sorted(used - allowed)}"
