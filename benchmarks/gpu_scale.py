@@ -227,14 +227,20 @@ class TimeUp(BaseException):
     the checkpoint writer removes its temporary on any exception, so the last complete checkpoint stays."""
 
 
+_NO_INTERRUPT = (os.path.join("torch", "serialization.py"), os.path.join("longsparse", "io.py"))
+
+
 @contextlib.contextmanager
 def alarm(seconds: float):
     def _raise(signum, frame):
-        # never inside an import: a module left half-initialised would break everything after it in this
-        # process (torch imports parts of itself lazily, e.g. when the first optimizer is built)
+        # never inside an import (a module left half-initialised would break everything after it in this process;
+        # torch imports parts of itself lazily, e.g. when the first optimizer is built) nor inside a file write
+        # (torch.save's zip writer, interrupted, raises its own error from its cleanup instead of TimeUp): retry
+        # shortly after
         f = frame
         while f is not None:
-            if f.f_code.co_filename.startswith("<frozen importlib"):
+            name = f.f_code.co_filename
+            if name.startswith("<frozen importlib") or name.endswith(_NO_INTERRUPT):
                 signal.setitimer(signal.ITIMER_REAL, 0.2)
                 return
             f = f.f_back
