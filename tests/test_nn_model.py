@@ -179,3 +179,25 @@ def test_capture(method):
     with pytest.raises(ValueError, match="unknown capture"):
         with capture(model, what=("nope",)):
             pass
+
+
+@pytest.mark.parametrize("method,positions", [("asentmax", "nape"), ("softmax", "rope"), ("entmax", "alibi")])
+def test_right_padding_needs_no_attention_mask(method, positions, monkeypatch):
+    """Right-padded rows without a cache (training batches) reach attention with no mask, so the fused backends
+    can take them, and their real positions equal the unpadded rows; left padding keeps its mask."""
+    import longsparse.nn.attention as nn_attention
+
+    seen = []
+    real = nn_attention.attention
+    monkeypatch.setattr(nn_attention, "attention", lambda *a, **kw: seen.append(kw.get("attn_mask")) or real(*a, **kw))
+    torch.manual_seed(4)
+    model = Transformer(tiny(method, positions)).double()
+    ids = torch.randint(0, V, (2, 10))
+    right = torch.ones(2, 10, dtype=torch.bool)
+    right[1, 6:] = False
+    out = model(ids, attention_mask=right)
+    assert seen and all(m is None for m in seen)
+    torch.testing.assert_close(out[1, :6], model(ids[1:, :6])[0], atol=1e-12, rtol=1e-12)
+    seen.clear()
+    model(ids, attention_mask=right.flip(1))          # left padding: the mask is needed and kept
+    assert seen and all(m is not None for m in seen)

@@ -150,6 +150,11 @@ class Transformer(nn.Module):
             cache.key_mask = key_mask
             cache.next_pos = base + new_mask.long().sum(1)
         km = None if bool(key_mask.all()) else key_mask
+        if km is not None and cache is None and not bool((km[:, 1:] & ~km[:, :-1]).any()):
+            # Right padding without a cache: under causal attention no real token sees a pad that follows every
+            # real token, so the mask changes only the outputs at pad positions, which no loss or prediction
+            # reads. Leaving it out keeps the call mask-free, which the fused backends (fused_cpu, triton) need.
+            km = None
         x = self.embed(input_ids) * self.embed_scale
         L = len(self.blocks)
         for i, block in enumerate(self.blocks):
