@@ -55,5 +55,5 @@ def get():
 
 def usable_on(device) -> bool:
     """Whether the kernel may take tensors on `device`: CPU only (it reads raw data pointers; given CUDA
-    tensors it crashed the process, session 25), and only when it is built."""
+    tensors it crashed the process), and only when it is built."""
     return torch.device(device).type == "cpu" and get() is not None
