@@ -63,7 +63,7 @@ def test_quick_study_end_to_end_and_resume(quick_study, capsys):
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep)]) == 0
     assert sorted(out.rglob("eval/*.json")) == files
     printed = capsys.readouterr().out
-    assert "trained to step" not in printed and "archive updated" not in printed
+    assert "trained to step" not in printed and "store updated" not in printed
     # and a dry run says so: every cell trained already, nothing left to evaluate
     n_cells = sum(len(cells(s)) for s in load_study("synthetic", quick=True)["studies"])
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep), "--dry-run"]) == 0
@@ -76,9 +76,19 @@ def test_quick_study_end_to_end_and_resume(quick_study, capsys):
     assert json.loads((rep / "results.json").read_text()) == data
 
 
+def _rewrite_store(rep, edit):
+    """Test setup: the store in ``rep`` holding ``edit(its records)`` instead (the library only ever appends to a
+    store; a test writes the state it needs)."""
+    from longsparse.report.store import read_records, records_path
+
+    records = edit(json.loads(json.dumps(read_records(rep))))
+    records_path(rep).write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
 def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tmp_path, capsys):
-    """A fresh machine has the committed results.json but none of the run folders: rebuilding or resuming the
-    study there must keep every archived result, train nothing that is archived, and retrain only what is not."""
+    """A fresh machine has the committed store (records.jsonl) but none of the run folders: rebuilding or
+    resuming the study there must keep every stored result, train nothing that is stored, and retrain only what
+    is not."""
     _, rep0 = quick_study
     data = json.loads((rep0 / "results.json").read_text())
     spec = load_study("synthetic", quick=True)
@@ -104,9 +114,13 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
     study = spec["studies"][0]
     cell = cells(study)[-1]
     key, L = f"{cell['method']}/{cell['positions']}", str(study["lengths"][-1])
-    partial = json.loads(json.dumps(data))
-    del partial["studies"][study["name"]]["series"][key]["last"][L]["per_seed"][str(cell["seed"])]
-    (rep / "results.json").write_text(json.dumps(partial))
+    def drop_one(records):
+        for r in records:
+            if r["run"] == cell["run"]:
+                r["results"] = [x for x in r["results"] if (x["checkpoint"], str(x["length"])) != ("last", L)]
+        return records
+
+    _rewrite_store(rep, drop_one)
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep)]) == 0
     printed = capsys.readouterr().out
     assert printed.count("training (") == 1 and f"{cell['run']}: training" in printed
@@ -118,26 +132,33 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
     assert {k: v for k, v in sd["runs"][cell["run"]].items() if k not in timing} == \
         {k: v for k, v in sd0["runs"][cell["run"]].items() if k not in timing}
 
-    # an archived cell recorded under another config is dropped, with a message, not mixed in
-    stale = json.loads(json.dumps(data))
-    stale["studies"][study["name"]]["runs"][cells(study)[0]["run"]]["config_hash"] = "0" * 16
-    (rep / "results.json").write_text(json.dumps(stale))
+    # a stored cell recorded under another config is left out, with a message, not mixed in
+    good = (rep / "records.jsonl").read_text()
+
+    def stale(records):
+        for r in records:
+            if r["run"] == cells(study)[0]["run"]:
+                r["config_hash"] = "0" * 16
+        return records
+
+    _rewrite_store(rep, stale)
     shutil.rmtree(out)
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep), "--report-only"]) == 0
-    assert "archived results dropped: recorded for config 0000" in capsys.readouterr().out
+    assert "stored results left out: recorded for config 0000" in capsys.readouterr().out
     series = json.loads((rep / "results.json").read_text())["studies"][study["name"]]["series"]
     c0 = cells(study)[0]
     assert str(c0["seed"]) not in series[f"{c0['method']}/{c0['positions']}"]["last"][L]["per_seed"]
 
-    # so are archived results at a sample count the study file no longer asks for
-    (rep / "results.json").write_text(json.dumps(data))
+    # so are stored results at a sample count the study file no longer asks for
+    (rep / "records.jsonl").write_text(good)
     toml = tmp_path / "quick.toml"
     text = Path(spec["path"]).read_text()
     assert "long_samples = 2\n" in text
     toml.write_text(text.replace("long_samples = 2\n", "long_samples = 3\n", 1))
     assert main(["reproduce", "synthetic", "--config", str(toml), "--out", str(out), "--report", str(rep),
                  "--report-only"]) == 0
-    assert "archived results dropped: at lengths or sample counts" in capsys.readouterr().out
+    assert "stored results are at checkpoints, lengths or sample counts the study does not ask for" in \
+        capsys.readouterr().out
     series = json.loads((rep / "results.json").read_text())["studies"][study["name"]]["series"]
     assert L not in series[key]["last"]
 
@@ -151,7 +172,7 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
 
 def test_archive_is_updated_after_every_cell(tmp_path, monkeypatch, capsys):
     """Run folders do not outlive a session: a study stopped between cells (here: training of the second cell
-    fails) must already have the first cell's results in the report's results.json."""
+    fails) must already have the first cell's results in the store (and the report's results.json)."""
     import longsparse.train as train_mod
 
     real_train, calls = train_mod.train, []
@@ -167,7 +188,7 @@ def test_archive_is_updated_after_every_cell(tmp_path, monkeypatch, capsys):
     assert main(["reproduce", "synthetic", "--quick", "--only", "flip_flop-quick", "--out", str(out),
                  "--report", str(rep)]) == 130
     printed = capsys.readouterr()
-    assert printed.out.count("archive updated") == 1 and "interrupted" in printed.err
+    assert printed.out.count("store updated") == 1 and "interrupted" in printed.err
     study = next(s for s in load_study("synthetic", quick=True)["studies"] if s["name"] == "flip_flop-quick")
     first = cells(study)[0]
     series = json.loads((rep / "results.json").read_text())["studies"]["flip_flop-quick"]["series"]
@@ -280,22 +301,22 @@ def test_preregistered_study_is_the_headline_recipe():
 
 
 def test_archived_cells_keep_their_identity():
-    """Every archived cell's recorded config hash is still the hash its study file gives: a new config setting
-    that changes no result (such as the attention backend) must not turn the archive stale."""
+    """Every stored cell's recorded config hash is still the hash its study file gives: a new config setting
+    that changes no result (such as the attention backend) must not turn the store stale."""
     import json as _json
 
+    from longsparse.report.store import read_records
     from longsparse.reproduce import cell_config, cell_hash
     from longsparse.train.config import config_hash
 
-    archive = _json.loads((Path(__file__).parents[1] / "docs" / "results" / "results.json").read_text())
+    records = read_records(Path(__file__).parents[1] / "results" / "synthetic")
     stale = []
     for study in load_study("synthetic")["studies"]:
-        runs = archive["studies"].get(study["name"], {}).get("runs", {})
-        for c in cells(study):
-            recorded = (runs.get(c["run"]) or {}).get("config_hash")
-            if recorded is not None and recorded != cell_hash(cell_config(study, c)):
-                stale.append(c["run"])
-    assert not stale
+        recorded = {(r["run"], r["config_hash"]) for r in records
+                    if r["study"] == study["name"] and r["config_hash"] is not None}
+        hashes = {c["run"]: cell_hash(cell_config(study, c)) for c in cells(study)}
+        stale += [run for run, h in recorded if h != hashes[run]]
+    assert recorded and not stale
     cfg = build_config("copy", preset="cpu", method="softmax", positions="nape", seed=0)
     other = _json.loads(_json.dumps(cfg))
     other["model"]["attn_backend"] = "reference"

@@ -3,9 +3,11 @@ the same functions (longsparse.report.paired: seed-level bootstrap interval, exa
 
 `--analyse` pairs methods *by name* inside the selected studies and merges the studies' records, so it cannot
 compare one method with itself across two studies (NAPE vs RoPE, reference vs scale-aware init, a rerun vs the
-archived cells) and it does not read the 256x evaluations kept outside the archive or the HSA / LM records.
-This script relabels the stored per-seed records (nothing is recomputed from models) and runs the library's
-analysis on them. Run from the repository root (reads only committed files; ~1 min on one core):
+archived cells) and it does not read the evaluations beyond a study's own lengths (256x, 1,024x) or the HSA / LM
+records. This script relabels the stored per-seed records (nothing is recomputed from models) and runs the
+library's analysis on them. Inputs: the results stores results/synthetic, results/mqmtar256x_26,
+results/flipflop256x_27 and results/maxret256x_26, the HSA eval JSONs docs/hsa/raw/ and the LM study's
+docs/lm/lm_results.json. Run from the repository root (reads only committed files; ~1 min on one core):
 
     python docs/findings/cross_study.py            # writes docs/findings/<name>/analysis.{json,md}, forest.png
                                                    # and docs/findings/forest.png (the combined forest plot)
@@ -17,7 +19,8 @@ import json
 import statistics
 from pathlib import Path
 
-from longsparse.report import paired
+from longsparse.report import paired, store
+from longsparse.reproduce import load_study, view
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "findings"
@@ -28,7 +31,28 @@ def load(rel: str) -> dict:
     return json.loads((ROOT / rel).read_text())
 
 
-ARCHIVE = load("docs/results/results.json")["studies"]
+def records(store_dir: str) -> list[dict]:
+    return store.read_records(ROOT / store_dir)
+
+
+def stored_studies(store_dir: str, study_file: str | None = None) -> dict:
+    """The report's view (per study, method, checkpoint, length and seed) of a results store."""
+    spec = load_study("synthetic", path=str(ROOT / study_file) if study_file else None)
+    return view(spec, records(store_dir), printer=None)["studies"]
+
+
+def beyond(store_dir: str, study: str, length: int, ckpt: str = "last") -> dict:
+    """{method: {seed: record}} of the stored evaluations of ``study``'s runs at ``length`` (a length the study
+    file does not list, so not in its view): the later record of a run wins."""
+    out: dict = {}
+    for rec in records(store_dir):
+        for r in rec["results"] if rec["study"] == study else []:
+            if r["length"] == length and r["checkpoint"] == ckpt:
+                out.setdefault(rec["method"], {})[str(rec["seed"])] = {k: r[k] for k in ("exact_match", "ci", "n")}
+    return out
+
+
+ARCHIVE = stored_studies("results/synthetic")
 
 
 def series(study: dict, method: str, ckpt: str = "last") -> dict:
@@ -84,40 +108,37 @@ def positions():
         lengths = [64, 1024, 4096]
         out[task] = run(f"positions_{task}", named, pairs, endpoint=4096, lengths=lengths, id_length=64,
                         note=f"NAPE − RoPE, same method and recipe: studies `{nape}` vs `{rope}` "
-                             "(docs/results/results.json, last checkpoint).")
+                             "(results/synthetic, last checkpoint).")
     return out
 
 
 # 2. MQMTAR headline at 256x: evaluations kept outside the archive ------------------------------------------
 def mqmtar_256x():
-    """Per run, 1x and 256x from the same model: seed 0 of every method and softmax/SSMax seed 1 are the session-26/27
-    retrained runs (docs/results/trials/mqmtar256x_26/results.json: 1x and 256x); the other runs of seeds 1-2 are
-    the archived cells (1x from docs/results/results.json, 256x from docs/results/long/report/results.json)."""
-    trial = load("docs/results/trials/mqmtar256x_26/results.json")["studies"]
-    long_ = load("docs/results/long/report/results.json")["series"]
+    """Per run, 1x and 256x from the same model: seed 0 of every method and softmax/SSMax seed 1 are retrained
+    runs (store results/mqmtar256x_26: 1x and 256x); the other runs of seeds 1-2 are the archived cells (1x from
+    results/synthetic's study view, 256x from its records at 16,384 tokens)."""
+    trial = stored_studies("results/mqmtar256x_26", "docs/results/trials/mqmtar256x_26.toml")
     head = ARCHIVE["mqmtar_inline_3l_lr4e-3_4k"]
     named = {m: {"64": {}, "16384": {}} for m in METHODS}
     for st in trial.values():
         for m in METHODS:
             for L, seeds in (series(st, m) if any(k.split("/")[0] == m for k in st["series"]) else {}).items():
                 named[m][L].update(seeds)
-    for s in long_:
-        m, seed = s["method"], s["run_name"].rsplit("-s", 1)[1]
-        for r in s["results"]:
-            if r["length"] == 16384:
-                assert seed not in named[m]["16384"], (m, seed)
-                named[m]["16384"][seed] = {"exact_match": r["exact_match"], "ci": r["exact_match_ci"], "n": r["n"]}
-                named[m]["64"][seed] = series(head, m)["64"][seed]
+    for m, seeds in beyond("results/synthetic", "mqmtar_inline_3l_lr4e-3_4k", 16384).items():
+        for seed, r in seeds.items():
+            assert seed not in named[m]["16384"], (m, seed)
+            named[m]["16384"][seed] = r
+            named[m]["64"][seed] = series(head, m)["64"][seed]
     pairs = [("asentmax", "softmax"), ("entmax", "softmax"), ("adatemp", "softmax"), ("asentmax", "adatemp"),
              ("ssmax", "softmax")]
     return run("mqmtar_headline_256x", named, pairs, endpoint=16384, lengths=[16384], id_length=64,
                note="MQMTAR headline at 256× (20 examples per run), last checkpoint. Seed 0 (all methods) and "
-                    "softmax/SSMax seed 1 are retrained runs of the same recipe (docs/results/trials/mqmtar256x_26); "
-                    "the other seed-1/2 runs are the archived cells (docs/results/long). Mixed provenance: "
+                    "softmax/SSMax seed 1 are retrained runs of the same recipe (results/mqmtar256x_26); "
+                    "the other seed-1/2 runs are the archived cells (results/synthetic). Mixed provenance: "
                     "ASEntmax − softmax at seed 1 compares an archived run with a retrained one.")
 
 
-# 3. ASEntmax init (SPEC §2): reference vs scale-aware, the same recipe -------------------------------------
+# 3. ASEntmax init (docs/method.md §2): reference vs scale-aware, the same recipe -------------------------------------
 def init():
     named = {"asentmax.refinit": series(ARCHIVE["mqmtar_inline_init"], "asentmax"),
              "asentmax.scaleaware": series(ARCHIVE["mqmtar_inline"], "asentmax")}
@@ -127,16 +148,16 @@ def init():
                     "(`mqmtar_inline_init` vs `mqmtar_inline`, last checkpoint).")
 
 
-# 4. Flip-flop: the session-27 rerun of the same 15 cells vs the archived cells ------------------------------
+# 4. Flip-flop: a rerun of the same 15 cells (same settings and seeds) vs the archived cells -----------------
 def flip_flop_rerun():
-    rerun = load("docs/results/trials/flipflop256x_27/results.json")["studies"]["flip_flop_256x"]
+    rerun = stored_studies("results/flipflop256x_27", "docs/results/trials/flipflop256x_27.toml")["flip_flop_256x"]
     named = {}
     for m in METHODS:
         named[f"{m}.rerun"] = series(rerun, m)
         named[f"{m}.archived"] = series(ARCHIVE["flip_flop"], m)
     return run("flip_flop_rerun_drift", named, [(f"{m}.rerun", f"{m}.archived") for m in METHODS],
                endpoint=4096, lengths=[64, 4096], id_length=64,
-               note="Flip-flop: rerun (session 27, same settings and seeds, retrained) − archived cell, per method, "
+               note="Flip-flop: rerun (same settings and seeds, retrained; results/flipflop256x_27) − archived cell, per method, "
                     "last checkpoint. A difference here is run-to-run variation of identical cells.")
 
 
@@ -151,17 +172,17 @@ def best_checkpoint():
                                           ("flip_flop.asentmax.best", "flip_flop.softmax.best")],
                endpoint=4096, lengths=[1024, 4096], id_length=64, ckpt="best",
                note="ASEntmax − softmax with the **best** checkpoint (highest in-distribution validation exact "
-                    "match) instead of the last: MQMTAR headline and flip-flop (docs/results/results.json).")
+                    "match) instead of the last: MQMTAR headline and flip-flop (results/synthetic).")
 
 
 # 5. Max retrieval (NAPE) at 1,024x, seed 0 (3 examples per run) --------------------------------------------
 def max_retrieval_1024x():
-    named = {m: eval_records([ROOT / f"docs/results/trials/maxret1024x_{m}_s0.json"]) for m in METHODS}
-    named = {m: {L: {"0": r} for L, r in recs.items()} for m, recs in named.items()}
+    at = beyond("results/maxret256x_26", "max_retrieval_4to64_256x", 65536)
+    named = {m: {"65536": {"0": at[m]["0"]}} for m in METHODS}
     return run("max_retrieval_1024x", named, [("asentmax", "softmax"), ("entmax", "softmax")], endpoint=65536,
                lengths=[65536], id_length=64,
                note="max_retrieval_4to64, seed 0 only, 1,024× (65,536 tokens), 3 examples per run, last "
-                    "checkpoint (docs/results/trials/maxret1024x_*_s0.json).")
+                    "checkpoint (results/maxret256x_26, the records at 65,536 tokens).")
 
 
 # 6. HSA study (docs/hsa.md section 4): full layout, ablations, decoder baselines ---------------------------

@@ -12,7 +12,8 @@ is active (e.g. under a run directory's lock). ``longsparse.nn.save_checkpoint``
 ``.tmp-*.pt``; those are recognised too.
 
 Appended logs (``metrics.jsonl``) are not rewritten on every record; ``read_jsonl`` tolerates the one torn line
-a kill can leave at their end.
+a kill can leave at their end. The results store (``records.jsonl``, ``longsparse.report.store``) is appended
+through ``atomic_append_jsonl`` instead, which keeps the whole-file invariant above.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import json
 import os
 import secrets
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -163,6 +164,32 @@ def write_new(folder: str | os.PathLike, stem: str, data: str, suffix: str = ".j
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def atomic_append_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> Path:
+    """Append ``records`` to the JSON-lines file ``path``, one line each, keeping every byte already there.
+
+    The new content (old bytes + new lines) is written whole through a temporary file and renamed over ``path``,
+    so a reader sees the file before or after the append, never part of a record, and a killed writer leaves the
+    previous file. Writers of one file are serialised by an exclusive ``flock`` on its folder (no lock file is
+    left behind), so concurrent appends (the shards of one study) all land. Nothing is written for no records."""
+    import fcntl
+
+    path = Path(path)
+    lines = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+    if not lines:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        old = path.read_bytes() if path.exists() else b""
+        if old and not old.endswith(b"\n"):     # a file edited by hand: the next record still starts a line
+            old += b"\n"
+        atomic_write_bytes(path, old + lines.encode("utf-8"))
+    finally:
+        os.close(folder)                        # releases the lock
+    return path
 
 
 def warn_stderr(msg: str) -> None:

@@ -7,25 +7,30 @@ The study is ``src/longsparse/configs/reproduce/synthetic.toml`` (``--quick``: `
 cell's ``sets``, then evaluated at every length with the best and the last checkpoint. Everything is resumable:
 a finished training is not redone (an interrupted one resumes from its last checkpoint), an evaluation whose
 (checkpoint, length, samples, seed) already has a result file is skipped. The report (markdown tables, JSON,
-PNG per study) is rebuilt from the saved evaluation JSON and the archive below, never from anything else.
+PNG per study) is rendered from the study's results store, never from anything else.
 
-The report's ``results.json`` is also the study's archive: run folders (checkpoints, eval files) live outside git
-and are gone on a fresh machine, so a rebuild keeps every per-seed result of the previous ``results.json`` that
-no run folder replaces, and a cell whose results are all archived is not trained again. An archived cell whose
-recorded config hash differs from the study file's current one is dropped (with a message), never mixed in.
-The CLI updates the archive (``results.json``; tables and plots only at the end of the command) after every
-cell that trained or evaluated something, so the archive holds every cell a session finished.
+The store (``--store``, default: the report folder; ``longsparse.report.store``) is an append-only file of result
+records, one per run evaluation: run folders (checkpoints, eval files) live outside git and are gone on a fresh
+machine, so what a run folder holds is appended to the store as a record (only when it is new or changed), a
+cell whose results are all in the store is not trained again, and nothing is ever removed from the store. A
+record whose config hash differs from the study file's current one for its cell is left out of the report (with
+a message), never mixed in. The CLI appends after every cell that trained or evaluated something, so the store
+holds every cell a session finished. The report folder gets ``tables.md``, a PNG per study and ``results.json``,
+the rendered view (per study, method/positions, checkpoint, length and seed) that the tables are drawn from;
+rendering rewrites them and never the store.
+
+    longsparse reproduce synthetic --store results/synthetic --report docs/results --report-only   # the tables
 """
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from longsparse.io import atomic_savefig, atomic_write_text, read_jsonl
+from longsparse.report import store as result_store
 from longsparse.train.config import ConfigError, build_config, config_hash, configs_dir, load_toml, resolve
 
 FORMAT = "longsparse-reproduce"
@@ -145,20 +150,31 @@ def parse_shard(text: Optional[str]) -> tuple[int, int]:
     return k, n
 
 
-def load_archive(report_dir: str | Path) -> Optional[dict]:
-    """The ``results.json`` of an earlier report in ``report_dir`` (None if there is none yet). A file that is not
-    such a report is an error: building over it would lose what it holds."""
-    p = Path(report_dir) / "results.json"
-    if not p.is_file():
-        return None
+def load_store(store: str | Path) -> list[dict]:
+    """The result records of the store folder ``store`` ([] if it has none yet; see ``longsparse.report.store``).
+    A folder holding a ``results.json`` that is not a study archive is an error: building on it would lose what
+    it holds."""
     try:
-        data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{p} is not readable JSON ({e}); it is the archive of earlier results, so nothing was "
-                          "written: repair it (git checkout) or choose another --report") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("studies"), dict):
-        raise ConfigError(f"{p} is not a {FORMAT} report; nothing was written: choose another --report")
-    return data
+        return result_store.read_records(store)
+    except result_store.StoreError as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_report_folder(report: str | Path, store: str | Path) -> None:
+    """Refuse (ConfigError) before anything runs when the view ``report/results.json`` would be written over a
+    file that is not a study archive or view, or over an archive that is not in the store ``store`` (one that
+    is, when report and store are the same folder, is imported into ``records.jsonl`` first)."""
+    p = Path(report) / "results.json"
+    if not p.exists():
+        return
+    try:
+        data = result_store.read_archive(p)
+    except result_store.StoreError as e:
+        raise ConfigError(str(e)) from None
+    if not data.get(result_store.VIEW_MARK) and Path(report).resolve() != Path(store).resolve():
+        raise ConfigError(f"{p} is an archive of earlier results that is not in the store {store}; nothing was "
+                          f"written: import it (longsparse.report.store.import_archive_file({str(p)!r}, "
+                          f"{str(store)!r})) or choose another --report")
 
 
 def cell_config(study: dict, cell: dict) -> dict:
@@ -172,20 +188,33 @@ def cell_hash(cfg: dict) -> str:
     return config_hash(resolve(cfg))
 
 
-def archived(archive: Optional[dict], study: dict, cell: dict, chash: str) -> tuple[dict[tuple[str, int], dict], int]:
-    """A cell's results in the archive, ``{(checkpoint, length): per-seed record}``, for the lengths and sample
-    counts the study asks for now, and how many other archived results of the cell that leaves out. Nothing is
-    taken if the archive's record of the run names another config hash (records written before hashes were kept
-    carry none and are taken as they are)."""
-    sd = (archive or {}).get("studies", {}).get(study["name"], {})
-    by_ck = sd.get("series", {}).get(f"{cell['method']}/{cell['positions']}", {})
-    mine = {(ck, int(L)): per["per_seed"][str(cell["seed"])] for ck, by_L in by_ck.items()
-            for L, per in by_L.items() if str(cell["seed"]) in per.get("per_seed", {})}
-    if sd.get("runs", {}).get(cell["run"], {}).get("config_hash") not in (None, chash):
-        return {}, len(mine)
-    kept = {(ck, L): r for (ck, L), r in mine.items()
+def _records_of(index: dict, study: dict, cell: dict) -> list[dict]:
+    """The store's records of a cell on the study's test stream (records that name no test stream, written
+    before it was kept, are taken as they are)."""
+    return [r for r in index.get((study["name"], cell["run"]), []) if r.get("test_seed") in (None, study["test_seed"])]
+
+
+def archived(index: dict, study: dict, cell: dict, chash: str) -> dict:
+    """A cell's results in the store (``index``: ``longsparse.report.store.by_run`` of its records), the later
+    record winning: ``{"kept": {(checkpoint, length): per-seed entry} at the checkpoints, lengths and sample counts
+    the study asks for now, "all": every such entry of a matching config, "off_spec": how many of those "kept"
+    leaves out, "stale": {config hash: number of results} recorded for another config (left out), "record": the
+    latest matching record with a training record (or None), "train_hi": the latest matching record's longest
+    training length (or None)}``. Records written before config hashes were kept carry none and are taken as
+    they are."""
+    recs = _records_of(index, study, cell)
+    fresh = [r for r in recs if r.get("config_hash") in (None, chash)]
+    every = {k: result_store.result_entry(r) for k, r in result_store.merge_results(fresh).items()}
+    kept = {(ck, L): r for (ck, L), r in every.items()
             if ck in study["checkpoints"] and L in study["lengths"] and r.get("n") == samples_for(study, L)}
-    return kept, len(mine) - len(kept)
+    stale: dict[str, int] = {}
+    for r in recs:
+        if r.get("config_hash") not in (None, chash):
+            stale[r["config_hash"]] = stale.get(r["config_hash"], 0) + len(r["results"])
+    record = next((r for r in reversed(fresh) if r.get("train") is not None), None)
+    train_hi = next((r["train_hi"] for r in reversed(fresh) if r.get("train_hi") is not None), None)
+    return {"kept": kept, "all": every, "off_spec": len(every) - len(kept), "stale": stale, "record": record,
+            "train_hi": train_hi}
 
 
 def _evaluated(run: Path, seed: int = 0) -> set[tuple[str, int, int]]:
@@ -223,21 +252,22 @@ def selected(study: dict, only: Sequence[str], spec: dict) -> bool:
 
 
 def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = None, shard: tuple[int, int] = (0, 1),
-              archive: Optional[dict] = None, dry_run: bool = False,
+              archive: Optional[list[dict]] = None, dry_run: bool = False,
               after_cell: Optional[Callable[[], None]] = None,
               printer: Callable[[str], None] = print) -> list[Path]:
     """Train and evaluate every cell (resumable); returns the run folders. ``shard=(K, N)`` takes every N-th
     of the selected cells (after ``only``) from the K-th, so N processes (one per core) can share a study;
     the same run is never trained by two processes at once (run directories are locked). A cell whose every
-    evaluation is in ``archive`` (an earlier report, see ``load_archive``) and that has no run folder here is
+    evaluation is in ``archive`` (the store's records, see ``load_store``) and that has no run folder here is
     skipped: it was run on another machine. A cell that is trained again is evaluated again at every length, so
-    each seed's numbers come from one model (the report prints any archived number that changes).
+    each seed's numbers come from one model (recording prints any stored number that changes).
     ``dry_run``: only print what would be done. ``after_cell`` is called after each cell that trained or evaluated
-    anything (the CLI updates the archive there, so a session that ends mid-study keeps its finished cells)."""
+    anything (the CLI appends to the store there, so a session that ends mid-study keeps its finished cells)."""
     from longsparse.evaluate import evaluate_run
     from longsparse.train import train
 
     out = Path(out)
+    stored = result_store.by_run(archive or [])
     runs, index = [], -1
     for study in spec["studies"]:
         if only and not selected(study, only, spec):
@@ -248,7 +278,7 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
                 continue
             run = out / c["run"]
             cfg = cell_config(study, c)
-            old, _ = archived(archive, study, c, cell_hash(cfg))
+            old = archived(stored, study, c, cell_hash(cfg))["kept"]
             if not run.exists() and len(old) == len(study["checkpoints"]) * len(study["lengths"]):
                 printer(f"{c['run']}: every result is in the archive (run elsewhere); skipped")
                 continue
@@ -303,13 +333,14 @@ def _train_record(run: Path) -> dict:
     return rec
 
 
-def _run_results(run: Path, study: dict) -> tuple[dict[tuple[str, int], dict], Optional[int], Optional[float]]:
-    """A run folder's evaluations, ``{(checkpoint, length): per-seed record}`` at the study's lengths and sample
-    counts (a later file wins), the training length the model saw at most, and the evaluation wall clock of
-    those records (seconds, summed; None without any)."""
+def _run_results(run: Path, study: dict) -> dict:
+    """A run folder's evaluations on the study's test stream: ``{"results": {(checkpoint, length): per-seed entry}``
+    at the study's checkpoints, lengths and sample counts (a later file wins), ``"train_hi"``: the longest training
+    length the model saw, ``"eval_seconds"``: the evaluation wall clock of those entries (summed; None without
+    any), ``"code_commit"`` and ``"date"``: the git commit and time of the newest evaluation among them}``."""
     from longsparse.report import collect as collect_runs
 
-    res, train_hi, seconds = {}, None, {}
+    res, train_hi, seconds, newest = {}, None, {}, {}
     for f in sorted((run / "eval").glob("*.json")) if (run / "eval").is_dir() else []:
         try:
             d = json.loads(f.read_text())
@@ -324,47 +355,101 @@ def _run_results(run: Path, study: dict) -> tuple[dict[tuple[str, int], dict], O
                                              "token_accuracy": r["token_accuracy"],
                                              "checkpoint_step": d.get("checkpoint_step")}
                 seconds[(d["checkpoint"], L)] = r.get("seconds")
+                if d.get("created", "") >= newest.get("created", ""):
+                    newest = d
     timed = [x for x in seconds.values() if x is not None]
-    return res, train_hi, round(sum(timed), 1) if timed else None
+    return {"results": res, "train_hi": train_hi, "eval_seconds": round(sum(timed), 1) if timed else None,
+            "code_commit": newest.get("env", {}).get("git", {}).get("commit"), "date": newest.get("created")}
 
 
-def collect(spec: dict, out: str | Path, archive: Optional[dict] = None,
-            printer: Callable[[str], None] = print) -> dict:
-    """Per study: per (method/positions, checkpoint, length) the seeds' exact match (and n, CI per seed), from the
-    run folders under ``out`` and, for what no run folder holds, from ``archive`` (an earlier report)."""
-    out = Path(out)
+def run_record(study: dict, cell: dict, run: Path) -> Optional[dict]:
+    """The store record of what the run folder of ``cell`` holds for the study now (None: no result yet)."""
+    got = _run_results(run, study)
+    if not got["results"]:
+        return None
+    train = _train_record(run)
+    chash = train.pop("config_hash")
+    return result_store.new_record(
+        study=study["name"], run=cell["run"], task=study["task"], preset=study["preset"], method=cell["method"],
+        positions=cell["positions"], seed=cell["seed"], config_hash=chash, code_commit=got["code_commit"],
+        date=got["date"], test_seed=study["test_seed"], train_hi=got["train_hi"],
+        train=train if (run / "metrics.jsonl").is_file() else None, eval_seconds=got["eval_seconds"],
+        results=[{"checkpoint": ck, "length": L, **r} for (ck, L), r in sorted(got["results"].items())],
+        source=f"run folder {cell['run']}")
+
+
+def new_records(spec: dict, out: str | Path, archive: Sequence[dict] = (),
+                printer: Callable[[str], None] = print) -> list[dict]:
+    """The records of the run folders under ``out`` that add to or change what ``archive`` (the store's
+    records) holds for their cells; an unchanged run folder gives none, so recording twice appends nothing.
+    Prints each stored exact match that a run folder's result replaces."""
+    out, stored, new = Path(out), result_store.by_run(archive), []
+    for study in spec["studies"]:
+        for c in cells(study):
+            run = out / c["run"]
+            rec = run_record(study, c, run) if run.is_dir() else None
+            if rec is None:
+                continue
+            have = archived(stored, study, c, rec["config_hash"] or cell_hash(cell_config(study, c)))
+            old, prev = have["all"], have["record"]
+            fresh = {(r["checkpoint"], r["length"]): result_store.result_entry(r) for r in rec["results"]}
+            for k in old.keys() & fresh.keys():
+                if old[k]["exact_match"] != fresh[k]["exact_match"]:
+                    printer(f"{c['run']}: {k[0]} checkpoint at {k[1]}: stored exact match "
+                            f"{old[k]['exact_match']:.4f} replaced by this run folder's {fresh[k]['exact_match']:.4f}")
+            same_run = prev is not None and rec["train"] in (None, prev["train"]) and \
+                (prev.get("config_hash"), prev.get("eval_seconds")) == (rec["config_hash"], rec["eval_seconds"])
+            if not same_run or any(old.get(k) != v for k, v in fresh.items()):
+                new.append(rec)
+    return new
+
+
+def _run_info(rec: dict) -> dict:
+    """The view's record of a run (steps, train seconds, final loss, config hash, eval seconds) from its record."""
+    info = dict(rec["train"] or {})
+    if rec.get("config_hash") is not None:
+        info["config_hash"] = rec["config_hash"]
+    if "eval_seconds" in rec:
+        info["eval_seconds"] = rec["eval_seconds"]
+    return info
+
+
+def view(spec: dict, records: Sequence[dict], printer: Optional[Callable[[str], None]] = print, *,
+         strict: bool = True) -> dict:
+    """The study view of ``records``: per study, per (method/positions, checkpoint, length) the seeds' results
+    (exact match, n, CI, ...) with their mean, min, max, std, and per run its training record. ``strict``: only
+    the checkpoints, lengths and sample counts the study file asks for (the report); otherwise every stored
+    result of a cell (the paired analysis). Results recorded for another config of a cell are always left out,
+    with a message."""
+    say = printer or (lambda s: None)
+    index = result_store.by_run(records)
     data = {"format": FORMAT, "study_file": spec["path"], "studies": {}}
     for study in spec["studies"]:
-        old_sd = (archive or {}).get("studies", {}).get(study["name"], {})
         sd = {"task": study["task"], "preset": study["preset"], "lengths": study["lengths"], "series": {},
               "runs": {}, "test_seed": study["test_seed"]}
-        if "train_hi" in old_sd:
-            sd["train_hi"] = old_sd["train_hi"]
+        off_spec = 0
         for c in cells(study):
-            run, chash = out / c["run"], cell_hash(cell_config(study, c))
-            (old, dropped), old_rec = archived(archive, study, c, chash), old_sd.get("runs", {}).get(c["run"])
-            if dropped:
-                stale = (old_rec or {}).get("config_hash") not in (None, chash)
-                why = (f"recorded for config {old_rec['config_hash']}, the study file now gives {chash}" if stale
-                       else "at lengths or sample counts the study no longer asks for")
-                printer(f"{c['run']}: {dropped} archived results dropped: {why}")
-            new, train_hi, eval_seconds = _run_results(run, study)
-            for k in old.keys() & new.keys():
-                if old[k]["exact_match"] != new[k]["exact_match"]:
-                    printer(f"{c['run']}: {k[0]} checkpoint at {k[1]}: archived exact match "
-                            f"{old[k]['exact_match']:.4f} replaced by this run folder's {new[k]['exact_match']:.4f}")
-            results = {**old, **new}
+            chash = cell_hash(cell_config(study, c))
+            got = archived(index, study, c, chash)
+            for h, n in got["stale"].items():
+                say(f"{c['run']}: {n} stored results left out: recorded for config {h}, the study file now gives "
+                    f"{chash}")
+            off_spec += got["off_spec"] if strict else 0
+            results = got["kept"] if strict else got["all"]
             if not results:
                 continue
-            if train_hi is not None:
-                sd["train_hi"] = train_hi
-            sd["runs"][c["run"]] = ({**_train_record(run), "eval_seconds": eval_seconds}
-                                    if (run / "metrics.jsonl").is_file() else old_rec)
+            if got["train_hi"] is not None:
+                sd["train_hi"] = got["train_hi"]
+            sd["runs"][c["run"]] = _run_info(got["record"]) if got["record"] is not None else None
             by_ck = sd["series"].setdefault(f"{c['method']}/{c['positions']}", {})
-            for ck in study["checkpoints"]:
-                for L in study["lengths"]:
-                    if (ck, L) in results:
-                        by_ck.setdefault(ck, {}).setdefault(str(L), {})[str(c["seed"])] = results[(ck, L)]
+            keys = ([(ck, L) for ck in study["checkpoints"] for L in study["lengths"]] if strict
+                    else sorted(results))
+            for ck, L in keys:
+                if (ck, L) in results:
+                    by_ck.setdefault(ck, {}).setdefault(str(L), {})[str(c["seed"])] = results[(ck, L)]
+        if off_spec:
+            say(f"{study['name']}: {off_spec} stored results are at checkpoints, lengths or sample counts the study "
+                "does not ask for; they stay in the store, not in the tables")
         for by_ck in sd["series"].values():
             for by_L in by_ck.values():
                 for L, per in by_L.items():
@@ -374,6 +459,14 @@ def collect(spec: dict, out: str | Path, archive: Optional[dict] = None,
                     by_L[L] = {"per_seed": per, **per_summary}
         data["studies"][study["name"]] = sd
     return data
+
+
+def collect(spec: dict, out: str | Path, archive: Sequence[dict] = (),
+            printer: Callable[[str], None] = print) -> dict:
+    """The study view (``view``) of ``archive`` (store records) and what the run folders under ``out`` add to it,
+    without writing anything."""
+    records = list(archive)
+    return view(spec, records + new_records(spec, out, records, printer), printer)
 
 
 def _pct(x: float) -> str:
@@ -476,26 +569,40 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
 
 
 def update_archive(spec: dict, out: str | Path, report_dir: str | Path,
-                   printer: Callable[[str], None] = print) -> dict:
-    """Rebuild ``report_dir/results.json`` (the archive) from the run folders under ``out`` on top of the previous
-    one (so results whose run folders are gone are kept); no tables or plots. Returns the data written."""
+                   printer: Callable[[str], None] = print, store: Optional[str | Path] = None) -> dict:
+    """Append what the run folders under ``out`` add to the store (``store``, default ``report_dir``), then write
+    the study view of the whole store as ``report_dir/results.json``; no tables or plots. Returns the view.
+    Shards of one study call this after each of their cells: two of them may append the same run folder's
+    record, which is harmless (identical records; the later wins)."""
     report_dir = Path(report_dir)
-    data = collect(spec, out, load_archive(report_dir), printer)
+    store = Path(store) if store is not None else report_dir
+    check_report_folder(report_dir, store)
+    records = load_store(store)
+    new = new_records(spec, out, records, printer)
+    try:
+        result_store.append_records(store, new)
+        if store.resolve() == report_dir.resolve():     # the view is written over the archive it was read from
+            result_store.adopt_archive(store)
+    except result_store.StoreError as e:
+        raise ConfigError(str(e)) from None
+    data = {**view(spec, records + new, printer), result_store.VIEW_MARK: True}
     report_dir.mkdir(parents=True, exist_ok=True)
-    # written whole, then renamed: a killed rebuild leaves the old one; the temporary name is per process because
-    # the shards of a study update the same archive after each of their cells
-    tmp = report_dir / f"results.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(report_dir / "results.json")
+    atomic_write_text(report_dir / "results.json", json.dumps(data, indent=1) + "\n")
     return data
 
 
-def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: Callable[[str], None] = print) -> dict:
-    """The archive (``update_archive``), then tables and plots from it, in ``report_dir``."""
+def tables_markdown(data: dict) -> str:
+    """The report's tables.md: mean [min–max] per study and checkpoint, then every seed."""
+    return "\n".join([*(markdown(data, ck) for ck in CHECKPOINTS), "### Per seed\n",
+                      *(markdown_per_seed(data, ck) for ck in CHECKPOINTS)])
+
+
+def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: Callable[[str], None] = print,
+                 store: Optional[str | Path] = None) -> dict:
+    """The store and the view (``update_archive``), then tables and plots from the view, in ``report_dir``."""
     report_dir = Path(report_dir)
-    data = update_archive(spec, out, report_dir, printer)
-    tables = "\n".join([*(markdown(data, ck) for ck in CHECKPOINTS), "### Per seed\n",
-                         *(markdown_per_seed(data, ck) for ck in CHECKPOINTS)])
+    data = update_archive(spec, out, report_dir, printer, store=store)
+    tables = tables_markdown(data)
     atomic_write_text(report_dir / "tables.md", tables)
     pngs = plot(data, report_dir)
     printer(tables)
@@ -512,17 +619,19 @@ def add_cli(sub) -> None:
     r.add_argument("--config", default=None, help="a study TOML file instead of src/longsparse/configs/reproduce/<study>.toml")
     r.add_argument("--out", default=None, help="run folder (default runs/reproduce[-quick])")
     r.add_argument("--report", default=None,
-                   help="tables/JSON/PNG here (default OUT/report); its results.json, if any, is the archive the "
-                        "report is rebuilt on (results of run folders that are gone are kept; archived cells are "
-                        "not retrained)")
+                   help="tables.md, a PNG per study and results.json (the rendered view) here (default OUT/report)")
+    r.add_argument("--store", default=None,
+                   help="the results store: a folder whose records.jsonl the run folders' results are appended to "
+                        "and the report is rendered from (default: the --report folder); cells whose results are "
+                        "all stored are not retrained. The repository's: results/<study>")
     r.add_argument("--only", default=None,
                    help="comma list of study names, or tasks (every study of the task) where no study has that name")
     r.add_argument("--shard", default=None, help="K/N: run every N-th cell from the K-th (one process per core)")
     r.add_argument("--report-only", action="store_true", help="rebuild the report from saved results")
     r.add_argument("--dry-run", action="store_true",
-                   help="print which cells would be trained / evaluated / skipped as archived; change nothing")
+                   help="print which cells would be trained / evaluated / skipped as stored; change nothing")
     r.add_argument("--analyse", default=None, metavar="A-B[,A-B...]",
-                   help="only the paired seed-level analysis of the archive in --report: method pairs A - B, the "
+                   help="only the paired seed-level analysis of the store's records: method pairs A - B, the "
                         "first one primary (decision at --endpoint); writes analysis.json/.md and forest.png there")
     r.add_argument("--endpoint", type=int, default=None,
                    help="the primary endpoint's test length for --analyse (default: the study's third length)")
@@ -542,35 +651,37 @@ def _cli(args) -> int:
         if set(only) - known:
             raise ConfigError(f"--only: unknown {sorted(set(only) - known)}; the study file has {sorted(known)}")
     shard = parse_shard(args.shard)
-    report = args.report or out / "report"
+    report = Path(args.report or out / "report")
+    store = Path(args.store) if args.store else report
     if args.analyse:
         studies = [s for s in spec["studies"] if not only or selected(s, only, spec)]
-        return _analyse(studies, Path(report), Path(args.analysis_out or report), args.analyse, args.endpoint,
-                        args.margin)
+        return _analyse({**spec, "studies": studies}, store, Path(args.analysis_out or report), args.analyse,
+                        args.endpoint, args.margin)
+    check_report_folder(report, store)
     if args.dry_run:
-        run_study(spec, out, only=only, shard=shard, archive=load_archive(report), dry_run=True)
+        run_study(spec, out, only=only, shard=shard, archive=load_store(store), dry_run=True)
         return 0
     if not args.report_only:
-        def after_cell() -> None:     # the archive only (cheap); tables and plots once, below
-            update_archive(spec, out, report, printer=lambda s: None)
-            print(f"archive updated: {Path(report) / 'results.json'}")
+        def after_cell() -> None:     # the store and the view only (cheap); tables and plots once, below
+            update_archive(spec, out, report, printer=lambda s: None, store=store)
+            print(f"store updated: {result_store.records_path(store)}")
 
-        run_study(spec, out, only=only, shard=shard, archive=load_archive(report), after_cell=after_cell)
-    build_report(spec, out, report)
+        run_study(spec, out, only=only, shard=shard, archive=load_store(store), after_cell=after_cell)
+    build_report(spec, out, report, store=store)
     return 0
 
 
-def _analyse(studies: list[dict], report: Path, out: Path, pairs_text: str, endpoint: Optional[int],
+def _analyse(spec: dict, store: Path, out: Path, pairs_text: str, endpoint: Optional[int],
              margin: float) -> int:
-    """``--analyse``: the paired analysis (longsparse.report.paired) of ``studies`` in the archive in ``report``
-    (lengths, checkpoint and in-distribution length from the first of them), written to ``out``."""
+    """``--analyse``: the paired analysis (longsparse.report.paired) of the studies of ``spec`` from the records in
+    ``store`` (lengths, checkpoint and in-distribution length from the first study), written to ``out``."""
     from longsparse.report import paired
 
-    archive = load_archive(report)
-    if archive is None:
-        raise ConfigError(f"{report / 'results.json'}: no archive to analyse (run the study first)")
-    names = {s["name"] for s in studies}
-    archive = {**archive, "studies": {k: v for k, v in archive["studies"].items() if k in names}}
+    records = load_store(store)
+    if not records:
+        raise ConfigError(f"{store}: no stored results to analyse (run the study first)")
+    archive = view(spec, records, strict=False)
+    studies = spec["studies"]
     pairs = []
     for item in pairs_text.split(","):
         a, sep, b = item.strip().partition("-")

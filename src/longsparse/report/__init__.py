@@ -190,8 +190,8 @@ def _written_by_report(path: Path) -> bool:
 
 
 def _check_not_foreign(out: Path) -> None:
-    """An output file this command did not write (a hand-written docs/results.md, a study's archive
-    docs/results/results.json, ...) is never overwritten: refuse before writing anything."""
+    """An output file this command did not write (a hand-written docs/results.md, a study's
+    results.json view or archive, ...) is never overwritten: refuse before writing anything."""
     for name in OUTPUTS:
         path = out / name
         if path.is_file() and not _written_by_report(path):

@@ -1,4 +1,4 @@
-"""The analyses of paper [A] as figures (SPEC §7), each a PNG with its numbers in a JSON file next to it.
+"""The analyses of paper [A] as figures (docs/method.md §7), each a PNG with its numbers in a JSON file next to it.
 
     longsparse figures --out docs/figures [--runs RUN ...] [--quick] [--only 1,3,6]
 
@@ -36,7 +36,7 @@ Z_DEMO = (2.0, 1.8, 1.6, 1.4, 1.2)
 ALPHAS = (1.25, 1.5, 2.0)
 
 # ---- trained models --------------------------------------------------------------------------------------
-#: The models trained when no --runs are given: flip-flop (SPEC §5, write prob 0.1), the repository's cpu preset
+#: The models trained when no --runs are given: flip-flop (docs/method.md §5, write prob 0.1), the repository's cpu preset
 #: (src/longsparse/configs/flip_flop/cpu.toml: 2 layers, d_model 64, 4 heads × 16, GeGLU 128, AdamW lr 1e-3, 400 steps, 40 warm-up,
 #: batch 32, train lengths U[32, 64], seed 0, 1 thread) with one validation at the end.
 DEFAULT_RUNS = (
@@ -424,7 +424,7 @@ def fit_scale_curves(n: Sequence[float], s: Sequence[float], gamma_range: tuple 
 @torch.no_grad()
 def learned_scales(model, batch) -> dict:
     """Per layer and head, the learned per-query scale against n = position + 2 (the argument of the scaler's
-    log, SPEC §2), from ``capture`` on ``batch`` (a longsparse.tasks.Batch).
+    log, docs/method.md §2), from ``capture`` on ``batch`` (a longsparse.tasks.Batch).
 
     The scale is a function of each query's own hidden state, so it differs by token type; the fits use the
     *target queries* (positions with a label: the queries that carry the task, e.g. flip-flop's reads), one point

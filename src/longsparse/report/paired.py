@@ -12,7 +12,8 @@ points) at one test length is summarised by
   equal in-distribution accuracy, separating "extrapolates better" from "converged better".
 
 The decision rule maps the primary endpoint to supported / refuted / inconclusive (see ``decide``). Everything is
-computed from a study archive (``results.json`` of ``longsparse reproduce``); nothing from models.
+computed from a study view (``longsparse.reproduce.view`` of a results store: per study, method, checkpoint,
+length and seed); nothing from models.
 """
 from __future__ import annotations
 
