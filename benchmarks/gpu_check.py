@@ -1,32 +1,43 @@
 """GPU check of the Triton α-entmax attention kernels: correctness against the reference path, then speed
-and memory against torch SDPA (flash), adasplash and ls.attention(backend="chunked").
+and memory against torch SDPA (flash), adasplash and ls.attention(backend="chunked"), and training steps/s.
 
-One call on a lent GPU (≤ 5 minutes in all):
+One call on a lent GPU (≤ 5 minutes in all; docs/gpu.md, "The GPU check of the Triton kernels"):
 
     python benchmarks/gpu_check.py --out $OUT/gpu_check.json
 
-On CPU, for the tests (Triton interpreter, tiny shapes, no timing):
+On CPU, for the tests (Triton interpreter, tiny shapes; the timing and training code run once, their numbers
+mean nothing):
 
     TRITON_INTERPRET=1 python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check.json
 
 (a) checks: every feature of `entmax_attention_triton` (α = 1.25 / 1.5 / 2 / per head, causal or not,
-    NAPE slopes, q-scales, N up to 4096 and odd N, GQA, key lengths, fully masked rows, decoding offsets
-    and the decode path, head dims 16-128, fp16 / bf16, torch.compile) against
-    ls.attention(backend="reference") in float64: max abs errors of the output and of dq, dk, dv (and the
-    q-scale gradient); a failing case is recorded and the run goes on. The cases run in a pool of worker
-    processes, so that Triton compiles the kernel variants on several CPU cores at once (compilation,
-    not the GPU, bounds this phase); the pool also compiles the timing phase's kernels, which land in
-    Triton's on-disk cache.
+    NAPE slopes, q-scales, N up to 4096 and odd N, GQA, right padding (key_end), left padding (key_start)
+    and both, fully masked rows, decoding offsets and the decode path, head dims 16-128, fp16 / bf16,
+    torch.compile) against ls.attention(backend="reference") in float64 (key ranges as the dense mask):
+    max abs errors of the output and of dq, dk, dv (and the q-scale gradient); a failing case is recorded
+    and the run goes on. One more check generates greedily from a tiny model with a left-padded batch of
+    1,100-token prompts (so the cached steps take the split-K decode path): auto must run every attention
+    call on triton, and each row must give the tokens and logits of the row generated alone. The cases run
+    in a pool of worker processes, so that Triton compiles the kernel variants on several CPU cores at once
+    (compilation, not the GPU, bounds this phase); the pool also compiles the timing phase's kernels, which
+    land in Triton's on-disk cache.
 (b) timings: a decode step (one query, causal) at 32K and 128K keys, ours against SDPA; then causal
     bf16, B = 1, H = 16, D = 64 and 128, N = 1K, 4K, 16K, 32K, forward and forward + backward: our kernel
     without and with ALiBi (NAPE slopes), SDPA (flash backend), adasplash (α = 1.5; skipped when not
     installed) and the chunked backend (not timed at longer N once a call takes over 1.5 s). Methods of
     one (N, D, direction) are timed interleaved (each round calls every method once), medians of
     CUDA-event times, ratios to SDPA; peak memory above the inputs from torch.cuda.max_memory_allocated
-    in the first (warm-up) call. No new case starts after --budget-s seconds (default 280).
+    in the first (warm-up) call. No timing group starts after --budget-s − --train-reserve-s seconds.
+(c) training: steps/s of the training loop (`longsparse.train.train`, in memory, data stream included) on
+    the MQMTAR `paper` preset (4 layers, d 512, 16 heads × 32, batch 128, bf16 autocast) for softmax and
+    ASEntmax: 200 steps after warm-up (fewer if the time left at --budget-s would not hold them), and which
+    attention backends ran. No training starts after --budget-s seconds (default 280).
 The JSON is rewritten after every case, so a run cut short still leaves its results.
 """
 import argparse
+import collections
+import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -80,11 +91,17 @@ def check_cases(dry: bool) -> list:
         ("gqa_lengths_masked_rows", spec(N=n_mid, B=3, H=4, Hkv=2, nape=True, lengths=[n_mid, n_mid // 3, 0])),
         ("gqa_lengths_noncausal", spec(alpha=2.0, causal=False, N=n_mid, B=2, H=4, Hkv=1,
                                        lengths=[n_mid // 2 + 1, n_mid])),
+        ("left_padding_block", spec(N=n_mid, B=3, H=4, Hkv=2, nape=True, q_scale=True,
+                                    starts=[0, n_mid // 3 + 1, n_mid - n_mid // 4 + 3])),
+        ("left_right_padding_noncausal", spec(alpha=1.25, causal=False, N=n_odd, B=3, nape=True,
+                                              starts=[n_odd // 5, 0, n_odd // 2], lengths=[n_odd - 3, n_odd // 2, 1])),
         ("decode_Nq1_auto", spec(N=n_dec, Nq=1, H=4, Hkv=2, nape=True, decode=True if dry else None)),
         ("decode_Nq5_decode_path", spec(N=n_dec, Nq=5, nape=True, q_scale=True, decode=True)),
         ("decode_Nq5_block_path", spec(N=n_dec, Nq=5, nape=True, decode=False)),
         ("decode_per_head_alpha_lengths", spec(alpha=[1.25, 2.0], N=n_dec, Nq=3, B=2,
                                                lengths=[n_dec, n_dec // 5], decode=True)),
+        ("decode_left_padding", spec(N=n_dec, Nq=1, B=2, H=4, Hkv=2, nape=True, q_scale=True,
+                                     starts=[n_dec // 3 + 5, 0], decode=True if dry else None)),
         ("bf16_inputs", spec(N=n_mid, nape=True, dtype="bfloat16")),
         ("fp16_inputs", spec(N=n_mid, nape=True, dtype="float16")),
         ("torch_compile_fullgraph", spec(N=24 if dry else n_mid, nape=True, q_scale=True, compile=True)),
@@ -135,12 +152,13 @@ def run_check(name: str, spec: dict, device: str) -> dict:
         alpha = torch.tensor(alpha, device=device) if isinstance(alpha, list) else alpha
         slopes = _nape(H).to(device) if spec.get("nape") else None
         lengths = torch.tensor(spec["lengths"], device=device) if spec.get("lengths") else None
+        starts = torch.tensor(spec["starts"], device=device) if spec.get("starts") else None
         causal = spec["causal"]
 
         def kernel(*ts):
             return te.entmax_attention_triton(ts[0], ts[1], ts[2], alpha=alpha, is_causal=causal,
                                               alibi_slopes=slopes, q_scale=ts[3] if len(ts) > 3 else None,
-                                              key_lengths=lengths, decode=spec.get("decode"))
+                                              key_start=starts, key_end=lengths, decode=spec.get("decode"))
 
         fn = kernel
         if spec.get("compile"):
@@ -150,9 +168,11 @@ def run_check(name: str, spec: dict, device: str) -> dict:
         # reference: float64 for fp32 inputs, float32 on the rounded inputs for 16-bit ones
         rdt = torch.float64 if dtype == torch.float32 else torch.float32
         rl = [t.detach().to(rdt).requires_grad_() for t in leaves]
-        mask = None
-        if lengths is not None:
-            mask = (torch.arange(Nk, device=device)[None, :] < lengths[:, None]).view(B, 1, 1, Nk)
+        mask = None          # the key ranges as the dense mask the reference takes
+        if lengths is not None or starts is not None:
+            j = torch.arange(Nk, device=device)[None, :]
+            mask = ((j >= (0 if starts is None else starts[:, None]))
+                    & (j < (Nk if lengths is None else lengths[:, None]))).view(B, 1, 1, Nk)
         ref = ls.attention(rl[0], rl[1], rl[2], mapping="entmax",
                            alpha=alpha.to(rdt) if isinstance(alpha, torch.Tensor) else alpha, is_causal=causal,
                            alibi_slopes=None if slopes is None else slopes.to(rdt),
@@ -171,6 +191,75 @@ def run_check(name: str, spec: dict, device: str) -> dict:
         relative = dtype != torch.float32
         row.update(errors=errors, ref_abs_max=scales, tolerance=tol, tolerance_kind="relative" if relative else "abs",
                    ok=all(e <= tol * (scales[n] if relative else 1.0) for n, e in errors.items()))
+    except Exception as exc:  # noqa: BLE001 - recorded, and the run goes on
+        row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], traceback=traceback.format_exc()[-3000:])
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    return row
+
+
+@contextlib.contextmanager
+def backends_used():
+    """Counts the attention calls each backend runs inside the block (a Counter by backend name)."""
+    from longsparse.attention import BACKENDS
+
+    counts = collections.Counter()
+    saved = dict(BACKENDS)
+
+    def counted(backend):
+        def run(call):
+            counts[backend.name] += 1
+            return backend.run(call)
+        return dataclasses.replace(backend, run=run)
+
+    BACKENDS.update({name: counted(b) for name, b in saved.items()})
+    try:
+        yield counts
+    finally:
+        BACKENDS.update(saved)
+
+
+def generation_check(name: str, device: str, dry: bool) -> dict:
+    """Cached greedy generation of a left-padded batch from a tiny ASEntmax / NAPE model (float32), as
+    `generate` runs on CUDA: every attention call must run on triton (auto on the GPU; named in the dry run,
+    where auto keeps CPU tensors off triton), and each row must give the tokens of the row generated alone
+    and, teacher-forced through the cache, its logits. Prompts of 1,100 tokens put the cached steps on the
+    split-K decode path (Nk ≥ 1024)."""
+    from longsparse.nn import ModelConfig, Transformer
+
+    t0 = time.perf_counter()
+    row = {"case": name}
+    try:
+        n, new, layers = (24, 2, 1) if dry else (1100, 8, 2)
+        pads = (n // 3, 0)
+        torch.manual_seed(0)
+        cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=layers, n_heads=4, d_ff=128, method="asentmax",
+                          positions="nape", attn_backend="triton" if dry else "auto")
+        model = Transformer(cfg).to(device).eval()
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, 64, (len(pads), n), generator=g).to(device)
+        follow = torch.randint(0, 64, (len(pads), new), generator=g).to(device)
+        mask = torch.ones(len(pads), n, dtype=torch.bool, device=device)
+        for b, s in enumerate(pads):
+            mask[b, :s] = False
+
+        def teacher_forced(prompt, prompt_mask, steps):
+            cache = model.new_cache()
+            out = [model(prompt, attention_mask=prompt_mask, cache=cache, logits_for="last")]
+            out += [model(steps[:, t:t + 1], cache=cache, logits_for="last") for t in range(steps.shape[1])]
+            return torch.cat(out, 1)
+
+        with torch.no_grad(), backends_used() as used:
+            tokens = model.generate(ids, new, attention_mask=mask)
+            logits = teacher_forced(ids, mask, follow)
+        err, same = 0.0, True
+        with torch.no_grad():
+            for b, s in enumerate(pads):
+                same &= torch.equal(tokens[b:b + 1], model.generate(ids[b:b + 1, s:], new))
+                alone = teacher_forced(ids[b:b + 1, s:], None, follow[b:b + 1])
+                err = max(err, (logits[b:b + 1] - alone).abs().max().item())
+        row.update(prompt=n, pads=list(pads), new_tokens=new, backends=dict(used), tokens_equal=bool(same),
+                   errors={"logits": err}, tolerance=1e-4, tolerance_kind="abs",
+                   ok=bool(same) and err <= 1e-4 and set(used) == {"triton"})
     except Exception as exc:  # noqa: BLE001 - recorded, and the run goes on
         row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], traceback=traceback.format_exc()[-3000:])
     row["seconds"] = round(time.perf_counter() - t0, 2)
@@ -215,6 +304,8 @@ def warm_kernels(spec: dict, device: str) -> dict:
 def _pool_task(kind: str, name: str, spec: dict, device: str, dry: bool):
     if kind == "check":
         return run_check(name, spec, device)
+    if kind == "generate":
+        return generation_check(name, device, dry)
     if kind == "skip":
         return {"tile_skip": tile_skip_fraction(device, dry)}
     return warm_kernels(spec, device)
@@ -401,6 +492,55 @@ def time_decode(Nk: int, D: int, rounds: int, deadline: float, device: str = "cu
     return list(rows.values())
 
 
+# ============================================================================ (c) training steps
+
+TRAIN_STEPS = 200
+TRAIN_METHODS = ("softmax", "asentmax")
+
+
+def train_steps(method: str, device: str, dry: bool, deadline: float) -> dict:
+    """Steps/s of `longsparse.train.train` (in memory: no files; the data stream included) on the MQMTAR
+    `paper` preset with ``method``: a warm-up run (compiles the kernels), a short run and a long one; the
+    rate is the long run's extra steps over its extra seconds, so model building and the one-example
+    validation at the end of every run cancel. The long run has TRAIN_STEPS more steps, or as many as the
+    short run's pace fits before `deadline`. The dry run shrinks the model and batch (CPU)."""
+    from longsparse.train import build_config, train
+
+    row = {"task": "mqmtar", "preset": "paper", "method": method}
+    sets = [f"train.device={device}", "train.val_every=0", "train.val_lengths=[64]", "train.val_samples=1",
+            "train.log_every=1000"]
+    if dry:
+        sets += ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.head_dim=16", "model.d_ff=32",
+                 "train.batch_size=2", "train.bf16=false"]
+    warm, short = (1, 2) if dry else (5, 10)
+
+    def run(steps):
+        cfg = build_config("mqmtar", preset="paper", method=method, steps=steps, sets=sets)
+        _sync(device)
+        t0 = time.perf_counter()
+        with backends_used() as used:
+            train(cfg, None, printer=lambda line: None, progress=False)
+        _sync(device)
+        return time.perf_counter() - t0, dict(used), cfg
+
+    try:
+        run(warm)
+        t_short, _, cfg = run(short)
+        left = deadline - time.perf_counter() - 2 * t_short
+        extra = min(2 if dry else TRAIN_STEPS, int(left / max(t_short / short, 1e-6)))
+        if extra < 1:
+            row["skipped"] = "budget"
+            return row
+        t_long, used, _ = run(short + extra)
+        m = cfg["model"]
+        row.update(steps=extra, seconds=round(t_long - t_short, 3), steps_per_s=extra / max(t_long - t_short, 1e-9),
+                   attention_backends=used, batch_size=cfg["train"]["batch_size"], bf16=cfg["train"]["bf16"],
+                   model={k: m.get(k) for k in ("n_layers", "d_model", "n_heads", "head_dim", "positions")})
+    except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
+        row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+    return row
+
+
 # ============================================================================ driver
 
 def _write(path: Path, data: dict) -> None:
@@ -433,6 +573,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes, no timing")
     ap.add_argument("--budget-s", type=float, default=280.0, help="no new case starts after this many seconds")
+    ap.add_argument("--train-reserve-s", type=float, default=60.0,
+                    help="seconds kept from the timings for the training steps at the end")
     ap.add_argument("--workers", type=int, default=None, help="processes for the checks (compilation in parallel)")
     ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096, 16384, 32768])
     ap.add_argument("--dims", type=int, nargs="*", default=[64, 128])
@@ -441,6 +583,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", nargs="*", default=None, help="run only the checks whose name contains one of these")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--skip-training", action="store_true")
     args = ap.parse_args(argv)
 
     dry = args.dry_run
@@ -452,17 +595,19 @@ def main(argv=None) -> int:
         return 2
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = T0 + args.budget_s
+    deadline = T0 + args.budget_s                   # no training starts after this
+    timing_deadline = deadline - (0.0 if args.skip_training else args.train_reserve_s)
     data = {"benchmark": "gpu_check", "dry_run": dry, "env": _env(device), "config": vars(args),
-            "checks": [], "tile_skip": None, "timings": [], "decode": [], "warm": [], "notes": []}
+            "checks": [], "tile_skip": None, "timings": [], "decode": [], "training": [], "warm": [], "notes": []}
     _write(out_path, data)
 
     # (a) checks, with the timing kernels compiled alongside
     if not args.skip_checks:
-        cases = [(n, s) for n, s in check_cases(dry) if not args.cases or any(c in n for c in args.cases)]
-        tasks = [("check", name, spec) for name, spec in cases] + [("skip", "tile_skip", {})]
-        if not dry and not args.skip_timing:
-            tasks = [("warm", f"warm_D{d}", {"D": d}) for d in args.dims] + tasks
+        cases = [("check", n, s) for n, s in check_cases(dry)] + [("generate", "model_generate_left_padded", {})]
+        tasks = [c for c in cases if not args.cases or any(x in c[1] for x in args.cases)] + [("skip", "tile_skip", {})]
+        if not dry:      # the timing phase's kernel variants, and the training's (head dim 32)
+            dims = ([] if args.skip_timing else list(args.dims)) + ([] if args.skip_training else [32])
+            tasks = [("warm", f"warm_D{d}", {"D": d}) for d in dict.fromkeys(dims)] + tasks
         workers = args.workers or (2 if dry else max(1, min(8, (os.cpu_count() or 2) - 1)))
         import multiprocessing as mp
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
@@ -474,7 +619,7 @@ def main(argv=None) -> int:
                     res = fut.result()
                 except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
                     res = {"case": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-                if kind == "check":
+                if kind in ("check", "generate"):
                     data["checks"].append(res)
                     print(f"[{_elapsed():6.1f}s] check {name}: {'ok' if res.get('ok') else 'FAIL'} "
                           f"{res.get('errors', res.get('error'))}", flush=True)
@@ -498,11 +643,11 @@ def main(argv=None) -> int:
     heads = 2 if dry else 16
     if not args.skip_timing:
         for Nk in args.decode_lengths:
-            if time.perf_counter() > deadline:
+            if time.perf_counter() > timing_deadline:
                 data["notes"].append(f"budget reached before decode Nk={Nk}")
                 continue
             try:
-                rows = time_decode(Nk, max(args.dims), rounds_for(0), deadline, device=device, H=heads)
+                rows = time_decode(Nk, max(args.dims), rounds_for(0), timing_deadline, device=device, H=heads)
             except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
                 rows = [{"Nk": Nk, "direction": "decode", "error": f"{type(exc).__name__}: {exc}"[:500]}]
             data["decode"] += rows
@@ -514,12 +659,12 @@ def main(argv=None) -> int:
         for N in args.lengths:            # all directions and dims at one N before the next N
             for backward in (False, True):
                 for D in args.dims:
-                    if time.perf_counter() > deadline:
+                    if time.perf_counter() > timing_deadline:
                         data["notes"].append(f"budget reached before N={N} D={D} "
                                              f"{'fwd+bwd' if backward else 'fwd'}")
                         continue
                     try:
-                        rows = time_group(N, D, backward, rounds_for(N), deadline, args.chunked_max_n,
+                        rows = time_group(N, D, backward, rounds_for(N), timing_deadline, args.chunked_max_n,
                                           too_slow[(backward, D)], device=device, H=heads)
                     except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
                         rows = [{"N": N, "D": D, "direction": "fwd+bwd" if backward else "fwd",
@@ -531,6 +676,20 @@ def main(argv=None) -> int:
                     _write(out_path, data)
                     if device == "cuda":
                         torch.cuda.empty_cache()
+
+    # (c) training steps
+    if not args.skip_training:
+        for i, method in enumerate(TRAIN_METHODS):
+            if time.perf_counter() > deadline:
+                data["notes"].append(f"budget reached before training {method}")
+                continue
+            # each method gets an equal share of the time left
+            share = time.perf_counter() + (deadline - time.perf_counter()) / (len(TRAIN_METHODS) - i)
+            row = train_steps(method, device, dry, share)
+            data["training"].append(row)
+            print(f"[{_elapsed():6.1f}s] train mqmtar paper {method}: {row.get('steps_per_s', row.get('error'))} "
+                  f"steps/s over {row.get('steps')} steps, attention {row.get('attention_backends')}", flush=True)
+            _write(out_path, data)
     data["total_seconds"] = round(_elapsed(), 1)
     _write(out_path, data)
     return 0

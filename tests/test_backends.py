@@ -74,15 +74,16 @@ def _case(mapping, bias, mask, rows, heads):
     return q, k, v, kw
 
 
-def _run(q, k, v, kw, **extra):
-    """Output and gradients of q, k, v (and q_scale) under a fixed upstream gradient."""
+def _run(q, k, v, kw, up=None, **extra):
+    """Output and gradients of q, k, v (and q_scale) under the upstream gradient `up` (None: a fixed random one)."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     kw = dict(kw)
     if kw.get("q_scale") is not None:
         kw["q_scale"] = kw["q_scale"].detach().clone().requires_grad_()
         leaves.append(kw["q_scale"])
     out = ls.attention(*leaves[:3], **kw, **extra)
-    up = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
+    if up is None:
+        up = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
     (out * up).sum().backward()
     return [out.detach()] + [t.grad for t in leaves]
 
@@ -220,6 +221,23 @@ def test_policy_short_rows_with_gradients_go_to_the_reference():
     assert choice.backend == "fused_cpu" and "autocast" in choice.passed_over["reference"]
 
 
+def test_policy_short_rows_with_gradients_go_to_fused_dense_when_it_takes_them(monkeypatch):
+    """fused_dense first (also under autocast: it computes in float32), within its key and logit limits; the
+    reference where fused_dense refuses the call (its own limits apply then)."""
+    not_sdpa = _only("fused_dense", "fused_cpu", "chunked")
+    assert select_backend(_call(nk=96, nq=96, grad=True), supports=not_sdpa).backend == "fused_dense"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert select_backend(_call(grad=True), supports=not_sdpa).backend == "fused_dense"
+    for call, why in ((_call(nk=97, nq=97, grad=True), "too long"), (_call(nk=64, nq=64), "no gradient"),
+                      (_call(grad=True, chunk_size=8), "chunk_size"), (_call(mapping="sparsemax", grad=True), "α = 2")):
+        choice = select_backend(call, supports=not_sdpa)
+        assert choice.backend == "fused_cpu" and why in choice.passed_over["fused_dense"]
+    choice = select_backend(_call(nk=64, nq=64, grad=True), supports=_only("fused_cpu"))
+    assert choice.backend == "reference" and choice.passed_over["fused_dense"] == "fused_dense refuses"
+    monkeypatch.setattr(policy, "FUSED_DENSE_MAX_ELEMENTS", B * H * N * N - 1)
+    assert "too long" in select_backend(_call(grad=True), supports=not_sdpa).passed_over["fused_dense"]
+
+
 def test_policy_falls_back_from_fused_cpu_to_chunked_to_reference():
     assert select_backend(_call(nk=300, nq=300), supports=_only("chunked")).backend == "chunked"
     choice = select_backend(_call(nk=300, nq=300), supports=_only())
@@ -240,11 +258,14 @@ def test_policy_with_the_real_backends_on_cpu():
         pytest.skip("fused CPU kernel not available")
     expect = {
         "fused_cpu": [_call(nk=300, nq=300), _call(nk=300, nq=300, grad=True), _call(alibi_slopes=torch.ones(H)),
-                      _call(mapping="sparsemax", nq=3)],
+                      _call(mapping="sparsemax", nq=3), _call(nk=128, nq=128, grad=True),
+                      _call(mapping="sparsemax", grad=True)],
         "chunked": [_call(attn_mask=torch.ones(300, 300, dtype=torch.bool), nk=300, nq=300),
                     _call(mapping="topk", chunk_size=4)],
         "sdpa": [_call(mapping="softmax"), _call(mapping="adatemp", grad=True)],
-        "reference": [_call(grad=True), _call(alpha=torch.full((H,), 1.5, requires_grad=True))],
+        "fused_dense": [_call(grad=True), _call(nk=96, nq=96, grad=True)],
+        "reference": [_call(grad=True, attn_mask=torch.ones(N, N, dtype=torch.bool)),
+                      _call(alpha=torch.full((H,), 1.5, requires_grad=True))],
     }
     for name, calls in expect.items():
         for call in calls:

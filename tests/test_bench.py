@@ -39,3 +39,66 @@ def test_short_benchmark_compares_auto_and_chunked_paths(tmp_path):
     path = bench.write_result("short", rows, str(tmp_path / "s.json"), {"lengths": [16, 32]})
     table = bench.markdown(str(path))
     assert table.count("\n| 16 |") == 3 and "auto / chunked" in table
+
+
+# ----------------------------------------------------------------------------- training steps, runs, evaluation
+
+TINY = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "train.batch_size=4"]
+
+
+def test_train_step_worker_measures_the_steps_peak_memory():
+    r = bench.train_step_worker("mqmtar_inline", "cpu", "asentmax", "nape", length=32, steps=2, threads=1, sets=TINY)
+    assert r["peak_rss_bytes"] > r["extra_peak_bytes"] > 0
+
+
+def test_train_step_is_the_loops_update():
+    """The benchmark times `train_step`, the loop's own update: one step of it from the run's start equals the
+    first logged loss of `train` (same model init, same first batch)."""
+    from longsparse.train import build_config, train
+
+    cfg, task, model, opt = bench._train_setup("mqmtar_inline", "cpu", "asentmax", "nape", TINY)
+    batch = task.batch(tuple(cfg["train"]["train_lengths"]), cfg["train"]["batch_size"],
+                       rng=task.rng(cfg["train"]["seed"], "train"))
+    n_target = int((batch.labels != -100).sum())
+    loss_sum, _ = bench._step_fn(cfg, model, opt, batch)()
+    res = train(build_config("mqmtar_inline", method="asentmax", positions="nape", steps=1,
+                             sets=TINY + ["train.val_every=0", "train.val_samples=1", "train.val_lengths=[32]"]),
+                None, printer=lambda s: None, progress=False)
+    assert float(loss_sum) / n_target == pytest.approx(res["first_loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_train_step_benchmark_times_methods_and_measures_memory(tmp_path):
+    rows = bench.bench_train_step([32], repeats=1, sets=TINY)
+    assert [r["method"] for r in rows] == ["softmax", "asentmax"]
+    base, other = rows
+    assert base["wall_vs_base"] == 1 and other["cpu_vs_base"] == pytest.approx(other["cpu_s"] / base["cpu_s"])
+    assert other["peak_vs_base"] == pytest.approx(other["peak_rss_bytes"] / base["peak_rss_bytes"])
+    path = bench.write_result("train-step", rows, str(tmp_path / "t.json"), {"lengths": [32]})
+    assert bench.markdown(str(path)).count("| 32 (") == 2
+
+
+@pytest.mark.slow
+def test_train_run_benchmark_runs_the_command(tmp_path):
+    rows = bench.bench_train_run(2, repeats=1, sets=TINY, workdir=str(tmp_path / "runs"))
+    assert [r["method"] for r in rows] == ["softmax", "asentmax"]
+    for r in rows:
+        assert r["wall_s"] >= r["runs"][0]["val_s"] > 0 and r["peak_rss_bytes"] > 0 and r["steps"] == 2
+        assert (tmp_path / "runs" / f"{r['method']}-nape-r0" / "checkpoints").is_dir()
+    path = bench.write_result("train-run", rows, str(tmp_path / "r.json"), {})
+    assert "| asentmax | 2 |" in bench.markdown(str(path))
+
+
+def test_eval_benchmark_scores_the_same_examples_with_each_model(tmp_path):
+    import torch
+
+    threads = torch.get_num_threads()
+    rows = bench.bench_eval([32, 64], repeats=2, samples=2, train_steps=1, sets=TINY)
+    assert torch.get_num_threads() == threads
+    assert [(r["length"], r["model"].split()[0]) for r in rows] == [
+        (n, m) for n in (32, 64) for m in ("softmax/nape", "asentmax/nape")]
+    for r in rows:
+        assert r["examples_per_s"] == pytest.approx(2 / r["seconds"]) and len(r["exact_match"]) == 2
+    assert {r["backend"] for r in rows} == {"sdpa", "fused_cpu"}
+    path = bench.write_result("eval", rows, str(tmp_path / "e.json"), {})
+    assert bench.markdown(str(path)).count("| 64 (") == 2

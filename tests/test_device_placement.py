@@ -1,4 +1,4 @@
-"""Tensors made inside the library follow their inputs' device (found on the first GPU run, session 25).
+"""Tensors made inside the library follow their inputs' device.
 
 Without a GPU these tests make the *default* device "meta" while every input lives on the CPU: a tensor that
 the code creates without ``device=`` then lands on meta, and mixing it with the CPU inputs raises, as a CPU

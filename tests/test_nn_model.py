@@ -184,12 +184,14 @@ def test_capture(method):
 @pytest.mark.parametrize("method,positions", [("asentmax", "nape"), ("softmax", "rope"), ("entmax", "alibi")])
 def test_right_padding_needs_no_attention_mask(method, positions, monkeypatch):
     """Right-padded rows without a cache (training batches) reach attention with no mask, so the fused backends
-    can take them, and their real positions equal the unpadded rows; left padding keeps its mask."""
+    can take them, and their real positions equal the unpadded rows; left padding goes as key_start (its key
+    range; tests/test_key_ranges.py)."""
     import longsparse.nn.attention as nn_attention
 
     seen = []
     real = nn_attention.attention
-    monkeypatch.setattr(nn_attention, "attention", lambda *a, **kw: seen.append(kw.get("attn_mask")) or real(*a, **kw))
+    monkeypatch.setattr(nn_attention, "attention",
+                        lambda *a, **kw: seen.append(kw.get("attn_mask", kw.get("key_start"))) or real(*a, **kw))
     torch.manual_seed(4)
     model = Transformer(tiny(method, positions)).double()
     ids = torch.randint(0, V, (2, 10))
@@ -199,5 +201,5 @@ def test_right_padding_needs_no_attention_mask(method, positions, monkeypatch):
     assert seen and all(m is None for m in seen)
     torch.testing.assert_close(out[1, :6], model(ids[1:, :6])[0], atol=1e-12, rtol=1e-12)
     seen.clear()
-    model(ids, attention_mask=right.flip(1))          # left padding: the mask is needed and kept
+    model(ids, attention_mask=right.flip(1))          # left padding: its key range is needed and kept
     assert seen and all(m is not None for m in seen)

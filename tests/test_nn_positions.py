@@ -88,6 +88,28 @@ def test_asentmax_scale_formula_and_inits():
     assert softplus_inverse(0.05) == pytest.approx(math.log(math.expm1(0.05)))
 
 
+def test_asentmax_scaler_gradients_match_the_formula():
+    """The scaler computes both projections as one product; its gradients (h and both projections) equal those
+    of the formula with each projection on its own (float64 autograd)."""
+    torch.manual_seed(0)
+    d = 6
+    sc = ASEntmaxScaler(d, torch.tensor([False, True, True]), init="reference").double()
+    h = torch.randn(2, 5, d, dtype=torch.float64, requires_grad=True)
+    pos = torch.tensor([[0, 1, 2, 3, 4], [7, 70, 700, 7000, 70000]])
+    up = torch.randn(2, 3, 5, dtype=torch.float64)
+    (sc(h, pos) * up).sum().backward()
+    params = [sc.beta_proj.weight, sc.beta_proj.bias, sc.gamma_proj.weight, sc.gamma_proj.bias]
+    h2 = h.detach().clone().requires_grad_()
+    Wb, bb, Wg, bg = (t.detach().clone().requires_grad_() for t in params)
+    beta = F.softplus(h2 @ Wb.T + bb)
+    gamma = 2 * torch.tanh(h2 @ Wg.T + bg)
+    scaled = (1 + beta * torch.log(pos.double() + 2).unsqueeze(-1) ** gamma).transpose(1, 2)   # (B, 2, N)
+    want = torch.cat((torch.ones(2, 1, 5, dtype=torch.float64), scaled), dim=1)
+    (want * up).sum().backward()
+    for got, ref in zip([h.grad] + [t.grad for t in params], [h2.grad, Wb.grad, bb.grad, Wg.grad, bg.grad]):
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
 def test_static_asentmax_scale_formula():
     sc = StaticASEntmaxScaler(torch.tensor([True, True]), init="scale_aware").double()
     with torch.no_grad():

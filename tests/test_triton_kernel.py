@@ -44,19 +44,24 @@ def _inputs(B=1, H=2, Hkv=None, Nq=77, Nk=77, D=16, dtype=torch.float32, q_scale
     return leaves, up
 
 
-def _lengths_mask(key_lengths, Nk):
-    if key_lengths is None:
+def _range_mask(key_start, key_end, B, Nk):
+    """The dense (B, 1, 1, Nk) bool mask of per-row key ranges [start, end) (the reference's oracle)."""
+    if key_start is None and key_end is None:
         return None
-    return (torch.arange(Nk)[None, :] < key_lengths[:, None]).view(-1, 1, 1, Nk)
+    j = torch.arange(Nk)[None, :]
+    start = torch.zeros(B, dtype=torch.long) if key_start is None else key_start
+    end = torch.full((B,), Nk) if key_end is None else key_end
+    return ((j >= start[:, None]) & (j < end[:, None])).view(B, 1, 1, Nk)
 
 
-def _compare(leaves, up, *, alpha, is_causal, slopes=None, key_lengths=None, decode=False, tol=TOL,
+def _compare(leaves, up, *, alpha, is_causal, slopes=None, key_start=None, key_end=None, decode=False, tol=TOL,
              ref_dtype=torch.float64):
-    """Kernel vs reference: output and gradients of <out, up> w.r.t. every leaf; returns the kernel output."""
+    """Kernel vs reference (key ranges as a dense mask): output and gradients of <out, up> w.r.t. every leaf;
+    returns the kernel output."""
     q, k, v = leaves[:3]
     q_scale = leaves[3] if len(leaves) > 3 else None
     out = te.entmax_attention_triton(q, k, v, alpha=alpha, is_causal=is_causal, alibi_slopes=slopes,
-                                     q_scale=q_scale, key_lengths=key_lengths, decode=decode)
+                                     q_scale=q_scale, key_start=key_start, key_end=key_end, decode=decode)
     assert out.shape == q.shape and out.dtype == q.dtype
     grads = torch.autograd.grad((out.float() * up).sum(), leaves)
     ref_leaves = [t.detach().to(ref_dtype).requires_grad_() for t in leaves]
@@ -65,7 +70,7 @@ def _compare(leaves, up, *, alpha, is_causal, slopes=None, key_lengths=None, dec
                        alpha=alpha.to(ref_dtype) if isinstance(alpha, torch.Tensor) else alpha,
                        is_causal=is_causal, alibi_slopes=None if slopes is None else slopes.to(ref_dtype),
                        q_scale=ref_leaves[3].squeeze(-1) if q_scale is not None else None,
-                       attn_mask=_lengths_mask(key_lengths, k.shape[2]), **REF)
+                       attn_mask=_range_mask(key_start, key_end, q.shape[0], k.shape[2]), **REF)
     ref_grads = torch.autograd.grad((ref * up.to(ref_dtype)).sum(), ref_leaves)
     torch.testing.assert_close(out.to(ref_dtype), ref, atol=tol, rtol=tol)
     for name, a, b in zip(["q", "k", "v", "q_scale"], grads, ref_grads):
@@ -93,7 +98,7 @@ def test_gqa_key_lengths_and_fully_masked_rows(is_causal):
     (and so are their gradients), never NaN."""
     leaves, up = _inputs(B=2, H=4, Hkv=2)
     lengths = torch.tensor([50, 0])
-    out = _compare(leaves, up, alpha=1.5, is_causal=is_causal, slopes=NAPE4, key_lengths=lengths)
+    out = _compare(leaves, up, alpha=1.5, is_causal=is_causal, slopes=NAPE4, key_end=lengths)
     assert out[1].abs().max() == 0
 
 
@@ -110,7 +115,47 @@ def test_decode_path_gqa_lengths_per_head_alpha():
     """The decode path with 4 query heads per kv head in one program, padding, per-head α, non-causal."""
     leaves, up = _inputs(B=2, H=4, Hkv=1, Nq=3, Nk=77, seed=1)
     _compare(leaves, up, alpha=torch.tensor([1.25, 1.5, 1.75, 2.0]), is_causal=False, slopes=NAPE4,
-             key_lengths=torch.tensor([77, 31]), decode=True)
+             key_end=torch.tensor([77, 31]), decode=True)
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+@pytest.mark.parametrize("decode", [False, True], ids=["block", "decode"])
+def test_key_ranges_left_and_right_padding(is_causal, decode):
+    """Per-row key ranges [start, end) with 32-key tiles: no padding, left padding starting inside the first
+    key tile, both sides with the range inside the second tile, and an empty range (start > end: zeros);
+    GQA, NAPE, q-scales; through the block kernels (Nq = Nk, so the left pads' own query rows see nothing
+    under causal masking) and the split-K decode path (Nq = 3)."""
+    Nq = 3 if decode else 45
+    leaves, up = _inputs(B=4, H=4, Hkv=2, Nq=Nq, Nk=45, q_scale=True, seed=8)
+    out = _compare(leaves, up, alpha=1.5, is_causal=is_causal, slopes=NAPE4, decode=decode,
+                   key_start=torch.tensor([0, 13, 33, 30]), key_end=torch.tensor([45, 45, 44, 25]))
+    assert out[3].abs().max() == 0
+
+
+def test_left_padded_batch_equals_each_row_alone():
+    """A batch whose rows are left-padded by different amounts gives, at every real position, what each
+    row gives alone without padding (ALiBi distances and causality are key-index differences, which pads
+    before the row do not change); gradients of the real q, k, v rows too, zero for the pads' k, v."""
+    leaves, up = _inputs(B=2, H=2, Nq=40, Nk=40, seed=9)
+    pads = [7, 35]          # the second row starts in the second key tile
+    start = torch.tensor(pads)
+    out = te.entmax_attention_triton(*leaves, alpha=1.5, is_causal=True, alibi_slopes=NAPE2, key_start=start)
+    grads = torch.autograd.grad((out * up).sum(), leaves)
+    for b, s in enumerate(pads):
+        alone = [t.detach()[b:b + 1, :, s:].requires_grad_() for t in leaves]
+        ref = te.entmax_attention_triton(*alone, alpha=1.5, is_causal=True, alibi_slopes=NAPE2)
+        ref_grads = torch.autograd.grad((ref * up[b:b + 1, :, s:]).sum(), alone)
+        torch.testing.assert_close(out[b:b + 1, :, s:], ref, atol=1e-6, rtol=1e-5)
+        for g, r in zip(grads, ref_grads):
+            torch.testing.assert_close(g[b:b + 1, :, s:], r, atol=1e-6, rtol=1e-5)
+        assert (grads[1][b, :, :s] == 0).all() and (grads[2][b, :, :s] == 0).all()
+
+
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_head_dims(D):
+    """The head dims of the papers' models (the other tests use 16 to stay fast in the interpreter)."""
+    leaves, up = _inputs(H=2, Nq=20, Nk=20, D=D, q_scale=True, seed=10)
+    _compare(leaves, up, alpha=1.5, is_causal=True, slopes=NAPE2, key_start=torch.tensor([3]))
 
 
 def test_per_head_alpha():
@@ -176,7 +221,8 @@ def test_supports_names_what_it_refuses(monkeypatch):
         "more queries": te.supports(q, k[:, :, :4], v[:, :, :4]),
         "not α-entmax": te.supports(q, k, v, mapping="softmax"),
         "multiple": te.supports(torch.randn(1, 3, 8, 16), k, v),
-        "key_lengths": te.supports(q, k, v, key_lengths=torch.tensor([1.0])),
+        "key_start": te.supports(q, k, v, key_start=torch.tensor([1.0])),
+        "key_end must be an integer tensor of shape (1,)": te.supports(q, k, v, key_end=torch.tensor([1, 2])),
         "unsupported argument": te.supports(q, k, v, window=4),
         "alpha tensor of shape": te.supports(q, k, v, alpha=torch.tensor([1.5, 1.5, 1.5])),
     }
@@ -206,19 +252,49 @@ def test_torch_compile_traces_the_custom_op():
 
 
 def test_custom_op_registration_opcheck():
-    q, k, v = _inputs(H=1, Nq=6, Nk=6, seed=7)[0]
-    args = (q, k, v, 1.5, None,
-            torch.tensor([0.5]), torch.tensor([5], dtype=torch.int32), 0.25, True, False)
-    torch.library.opcheck(te._attention_op, args,
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    """Schema, autograd registration and fake implementations (shapes, dtypes and strides of the outputs)
+    of the forward and backward ops, also for a q laid out as a model's (B, N, H, D) projection transposed."""
+    q_plain, k, v = _inputs(H=2, Nq=6, Nk=6, seed=7)[0]
+    q_model_layout = q_plain.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+    for q in (q_plain, q_model_layout):
+        args = (q, k, v, 1.5, None, torch.tensor([0.5, 0.0]), torch.tensor([1], dtype=torch.int32),
+                torch.tensor([5], dtype=torch.int32), 0.25, True, False)
+        torch.library.opcheck(te._attention_op, args,
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+        _, stats, mask = te._attention_op(*args)
+        backward_args = (torch.randn(q.shape), q.detach(), k.detach(), v.detach(), stats, mask, *args[3:-1])
+        torch.library.opcheck(te._attention_backward_op, backward_args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_torch_compile_traces_a_model_that_calls_it():
+    """A model on the triton backend (ASEntmax, NAPE) compiles with fullgraph=True; logits and parameter
+    gradients equal eager mode."""
+    from longsparse.nn import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=23, d_model=32, n_layers=1, n_heads=2, d_ff=64, method="asentmax",
+                                    positions="nape", attn_backend="triton"))
+    ids = torch.randint(0, 23, (2, 20))
+
+    def logits_and_grads(f):
+        model.zero_grad()
+        out = f(ids)
+        out.pow(2).sum().backward()
+        return [out.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    eager = logits_and_grads(model)
+    compiled = logits_and_grads(torch.compile(model, backend="aot_eager", fullgraph=True))
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b)
 
 
 def test_gpu_check_script_dry_run(tmp_path):
-    """benchmarks/gpu_check.py runs end to end on CPU: the interpreter, tiny shapes, three checks (the
-    kernel tests above cover the rest) through its worker pool, and its timing code once (times unused)."""
+    """benchmarks/gpu_check.py runs end to end on CPU: the interpreter, tiny shapes, four checks (the
+    kernel tests above cover the rest; left padding on the decode path and in a model's cached generation
+    among them) through its worker pool, its timing code once (times unused) and its training steps."""
     out = tmp_path / "gpu_check.json"
     env = dict(os.environ, TRITON_INTERPRET="1")
-    cases = ["alpha1.25_causal", "gqa_lengths_masked_rows", "decode_Nq5_decode_path"]
+    cases = ["alpha1.25_causal", "gqa_lengths_masked_rows", "decode_left_padding", "model_generate_left_padded"]
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run",
                            "--out", str(out), "--workers", "1", "--cases", *cases],
                           check=False, capture_output=True, text=True, env=env, timeout=600)
@@ -234,6 +310,11 @@ def test_gpu_check_script_dry_run(tmp_path):
         (d, m) for d in ("fwd", "fwd+bwd") for m in ("sdpa_flash", "triton_entmax15", "triton_entmax15_alibi",
                                                       "ls_chunked_entmax15")}
     assert all("error" not in r and r["median_s"] > 0 for r in rows), rows
+    generation = next(c for c in checks if c["case"] == "model_generate_left_padded")
+    assert generation["tokens_equal"] and set(generation["backends"]) == {"triton"}
+    training = data["training"]
+    assert [r["method"] for r in training] == ["softmax", "asentmax"]
+    assert all("error" not in r and r["steps"] >= 1 and r["steps_per_s"] > 0 for r in training), training
 
 
 _COMPILE_SCRIPT = textwrap.dedent("""
@@ -245,7 +326,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     te._kernels()
     assert te._BUILT is False
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas-blackwell")
-    POINTERS = {"Stats": "*fp32", "TileMask": "*i8", "Alpha": "*fp32", "Slopes": "*fp32", "Lens": "*i32",
+    POINTERS = {"Stats": "*fp32", "TileMask": "*i8", "Alpha": "*fp32", "Slopes": "*fp32", "Starts": "*i32",
+                "Ends": "*i32",
                 "Delta": "*fp32", "Z": "*fp32", "Mpart": "*fp32", "Opart": "*fp32", "Lpart": "*fp32"}
     FLOATS = ("scale",)
     results = []

@@ -111,8 +111,10 @@ def _format_mapping_row(r: dict) -> str:
 
 # ----------------------------------------------------------------------------- attention
 
-ATTENTION_METHODS = ("sdpa_softmax", "naive_softmax", "ours_softmax", "ours_entmax15", "ours_entmax15_reference",
-                     "entmax_pkg_naive")
+ATTENTION_METHODS = ("sdpa_softmax", "naive_softmax", "ours_softmax", "ours_softmax_nape", "ours_entmax15",
+                     "ours_entmax15_nape", "ours_entmax15_reference", "entmax_pkg_naive")
+# Methods that materialise (H, N, N) logits, run up to bench_attention's max_naive only.
+_DENSE_METHODS = ("naive_softmax", "ours_entmax15_reference")
 
 
 def _naive(q, k, v, mapping):
@@ -133,10 +135,17 @@ def _attention_fn(method: str):
         return lambda q, k, v: _naive(q, k, v, lambda z: torch.softmax(z, -1))
     if method == "ours_softmax":
         return lambda q, k, v: ls.attention(q, k, v, mapping="softmax")
+    if method in ("ours_softmax_nape", "ours_entmax15_nape"):
+        # NAPE: ALiBi on half the heads. SDPA would need an (H, N, N) bias: beyond 2^24 elements auto picks
+        # fused_cpu, so these rows time the softmax / NAPE and ASEntmax / NAPE decoders' long evaluations
+        from longsparse.nn.positions import nape_slopes
+
+        mapping = "softmax" if method == "ours_softmax_nape" else "entmax"
+        return lambda q, k, v: ls.attention(q, k, v, mapping=mapping, alpha=1.5, alibi_slopes=nape_slopes(q.shape[1]))
     if method == "ours_entmax15":
         return lambda q, k, v: ls.attention(q, k, v, mapping="entmax", alpha=1.5)
     if method == "ours_entmax15_reference":
-        return lambda q, k, v: ls.attention(q, k, v, mapping="entmax", alpha=1.5, path="reference")
+        return lambda q, k, v: ls.attention(q, k, v, mapping="entmax", alpha=1.5, backend="reference")
     if method == "entmax_pkg_naive":
         import entmax as entmax_pkg
 
@@ -148,13 +157,14 @@ def attention_worker(method: str, n: int, heads: int, dim: int, backward: bool, 
                      interleave_sdpa: bool = False) -> dict:
     """One measurement in a fresh process: median time and peak RSS above the inputs' baseline. With
     ``interleave_sdpa`` the method and SDPA-softmax are then timed again in alternation (after the memory
-    reading, so SDPA's buffers do not count): ``time_vs_sdpa_interleaved`` is immune to slow load drifts."""
+    reading, so SDPA's buffers do not count): ``time_vs_sdpa_interleaved`` (wall) is immune to slow load
+    drifts, ``time_vs_sdpa_interleaved_cpu`` (process CPU time) also to other processes' time slices."""
     import resource
 
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, dim, generator=gen) for _ in range(3))
     g = torch.randn(1, heads, n, dim, generator=gen)
-    if method.startswith("ours_entmax"):
+    if method.startswith("ours_"):
         import longsparse as ls
         ls.entmax15(torch.zeros(2, 2))          # builds/loads the kernel before the baseline
     if backward:
@@ -177,17 +187,20 @@ def attention_worker(method: str, n: int, heads: int, dim: int, backward: bool, 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out = {"seconds": seconds, "extra_peak_bytes": (peak - base) * 1024}
     if interleave_sdpa and method != "sdpa_softmax":
-        t = _time_interleaved({"sdpa": runner(_attention_fn("sdpa_softmax")), "method": run}, repeats)
-        out["time_vs_sdpa_interleaved"] = t["method"] / t["sdpa"]
+        t = _interleaved_wall_and_cpu({"sdpa": runner(_attention_fn("sdpa_softmax")), "method": run}, repeats)
+        out["time_vs_sdpa_interleaved"] = t["method"]["wall_s"] / t["sdpa"]["wall_s"]
+        out["time_vs_sdpa_interleaved_cpu"] = t["method"]["cpu_s"] / t["sdpa"]["cpu_s"]
     return out
 
 
 def bench_attention(lengths, repeats: int, heads: int = 8, dim: int = 64, fwd_only_lengths=(),
-                    max_naive: int = 8192, max_package: int = 4096, max_interleaved: int = 4096) -> list[dict]:
+                    max_naive: int = 8192, max_package: int = 4096, max_interleaved: int = 16384,
+                    methods=ATTENTION_METHODS) -> list[dict]:
     """Causal attention, B = 1: each (method, N, direction) in its own process so that peak memory
-    (ru_maxrss) is its own. Ratios are to SDPA-softmax at the same N and direction: ``time_vs_sdpa`` from
-    the separate processes, and up to ``max_interleaved`` also ``time_vs_sdpa_interleaved`` (both timed
-    in alternation inside the method's process)."""
+    (ru_maxrss) is its own. Ratios are to SDPA-softmax (no bias) at the same N and direction:
+    ``time_vs_sdpa`` from the separate processes, and up to ``max_interleaved`` also
+    ``time_vs_sdpa_interleaved`` (wall) and ``_cpu`` (process CPU time), timed in alternation inside the
+    method's process. Beyond 4096 tokens each timing takes min(repeats, 3) calls."""
     import subprocess
     import sys
 
@@ -195,12 +208,12 @@ def bench_attention(lengths, repeats: int, heads: int = 8, dim: int = 64, fwd_on
     plan = [(n, True) for n in lengths] + [(n, False) for n in lengths] + [(n, False) for n in fwd_only_lengths]
     for n, backward in plan:
         sdpa = None
-        for method in ATTENTION_METHODS:
-            if (method == "naive_softmax" or method == "ours_entmax15_reference") and n > max_naive:
+        for method in ("sdpa_softmax",) + tuple(m for m in methods if m != "sdpa_softmax"):
+            if method in _DENSE_METHODS and n > max_naive:
                 continue
             if method == "entmax_pkg_naive" and n > max_package:
                 continue
-            reps = repeats if n <= 4096 else 1
+            reps = repeats if n <= 4096 else min(repeats, 3)
             cmd = [sys.executable, "-m", "longsparse.bench", "--attention-worker", method, str(n), str(heads),
                    str(dim), str(int(backward)), str(reps), str(torch.get_num_threads()),
                    str(int(n <= max_interleaved))]
@@ -223,9 +236,11 @@ def bench_attention(lengths, repeats: int, heads: int = 8, dim: int = 64, fwd_on
 
 def bench_short(lengths, repeats: int, batch: int = 64, heads: int = 4, dim: int = 16) -> list[dict]:
     """Causal attention fwd+bwd at training shapes of the synthetic tasks (NAPE-like ALiBi on half the
-    heads, q-scales on all): ``path="auto"`` (dense autograd up to 64 keys) against ``path="chunked"`` (the
-    recomputing backward), timed interleaved, per mapping and length."""
+    heads, q-scales on all): ``backend="auto"`` against the recomputing backward (``chunked_s``: fused_cpu
+    where it takes the mapping, else chunked), timed interleaved, per mapping and length."""
     import longsparse as ls
+    from longsparse.attention import BACKENDS
+    from longsparse.attention.call import make_call
 
     rows = []
     g = torch.Generator().manual_seed(0)
@@ -235,14 +250,16 @@ def bench_short(lengths, repeats: int, batch: int = 64, heads: int = 4, dim: int
         q_scale = torch.rand(batch, heads, n, generator=g) + 0.5
         up = torch.randn(batch, heads, n, dim, generator=g)
         for mapping in ("entmax", "adatemp", "sparsemax"):
-            def run(path, mapping=mapping):
+            def run(backend, mapping=mapping):
                 def call():
                     leaves = [t.detach().requires_grad_() for t in (q, k, v, q_scale)]
                     out = ls.attention(*leaves[:3], q_scale=leaves[3], mapping=mapping, alibi_slopes=slopes,
-                                       is_causal=True, path=path)
+                                       is_causal=True, backend=backend)
                     out.backward(up)
                 return call
-            t = _time_interleaved({"auto": run("auto"), "chunked": run("chunked")}, repeats)
+            recomputing = "fused_cpu" if BACKENDS["fused_cpu"].supports(
+                make_call(q, k, v, q_scale=q_scale, mapping=mapping, alibi_slopes=slopes)) is None else "chunked"
+            t = _time_interleaved({"auto": run("auto"), "chunked": run(recomputing)}, repeats)
             rows.append({"n": n, "mapping": mapping, "batch": batch, "heads": heads, "dim": dim,
                          "auto_s": t["auto"], "chunked_s": t["chunked"], "auto_vs_chunked": t["auto"] / t["chunked"]})
             print(f"N={n:>5} {mapping:<9} auto {t['auto'] * 1e3:8.1f} ms  chunked {t['chunked'] * 1e3:8.1f} ms  "
@@ -254,16 +271,309 @@ def _format_attention_row(r: dict) -> str:
     head = f"N={r['n']:>6} {r['direction']:<7} {r['method']:<24}"
     if "error" in r:
         return head + " error: " + r["error"]
-    inter = f" ({r['time_vs_sdpa_interleaved']:.2f}x interleaved)" if "time_vs_sdpa_interleaved" in r else ""
+    inter = ""
+    if "time_vs_sdpa_interleaved" in r:
+        inter = f" ({r['time_vs_sdpa_interleaved']:.2f}x interleaved"
+        inter += f", {r['time_vs_sdpa_interleaved_cpu']:.2f}x CPU time)" if "time_vs_sdpa_interleaved_cpu" in r else ")"
     return (head + f" {r['seconds']:8.3f} s  {r.get('time_vs_sdpa', float('nan')):6.2f}x SDPA{inter}  "
             f"extra peak {r['extra_peak_bytes'] / 2**20:8.1f} MiB = {r['buffers']:.2f} x (H*N^2 fp32)")
+
+
+# ----------------------------------------------------------------------------- training steps, runs, evaluation
+
+TRAIN_BENCH_METHODS = ("softmax", "asentmax")      # ratios are to the first
+
+
+def _train_setup(task: str, preset: str, method: str, positions: str, sets=()):
+    """(resolved config, task, model, AdamW) of one method as `longsparse train` starts them; ``sets``: its
+    ``--set KEY=VALUE`` overrides."""
+    from longsparse.train import build_config
+    from longsparse.train.config import make_task, resolve
+    from longsparse.train.loop import build_model_and_optimizer
+
+    cfg = resolve(build_config(task, preset=preset, method=method, positions=positions, sets=list(sets)))
+    task_obj = make_task(cfg["task"])
+    return (cfg, task_obj, *build_model_and_optimizer(cfg, task_obj, torch.device("cpu")))
+
+
+def _step_fn(cfg, model, opt, batch) -> Callable[[], None]:
+    """One `longsparse.train.loop.train_step` of `longsparse train` (no autocast, one process) on ``batch``."""
+    from longsparse.tasks import IGNORE_INDEX
+    from longsparse.train.loop import train_step
+
+    tr = cfg["train"]
+    n_target = int((batch.labels != IGNORE_INDEX).sum())
+    autocast = torch.autocast("cpu", enabled=False)
+    return lambda: train_step(model, opt, batch, n_target=n_target, lr=tr["lr"], grad_clip=tr["grad_clip"],
+                              autocast=autocast)
+
+
+def _rss_now_and_peak() -> tuple[int, int]:
+    """(current, peak) resident set size of this process in bytes, from /proc/self/status (VmRSS, VmHWM).
+    Unlike getrusage's ru_maxrss, VmHWM is not inherited from the parent across exec, and it can be reset."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                fields[line.split(":")[0]] = int(line.split()[1]) * 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def train_step_worker(task: str, preset: str, method: str, positions: str, length: int, steps: int,
+                      threads: int, sets=()) -> dict:
+    """Peak memory of training steps in a fresh process (Linux): the peak RSS while ``steps`` steps run at task
+    length ``length``, absolute and above the RSS once the model, optimizer and batch exist (the peak is reset
+    to that first: /proc/self/clear_refs)."""
+    torch.set_num_threads(threads)
+    cfg, task_obj, model, opt = _train_setup(task, preset, method, positions, sets)
+    batch = task_obj.batch((length, length), cfg["train"]["batch_size"], rng=task_obj.rng(cfg["train"]["seed"], "train"))
+    import longsparse as ls
+    ls.entmax15(torch.zeros(2, 2))            # builds/loads the kernel before the baseline
+    step = _step_fn(cfg, model, opt, batch)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")                          # VmHWM := VmRSS
+    base, _ = _rss_now_and_peak()
+    for _ in range(steps):
+        step()
+    _, peak = _rss_now_and_peak()
+    return {"peak_rss_bytes": peak, "extra_peak_bytes": peak - base}
+
+
+def _interleaved_wall_and_cpu(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, dict[str, float]]:
+    """Median wall and process-CPU seconds of each of `fns`, called in turn for `repeats` rounds after one
+    warm-up call each. CPU time counts only this process's own work: on a shared core it drifts less than
+    wall time (another process's time slices are not in it; its cache misses are)."""
+    for fn in fns.values():
+        fn()
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn()
+            wall[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
+    return {k: {"wall_s": statistics.median(wall[k]), "cpu_s": statistics.median(cpu[k])} for k in fns}
+
+
+def bench_train_step(lengths, repeats: int, methods=TRAIN_BENCH_METHODS, task: str = "mqmtar_inline",
+                     preset: str = "cpu", positions: str = "nape", sets=(), memory_steps: int = 3) -> list[dict]:
+    """Whole training steps (forward, loss, backward, clip, AdamW) of the preset's model, one batch per task
+    length (the preset's batch size; all methods get the same batch), every method timed interleaved in
+    this process; peak memory of ``memory_steps`` steps per method in a fresh process each. Ratios are to
+    the first method."""
+    import subprocess
+    import sys
+
+    threads = torch.get_num_threads()
+    setups = {m: _train_setup(task, preset, m, positions, sets) for m in methods}
+    rows = []
+    for length in lengths:
+        cfg0, task0 = setups[methods[0]][:2]
+        batch = task0.batch((length, length), cfg0["train"]["batch_size"], rng=task0.rng(cfg0["train"]["seed"], "train"))
+        fns = {m: _step_fn(cfg, model, opt, batch) for m, (cfg, _, model, opt) in setups.items()}
+        t = _interleaved_wall_and_cpu(fns, repeats)
+        mem = {}
+        for m in methods:
+            arg = json.dumps({"task": task, "preset": preset, "method": m, "positions": positions, "length": length,
+                              "steps": memory_steps, "threads": threads, "sets": list(sets)})
+            proc = subprocess.run([sys.executable, "-m", "longsparse.bench", "--train-step-worker", arg],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"train-step memory worker ({m}, length {length}) failed: "
+                                   + (proc.stderr.strip().splitlines() or ["no output"])[-1])
+            mem[m] = json.loads(proc.stdout.strip().splitlines()[-1])
+        base = methods[0]
+        for m in methods:
+            row = {"length": length, "tokens": int(batch.input_ids.shape[1]), "batch": int(batch.input_ids.shape[0]),
+                   "method": m, "positions": positions, **t[m], **mem[m],
+                   "wall_vs_base": t[m]["wall_s"] / t[base]["wall_s"], "cpu_vs_base": t[m]["cpu_s"] / t[base]["cpu_s"],
+                   "peak_vs_base": mem[m]["peak_rss_bytes"] / mem[base]["peak_rss_bytes"],
+                   "extra_peak_vs_base": mem[m]["extra_peak_bytes"] / max(1, mem[base]["extra_peak_bytes"])}
+            rows.append(row)
+            print(_format_train_step_row(row), flush=True)
+    return rows
+
+
+def _format_train_step_row(r: dict) -> str:
+    return (f"L={r['length']:>4} ({r['tokens']} tokens, batch {r['batch']}) {r['method']:<9} "
+            f"{r['wall_s'] * 1e3:7.1f} ms wall ({r['wall_vs_base']:.2f}x)  {r['cpu_s'] * 1e3:7.1f} ms CPU "
+            f"({r['cpu_vs_base']:.2f}x)  peak {r['peak_rss_bytes'] / 2**20:6.0f} MiB ({r['peak_vs_base']:.2f}x), "
+            f"above the model {r['extra_peak_bytes'] / 2**20:5.0f} MiB ({r['extra_peak_vs_base']:.2f}x)")
+
+
+def _run_train_command(args: list[str]) -> dict:
+    """Runs ``longsparse train ARGS`` as a child process; its wall and CPU seconds and peak RSS (os.wait4)."""
+    import os
+    import subprocess
+    import sys
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "longsparse.cli", "train", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = proc.stderr.read()                  # until the child closes it, at exit
+    _, status, usage = os.wait4(proc.pid, 0)  # the child's own rusage (Popen.wait would discard it)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)    # reaped here: tell Popen, which would wait again
+    if proc.returncode != 0:
+        raise RuntimeError(f"longsparse train {' '.join(args)} failed: " + (err.strip().splitlines() or ["?"])[-1])
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_bytes": usage.ru_maxrss * 1024}
+
+
+def bench_train_run(steps: int, repeats: int, methods=TRAIN_BENCH_METHODS, task: str = "mqmtar_inline",
+                    preset: str = "cpu", positions: str = "nape", sets=(), workdir: str | None = None) -> list[dict]:
+    """Whole ``longsparse train`` runs of the preset (``steps`` steps, its validations and checkpoints
+    included), one child process each, the methods in turn for ``repeats`` rounds (medians). Also the
+    seconds its validations took (from metrics.jsonl) and its last logged loss. Ratios are to the first
+    method. Run folders go to a temporary folder (``workdir``: kept there instead)."""
+    import tempfile
+
+    from longsparse.io import read_jsonl
+
+    tmp = None if workdir else tempfile.TemporaryDirectory(prefix="longsparse-bench-")
+    root = Path(workdir or tmp.name)
+    res: dict[str, list[dict]] = {m: [] for m in methods}
+    try:
+        for r in range(repeats):
+            for m in methods:
+                out = root / f"{m}-{positions}-r{r}"
+                if out.exists():
+                    raise FileExistsError(f"{out} exists; give an empty --workdir")
+                one = _run_train_command(["--task", task, "--preset", preset, "--method", m, "--positions",
+                                          positions, "--steps", str(steps), "--out", str(out),
+                                          *(a for kv in sets for a in ("--set", kv))])
+                recs = read_jsonl(out / "metrics.jsonl")
+                one["val_s"] = sum(rec.get("seconds", 0.0) for rec in recs if "val" in rec)
+                one["last_loss"] = [rec["loss"] for rec in recs if "loss" in rec][-1]
+                res[m].append(one)
+                print(f"round {r} {m:<9} {one['wall_s']:6.1f} s wall  {one['cpu_s']:6.1f} s CPU  peak "
+                      f"{one['peak_rss_bytes'] / 2**20:5.0f} MiB  validation {one['val_s']:.1f} s  "
+                      f"last loss {one['last_loss']:.4f}", flush=True)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    med = {m: {k: statistics.median(o[k] for o in v) for k in ("wall_s", "cpu_s", "peak_rss_bytes", "val_s")}
+           for m, v in res.items()}
+    base = methods[0]
+    rows = []
+    for m in methods:
+        row = {"method": m, "positions": positions, "task": task, "preset": preset, "steps": steps, **med[m],
+               "runs": res[m], "wall_vs_base": med[m]["wall_s"] / med[base]["wall_s"],
+               "cpu_vs_base": med[m]["cpu_s"] / med[base]["cpu_s"],
+               "peak_vs_base": med[m]["peak_rss_bytes"] / med[base]["peak_rss_bytes"]}
+        rows.append(row)
+        print(f"{m:<9} median {row['wall_s']:6.1f} s wall ({row['wall_vs_base']:.2f}x)  {row['cpu_s']:6.1f} s CPU "
+              f"({row['cpu_vs_base']:.2f}x)  peak {row['peak_rss_bytes'] / 2**20:5.0f} MiB ({row['peak_vs_base']:.2f}x)",
+              flush=True)
+    return rows
+
+
+def _attention_backend(model, n: int) -> str:
+    """The backend auto picks for the first attention layer of ``model`` on one sequence of n tokens, no
+    gradient (what evaluation runs)."""
+    import longsparse as ls
+
+    attn = model.attention_layers()[0]
+    x = torch.zeros(1, attn.n_heads, n, attn.head_dim)
+    q_scale = torch.ones(1, attn.n_heads, n) if attn.scaler is not None else None
+    with torch.no_grad():
+        return ls.explain_attention(x, x, x, is_causal=True, scale=attn.scale, alibi_slopes=attn.alibi_slopes,
+                                    q_scale=q_scale, **attn.mapping_kwargs()).backend
+
+
+def bench_eval(lengths, repeats: int, samples: int = 1, runs=None, train_steps: int = 30,
+               methods=TRAIN_BENCH_METHODS, task: str = "mqmtar_inline", preset: str = "cpu",
+               positions: str = "nape", sets=()) -> list[dict]:
+    """Evaluation throughput (examples/s of `score_length`, what `longsparse eval` runs per length) of two or
+    more trained decoders: the best checkpoints of ``runs`` (run folders of one task), else the preset's model
+    trained here for ``train_steps`` steps per method. Per length, ``repeats`` rounds score ``samples``
+    test examples with each model in turn (round r uses test seed r, the same examples for every model);
+    medians of wall and process-CPU seconds, ratios to the first model; examples/s from the wall time."""
+    from longsparse.evaluate.core import score_length, sequence_tokens
+    from longsparse.evaluate.sweep import load_run_model
+    from longsparse.train import build_config, train
+    from longsparse.train.config import make_task, run_label
+
+    threads = torch.get_num_threads()
+    models, task_cfgs = {}, []
+    if runs:
+        for run in runs:
+            model, cfg, extra = load_run_model(run, "best")
+            models[f"{run_label(cfg)} ({Path(run).name}, step {extra.get('step')})"] = model
+            task_cfgs.append(cfg["task"])
+    else:
+        for m in methods:
+            cfg = build_config(task, preset=preset, method=m, positions=positions, steps=train_steps,
+                               sets=[*sets, "train.val_every=0", "train.val_samples=1"])
+            res = train(cfg, None, printer=lambda s: None, progress=False)
+            models[f"{run_label(res['config'])} ({train_steps} steps here)"] = res["model"]
+            task_cfgs.append(res["config"]["task"])
+        torch.set_num_threads(threads)          # training set the preset's thread count
+    if any(c != task_cfgs[0] for c in task_cfgs):
+        raise ValueError("bench eval: the runs must share one task configuration (same examples for every model)")
+    task_obj = make_task(task_cfgs[0])
+    for model in models.values():
+        model.eval()
+    rows = []
+    for length in lengths:
+        times: dict[str, list[float]] = {k: [] for k in models}
+        cpu: dict[str, list[float]] = {k: [] for k in models}
+        exact: dict[str, list[float]] = {k: [] for k in models}
+        for r in range(repeats):
+            for name, model in models.items():
+                c0, t0 = time.process_time(), time.perf_counter()
+                res = score_length(model, task_obj, length, samples, seed=r, split="test")
+                times[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
+                exact[name].append(res["exact_match"])
+        base = next(iter(models))
+        for name, model in models.items():
+            sec = statistics.median(times[name])
+            row = {"length": length, "tokens": sequence_tokens(task_obj, length), "model": name, "samples": samples,
+                   "repeats": repeats, "seconds": sec, "examples_per_s": samples / sec, "all_seconds": times[name],
+                   "exact_match": exact[name], "backend": _attention_backend(model, sequence_tokens(task_obj, length)),
+                   "time_vs_base": sec / statistics.median(times[base]), "cpu_seconds": statistics.median(cpu[name]),
+                   "cpu_vs_base": statistics.median(cpu[name]) / statistics.median(cpu[base])}
+            rows.append(row)
+            print(f"L={length:>6} {name:<40} {row['examples_per_s']:8.4f} ex/s  {sec:8.2f} s per {samples}  "
+                  f"{row['time_vs_base']:.2f}x wall, {row['cpu_vs_base']:.2f}x CPU  attention: {row['backend']}",
+                  flush=True)
+    return rows
+
+
+def _train_tables(kind: str, rows: list[dict]) -> list[str]:
+    """The markdown rows of a train-step, train-run or eval result."""
+    if kind == "train-step":
+        out = ["| task length (tokens) | method | step wall (ms) | / base | step CPU (ms) | / base | peak RSS (MiB) | "
+               "/ base | above the model (MiB) | / base |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            out.append(f"| {r['length']} ({r['tokens']}) | {r['method']} | {r['wall_s'] * 1e3:.1f} | "
+                       f"{r['wall_vs_base']:.2f} | {r['cpu_s'] * 1e3:.1f} | {r['cpu_vs_base']:.2f} | "
+                       f"{r['peak_rss_bytes'] / 2**20:.0f} | {r['peak_vs_base']:.2f} | "
+                       f"{r['extra_peak_bytes'] / 2**20:.0f} | {r['extra_peak_vs_base']:.2f} |")
+    elif kind == "train-run":
+        out = ["| method | steps | wall (s) | / base | CPU (s) | / base | peak RSS (MiB) | / base | validation (s) |",
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            out.append(f"| {r['method']} | {r['steps']} | {r['wall_s']:.1f} | {r['wall_vs_base']:.2f} | "
+                       f"{r['cpu_s']:.1f} | {r['cpu_vs_base']:.2f} | {r['peak_rss_bytes'] / 2**20:.0f} | "
+                       f"{r['peak_vs_base']:.2f} | {r['val_s']:.1f} |")
+    else:
+        out = ["| length (tokens) | model | examples/s | wall / base | CPU / base | attention backend |",
+               "|---|---|---:|---:|---:|---|"]
+        for r in rows:
+            out.append(f"| {r['length']} ({r['tokens']}) | {r['model']} | {r['examples_per_s']:.4f} | "
+                       f"{r['time_vs_base']:.2f} | {r['cpu_vs_base']:.2f} | {r['backend']} |")
+    return out
 
 
 def markdown(path: str) -> str:
     """The markdown table of a saved benchmark JSON (what docs/benchmarks.md shows)."""
     data = json.loads(Path(path).read_text())
     rows = data["rows"]
-    if data["benchmark"] == "short":
+    if data["benchmark"] in ("train-step", "train-run", "eval"):
+        out = _train_tables(data["benchmark"], rows)
+    elif data["benchmark"] == "short":
         out = ["| N | mapping | auto (ms) | chunked (ms) | auto / chunked |", "|---:|---|---:|---:|---:|"]
         for r in rows:
             out.append(f"| {r['n']} | {r['mapping']} | {r['auto_s'] * 1e3:.1f} | {r['chunked_s'] * 1e3:.1f} | "
@@ -276,16 +586,17 @@ def markdown(path: str) -> str:
                        f"{r.get('speedup_vs_package_fwd', float('nan')):.1f} | "
                        f"{r.get('speedup_vs_package_fwdbwd', float('nan')):.1f} |")
     else:
-        out = ["| N | direction | method | time (s) | / SDPA | / SDPA, interleaved | extra peak (MiB) | × (H·N² fp32) |",
-               "|---:|---|---|---:|---:|---:|---:|---:|"]
+        out = ["| N | direction | method | time (s) | / SDPA | / SDPA, interleaved | / SDPA, interleaved CPU time | "
+               "extra peak (MiB) | × (H·N² fp32) |", "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
         for r in rows:
             if "error" in r:
-                out.append(f"| {r['n']} | {r['direction']} | {r['method']} | error: {r['error']} | | | | |")
+                out.append(f"| {r['n']} | {r['direction']} | {r['method']} | error: {r['error']} | | | | | |")
                 continue
-            inter = f"{r['time_vs_sdpa_interleaved']:.2f}" if "time_vs_sdpa_interleaved" in r else "—"
+            inter, cpu = (f"{r[key]:.2f}" if key in r else "—"
+                          for key in ("time_vs_sdpa_interleaved", "time_vs_sdpa_interleaved_cpu"))
             out.append(f"| {r['n']} | {r['direction']} | {r['method']} | {r['seconds']:.3f} | "
-                       f"{r.get('time_vs_sdpa', float('nan')):.2f} | {inter} | {r['extra_peak_bytes'] / 2**20:.0f} | "
-                       f"{r['buffers']:.2f} |")
+                       f"{r.get('time_vs_sdpa', float('nan')):.2f} | {inter} | {cpu} | "
+                       f"{r['extra_peak_bytes'] / 2**20:.0f} | {r['buffers']:.2f} |")
     env = data["env"]
     out.append(f"\n_{path}: torch {env['torch']}, {env['threads']} threads, {env['time']}_")
     return "\n".join(out)
@@ -309,9 +620,9 @@ def write_result(kind: str, rows: list[dict], out: str | None, config: dict) -> 
 def main(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    default = {"mapping": "512,1024,2048,4096,8192", "short": "32,64,128,256,512"}.get(
-        args.what, "512,1024,2048,4096,8192,16384")
-    lengths = [int(v) for v in (args.lengths or default).split(",")]
+    default = {"mapping": "512,1024,2048,4096,8192", "short": "32,64,128,256,512", "train-step": "32,64",
+               "train-run": "", "eval": "16384"}.get(args.what, "512,1024,2048,4096,8192,16384")
+    lengths = [int(v) for v in (args.lengths or default).split(",") if v]
     if args.what == "table":
         print(markdown(args.out))
         return 0
@@ -325,6 +636,19 @@ def main(args) -> int:
         fwd_only = [int(v) for v in args.fwd_only_lengths.split(",") if v]
         config.update(heads=8, dim=64, fwd_only_lengths=fwd_only, batch=1, causal=True)
         rows = bench_attention(lengths, args.repeats, fwd_only_lengths=fwd_only)
+    elif args.what in ("train-step", "train-run", "eval"):
+        methods = tuple(m for m in args.methods.split(",") if m)
+        config.update(task=args.task, preset=args.preset, positions=args.positions, methods=methods, sets=args.set)
+        if args.what == "train-step":
+            rows = bench_train_step(lengths, args.repeats, methods, args.task, args.preset, args.positions, args.set)
+        elif args.what == "train-run":
+            config.update(steps=args.steps or 150)
+            rows = bench_train_run(config["steps"], args.repeats, methods, args.task, args.preset, args.positions,
+                                   args.set, workdir=args.workdir)
+        else:
+            config.update(samples=args.samples, runs=args.runs, train_steps=args.steps or 30)
+            rows = bench_eval(lengths, args.repeats, args.samples, args.runs, config["train_steps"], methods,
+                              args.task, args.preset, args.positions, args.set)
     else:
         raise ValueError(f"unknown benchmark {args.what!r}")
     path = write_result(args.what, rows, args.out, config)
@@ -332,10 +656,12 @@ def main(args) -> int:
     return 0
 
 
-if __name__ == "__main__":   # the per-measurement worker of bench_attention
+if __name__ == "__main__":   # the per-measurement workers of bench_attention and bench_train_step
     import sys
 
-    if len(sys.argv) == 10 and sys.argv[1] == "--attention-worker":
+    if len(sys.argv) == 3 and sys.argv[1] == "--train-step-worker":
+        print(json.dumps(train_step_worker(**json.loads(sys.argv[2]))))
+    elif len(sys.argv) == 10 and sys.argv[1] == "--attention-worker":
         _, _, method, n, heads, dim, backward, reps, threads, interleave = sys.argv
         torch.set_num_threads(int(threads))
         print(json.dumps(attention_worker(method, int(n), int(heads), int(dim), bool(int(backward)), int(reps),

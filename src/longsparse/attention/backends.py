@@ -4,15 +4,25 @@ gradients) by tests/test_backends.py, over every registered backend: registering
 
     reference   all logits at once, autograd differentiates everything (also α, ALiBi slopes, a float mask)
     chunked     query blocks with a recomputing backward, pure PyTorch: O(block × Nk) memory, any mapping
-    fused_cpu   chunked, with the C++ kernel doing scale, ALiBi, causal mask and α-entmax per block (CPU)
+    fused_cpu   the C++ kernel, flash-style: key tiles with scale, ALiBi and causal mask, α-entmax solved per
+                row, p·v gathered from the support, recomputing backward (CPU)
+    fused_dense the kernel's in-place scores pass on all logits at once, p kept for the backward (no recompute):
+                short rows with a gradient
     sdpa        torch SDPA for softmax-form mappings: softmax; top-k and adaptive temperature after a
                 no-grad pass over the logits (the kept set / θ enter SDPA's mask and q)
     triton      α-entmax flash attention in Triton (attention/triton_entmax.py): CUDA, or CPU tensors
                 in Triton's interpreter (TRITON_INTERPRET=1) when named
     adasplash   the adasplash package's α-entmax kernels (CUDA); opt-in, see attention/cuda.py
+
+Key ranges (``key_start`` / ``key_end`` of the call, left / right padding): a backend registered with
+``key_ranges=True`` reads them itself; for every other one `register` wraps ``supports`` and ``run`` so that
+they see the call with the ranges folded into ``attn_mask`` (`AttentionCall.with_key_ranges_as_mask`, a
+(B, 1, 1, Nk) bool mask built once per call). A backend that takes no mask then refuses the call, and its
+reason says that the key ranges became a mask.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
@@ -23,25 +33,50 @@ from torch import Tensor
 
 from longsparse.attention import cuda
 from longsparse.attention.call import AttentionCall
-from longsparse.attention.chunked import chunked_attention
+from longsparse.attention.chunked import chunked_attention, fused_attention
+from longsparse.attention.fused_dense import fused_dense_attention
 from longsparse.attention.logits import additive_bias, dense_logits
 from longsparse.mappings import _kernel
 
 
 @dataclass(frozen=True)
 class Backend:
+    """supports(call) -> None | reason; run(call) -> (B, H, Nq, D). key_ranges: whether the backend reads
+    ``call.key_start`` / ``call.key_end`` natively (else `register` wraps it to see them as a mask)."""
     name: str
     summary: str
     supports: Callable[[AttentionCall], Optional[str]]
     run: Callable[[AttentionCall], Tensor]
+    key_ranges: bool = False
 
 
 BACKENDS: Dict[str, Backend] = {}
 
 
 def register(backend: Backend) -> Backend:
+    if not backend.key_ranges:
+        backend = _with_key_ranges_as_mask(backend)
     BACKENDS[backend.name] = backend
     return backend
+
+
+def _with_key_ranges_as_mask(backend: Backend) -> Backend:
+    """The backend, taking calls with key ranges as calls with the equivalent attn_mask."""
+    supports, run = backend.supports, backend.run
+
+    def masked_supports(call: AttentionCall) -> Optional[str]:
+        if not call.has_key_ranges:
+            return supports(call)
+        reason = supports(call.with_key_ranges_as_mask())
+        if (reason is not None and call.attn_mask is None
+                and supports(dataclasses.replace(call, key_start=None, key_end=None)) is None):
+            reason = f"key_start / key_end reach it as an attn_mask, and {reason}"
+        return reason
+
+    def masked_run(call: AttentionCall) -> Tensor:
+        return run(call.with_key_ranges_as_mask())
+
+    return dataclasses.replace(backend, supports=masked_supports, run=masked_run)
 
 
 _NO_BIAS_GRAD = "does not differentiate alpha, alibi_slopes or attn_mask (use backend='reference')"
@@ -88,9 +123,15 @@ def _fused_supports(call: AttentionCall) -> Optional[str]:
 
 
 register(Backend("chunked", "query blocks with a recomputing backward (PyTorch): O(block × Nk) memory",
-                 _chunked_supports, lambda call: chunked_attention(call, fused=False)))
-register(Backend("fused_cpu", "chunked, with the C++ kernel doing scale, ALiBi, causal mask and α-entmax (CPU)",
-                 _fused_supports, lambda call: chunked_attention(call, fused=True)))
+                 _chunked_supports, chunked_attention))
+register(Backend("fused_cpu", "flash-style C++ kernel: key tiles, α-entmax solved per row, p·v from the support "
+                              "(CPU): O(block × tile) memory", _fused_supports, fused_attention, key_ranges=True))
+
+
+# ----------------------------------------------------------------------------- fused_dense
+
+register(Backend("fused_dense", "all logits at once through the C++ kernel, p kept for the backward (CPU; short "
+                                "rows)", _fused_supports, fused_dense_attention))
 
 
 # ----------------------------------------------------------------------------- sdpa
@@ -170,7 +211,8 @@ def _triton_supports(call: AttentionCall) -> Optional[str]:
         return f"mapping {call.mapping_name!r} is not α-entmax"
     return mod.supports(call.q, call.k, call.v, mapping=call.mapping_name, alpha=_triton_alpha(call),
                         is_causal=call.is_causal, scale=call.scale, alibi_slopes=call.alibi_slopes,
-                        q_scale=call.q_scale, attn_mask=call.attn_mask)
+                        q_scale=call.q_scale, attn_mask=call.attn_mask, key_start=call.key_start,
+                        key_end=call.key_end)
 
 
 def _triton_run(call: AttentionCall) -> Tensor:
@@ -179,11 +221,11 @@ def _triton_run(call: AttentionCall) -> Tensor:
         raise RuntimeError(why)
     return mod.entmax_attention_triton(call.q, call.k, call.v, alpha=_triton_alpha(call), is_causal=call.is_causal,
                                        alibi_slopes=call.alibi_slopes, q_scale=call.q_scale, scale=call.scale,
-                                       key_lengths=None)
+                                       key_start=call.key_start, key_end=call.key_end)
 
 
 register(Backend("triton", "α-entmax flash attention in Triton (CUDA; CPU under TRITON_INTERPRET=1 when named)",
-                 _triton_supports, _triton_run))
+                 _triton_supports, _triton_run, key_ranges=True))
 
 
 # ----------------------------------------------------------------------------- adasplash

@@ -1,10 +1,16 @@
 """`AttentionCall`: the validated arguments of one `attention` call, which backends inspect (`supports`) and
 run. Validation happens here, once, before a backend is chosen, so every backend refuses the same inputs
-with the same message."""
+with the same message.
+
+Key ranges. ``key_start`` / ``key_end`` ((B,) integers) limit batch row b to the keys
+key_start[b] ≤ j < key_end[b]: left padding (pads before the real tokens) and right padding (pads after
+them) without a dense mask. Backends that take them natively read them here (the Triton kernels); the
+others get `key_range_mask`, the equivalent (B, 1, 1, Nk) bool mask, folded into ``attn_mask`` by
+`with_key_ranges_as_mask` (attention/backends.py `register` does that for them)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -21,7 +27,8 @@ class AttentionCall:
 
     alpha: α as given (float or tensor), for kernels that take per-head (H,) α; ``mapping.alpha`` holds
     it viewed to broadcast over (B, H, Nq, Nk) rows. scale: the resolved logit scale. The query rows sit
-    at the last Nq key positions (`first_pos` = Nk − Nq)."""
+    at the last Nq key positions (`first_pos` = Nk − Nq). key_start, key_end: (B,) int64 on q's device
+    or None (0 / Nk): batch row b attends only to keys key_start[b] ≤ j < key_end[b]."""
     q: Tensor
     k: Tensor
     v: Tensor
@@ -34,8 +41,11 @@ class AttentionCall:
     q_scale: Optional[Tensor]
     attn_mask: Optional[Tensor]
     chunk_size: Optional[int]
+    key_start: Optional[Tensor] = None
+    key_end: Optional[Tensor] = None
     device_type: str = ""
     _kv: Optional[tuple] = field(default=None, repr=False)
+    _masked: Optional["AttentionCall"] = field(default=None, repr=False)
 
     def __post_init__(self):
         if not self.device_type:
@@ -64,6 +74,38 @@ class AttentionCall:
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             self._kv = (k, v)
         return self._kv
+
+    @property
+    def has_key_ranges(self) -> bool:
+        return self.key_start is not None or self.key_end is not None
+
+    def key_range_mask(self) -> Optional[Tensor]:
+        """(B, 1, 1, Nk) bool, True on the keys key_start[b] ≤ j < key_end[b]; None without key ranges."""
+        if not self.has_key_ranges:
+            return None
+        j = torch.arange(self.k.shape[2], device=self.q.device)
+        keep = torch.ones((self.q.shape[0], j.numel()), dtype=torch.bool, device=j.device)
+        if self.key_start is not None:
+            keep &= j >= self.key_start[:, None]
+        if self.key_end is not None:
+            keep &= j < self.key_end[:, None]
+        return keep[:, None, None, :]
+
+    def with_key_ranges_as_mask(self) -> "AttentionCall":
+        """This call with its key ranges folded into attn_mask (bool: and-ed; float: −inf outside the ranges,
+        still differentiable in the mask), for backends that take no key ranges; built once per call."""
+        if not self.has_key_ranges:
+            return self
+        if self._masked is None:
+            keep, mask = self.key_range_mask(), self.attn_mask
+            if mask is None:
+                mask = keep
+            elif mask.dtype == torch.bool:
+                mask = mask & keep
+            else:
+                mask = mask.masked_fill(~keep, float("-inf"))
+            self._masked = replace(self, attn_mask=mask, key_start=None, key_end=None, _masked=None)
+        return self._masked
 
     @property
     def grad_of_bias(self) -> bool:
@@ -126,10 +168,24 @@ def _check_finite_inputs(**tensors: Optional[Tensor]) -> None:
     raise ValueError(f"{name} contains NaN or {'+inf' if name == 'attn_mask' else 'inf'}")
 
 
+def _key_bound(name: str, t: Optional[Tensor], B: int, device: torch.device) -> Optional[Tensor]:
+    """key_start / key_end as (B,) int64 on q's device. Any integer is meaningful (a row whose range is empty
+    attends to nothing), so the values are not checked: that would synchronise with the device."""
+    if t is None:
+        return None
+    if not isinstance(t, Tensor) or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool \
+            or tuple(t.shape) != (B,):
+        got = f"dtype {t.dtype}, shape {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be an integer tensor of shape ({B},) (one key index per batch row); "
+                         f"got {got}")
+    return t.to(device=device, dtype=torch.long)
+
+
 def make_call(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha: AlphaLike = 1.5,
               is_causal: bool = True, scale: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
               q_scale: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
-              chunk_size: Optional[int] = None, topk: int = 32, adatemp_order: str = "original") -> AttentionCall:
+              chunk_size: Optional[int] = None, topk: int = 32, adatemp_order: str = "original",
+              key_start: Optional[Tensor] = None, key_end: Optional[Tensor] = None) -> AttentionCall:
     """Validates `attention`'s arguments (shapes, dtypes, finiteness, the mapping's options) into a call."""
     _check_shapes(q, k, v)
     name = mapping
@@ -154,6 +210,8 @@ def make_call(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
         except RuntimeError:
             raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
                              f"{(B, H, Nq, Nk)}") from None
+    key_start, key_end = (_key_bound(arg, t, B, q.device) for arg, t in (("key_start", key_start),
+                                                                        ("key_end", key_end)))
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
     if scale is not None and not math.isfinite(scale):
@@ -163,4 +221,5 @@ def make_call(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
         bound = type(bound)(bound.name, _alpha_view(bound.alpha, torch.empty((B, H, Nq, Nk), device="meta"), 3))
     return AttentionCall(q=q, k=k, v=v, mapping_name=name, mapping=bound, alpha=alpha, is_causal=bool(is_causal),
                          scale=1.0 / math.sqrt(D) if scale is None else float(scale), alibi_slopes=alibi_slopes,
-                         q_scale=q_scale, attn_mask=attn_mask, chunk_size=chunk_size)
+                         q_scale=q_scale, attn_mask=attn_mask, chunk_size=chunk_size, key_start=key_start,
+                         key_end=key_end)

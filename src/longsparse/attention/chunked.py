@@ -1,19 +1,24 @@
-"""Query-chunked attention with a recomputing backward (flash-attention style, on CPU): the `chunked` and
-`fused_cpu` backends.
+"""Attention over blocks of queries with a recomputing backward: the `chunked` backend (pure PyTorch) and the
+`fused_cpu` backend (the C++ kernel, flash-style).
 
-Forward walks over blocks of queries; each block builds its logits, maps them and multiplies by v,
-then throws them away. Only q, k, v, the q-scales and the output are kept for the backward, which
-rebuilds each block's probabilities (the mappings are deterministic) and accumulates dq, dk, dv.
-Memory is O(block × Nk) in both directions instead of O(Nq × Nk).
+chunked: forward walks over blocks of queries; each block builds its logits, maps them and multiplies by v,
+then throws them away. Only q, k, v and the q-scales are kept for the backward, which rebuilds each
+block's probabilities (the mappings are deterministic) and accumulates dq, dk, dv. Memory is
+O(block × Nk) in both directions instead of O(Nq × Nk). Blocks are (group of heads) × (run of queries): at
+long Nk a block holds few heads and enough queries for each q·kᵀ product to stay compute-bound (a thin
+block would re-read all of k per block). Under a causal mask a block of queries only reads the keys up to
+its last query, so the work is about halved, and the mask itself is a small triangle on the last keys.
 
-Blocks are (group of heads) × (run of queries): at long Nk a block holds few heads and enough
-queries for each q·kᵀ product to stay compute-bound (a thin block would re-read all of k per block).
-Under a causal mask a block of queries only reads the keys up to its last query, so the work is
-about halved, and the mask itself is a small triangle on the last keys.
+fused_cpu (`fused_attention`): the kernel's `attention_forward` / `attention_backward`
+(mappings/_entmax_cpu.cpp) take q, k, v whole and walk over blocks of `FUSED_BLOCK_ROWS` queries and tiles
+of `FUSED_KEY_TILE` keys: one tile of logits exists at a time (scale, ALiBi and the causal mask applied
+as it is built), each row's α-entmax threshold is solved on the candidates collected across its tiles,
+and the output is gathered from the support only. The forward keeps, besides q, k, v, three float64
+numbers per query row (max, τ, normaliser), from which the backward rebuilds each row's support without a
+solve. Extra memory: O(block rows × key tile) plus the rows' candidates, never O(Nq × Nk).
 
-`fused=True` (the fused_cpu backend) hands each block's q·kᵀ to the C++ kernel, which applies scale,
-ALiBi, the causal mask and α-entmax in one in-place pass (and the backward's Jacobian product likewise);
-otherwise the block's logits come from `logits.block_logits` and its mapping from the registry.
+`BlockSpec.fused_probabilities` / `fused_jvp` map whole blocks with the kernel's older in-place entry points
+(`entmax_scores_forward` / `_backward`); the fused_dense backend uses them.
 """
 from __future__ import annotations
 
@@ -26,6 +31,9 @@ from longsparse.attention.call import AttentionCall
 from longsparse.attention.logits import block_logits
 from longsparse.mappings import _kernel
 from longsparse.mappings.registry import Mapping
+
+_NONE_F64 = torch.empty(0, dtype=torch.float64)
+_NONE_I64 = torch.empty(0, dtype=torch.int64)
 
 # Logit elements per block (B·H·chunk·Nk): 64 MiB of fp32 per buffer, a quarter of the full (H, N, N)
 # scores at N = 2048, H = 8 (the backward holds two such buffers).
@@ -106,8 +114,8 @@ class BlockSpec:
         return self.mapping.rows(heads, rows).backward(p, dp, saved)
 
 
-def chunked_attention(call: AttentionCall, fused: bool) -> Tensor:
-    """The chunked backends: blocks of ``call.chunk_size`` queries (None = sized automatically) over all
+def chunked_attention(call: AttentionCall) -> Tensor:
+    """The chunked backend: blocks of ``call.chunk_size`` queries (None = sized automatically) over all
     heads, or over fewer heads when Nk is long. Returns (B, H, Nq, D) in q's dtype."""
     q = call.q
     k, v = call.kv_heads_repeated()
@@ -121,7 +129,7 @@ def chunked_attention(call: AttentionCall, fused: bool) -> Tensor:
             chunk_size = min(chunk_size, max(_MIN_ROWS, -(-Nq // 8)))
     spec = BlockSpec(mapping=call.mapping, is_causal=call.is_causal, scale=call.scale,
                      alibi_slopes=call.alibi_slopes, attn_mask=call.attn_mask, first_pos=call.first_pos,
-                     block=chunk_size, head_block=head_block, dtype=call.compute_dtype, fused=fused)
+                     block=chunk_size, head_block=head_block, dtype=call.compute_dtype, fused=False)
     return ChunkedAttention.apply(q, k, v, call.q_scale, spec)
 
 
@@ -140,10 +148,7 @@ class ChunkedAttention(torch.autograd.Function):
         out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=cdt, device=q.device)
         for h, r, kend in spec.blocks(q.shape[1], nq, nk):
             qs = qc[:, h, r] if sc is None else qc[:, h, r] * sc[:, h, r, None]
-            if spec.fused:
-                p = spec.fused_probabilities(qs, kc[:, h, :kend], h, r, q.shape[1])
-            else:
-                p, _ = spec.probabilities(qs, kc[:, h, :kend], h, r)
+            p, _ = spec.probabilities(qs, kc[:, h, :kend], h, r)
             out[:, h, r] = torch.matmul(p, vc[:, h, :kend])
         ctx.spec = spec
         ctx.in_dtypes = (q.dtype, k.dtype, v.dtype, None if q_scale is None else q_scale.dtype)
@@ -172,12 +177,8 @@ class ChunkedAttention(torch.autograd.Function):
             qs = q_blk if sc is None else q_blk * sc[:, h, r, None]
             do_blk = do[:, h, r]
             dp = torch.matmul(do_blk, vc[:, h, :kend].transpose(-1, -2))
-            if spec.fused:
-                p = spec.fused_probabilities(qs, kc[:, h, :kend], h, r, q.shape[1])
-                dz = spec.fused_jvp(p, dp, h, q.shape[1])
-            else:
-                p, saved = spec.probabilities(qs, kc[:, h, :kend], h, r)
-                dz = spec.jvp(p, dp, saved, h, r).mul_(spec.scale)
+            p, saved = spec.probabilities(qs, kc[:, h, :kend], h, r)
+            dz = spec.jvp(p, dp, saved, h, r).mul_(spec.scale)
             dv[:, h, :kend] += torch.matmul(p.transpose(-1, -2), do_blk)
             del p
             dqs = torch.matmul(dz, kc[:, h, :kend])
@@ -190,3 +191,88 @@ class ChunkedAttention(torch.autograd.Function):
         dt = ctx.in_dtypes
         return (dq.to(dt[0]), dk.to(dt[1]), dv.to(dt[2]),
                 None if dsc is None else dsc.to(dt[3]), None)
+
+
+# ----------------------------------------------------------------------------- fused_cpu
+
+# Query rows per block and keys per tile of the fused kernel. Enough rows keep the per-tile products compute-bound
+# (a thin block re-reads its k tile for few rows: q·kᵀ ran at 34 GFLOP/s with 16 rows, 120 with 64, one core);
+# a 128 × 512 fp32 logit tile is 256 KiB, in L2 with its k and v tiles. At N = 16384, 1 thread, 128 rows ran
+# the softmax forward at 1.06× SDPA's time against 1.16× with 64 rows (α = 1.5: 0.65 against 0.70×), 256 rows
+# no better; 2K fwd+bwd the same with either. docs/benchmarks.md, "Fused attention kernel".
+FUSED_BLOCK_ROWS = 128
+FUSED_KEY_TILE = 512
+
+
+def _per_head(value, n_heads: int) -> Tensor:
+    """A per-head quantity (float, or a tensor of 1 or H elements) as contiguous float64 (H,) on the CPU."""
+    if isinstance(value, Tensor):
+        v = value.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
+        return (v.expand(n_heads) if v.numel() == 1 else v).contiguous()
+    return torch.full((n_heads,), float(value), dtype=torch.float64, device="cpu")
+
+
+class FusedSpec:
+    """The fused kernel's arguments besides q, k, v: per-head α and ALiBi slopes (float64 (H,); no slopes:
+    empty), scale, causal flag, the key ranges (int64 (B,) key_start / key_end; none: empty), compute dtype,
+    block rows and key tile."""
+
+    def __init__(self, call: AttentionCall, block_rows: int, key_tile: int):
+        H = call.q.shape[1]
+        self.alpha = _per_head(call.mapping.alpha, H)
+        self.slopes = _NONE_F64 if call.alibi_slopes is None else _per_head(call.alibi_slopes, H)
+        self.key_start, self.key_end = (_NONE_I64 if t is None else t.to(device="cpu", dtype=torch.int64).contiguous()
+                                        for t in (call.key_start, call.key_end))
+        self.scale, self.is_causal, self.dtype = call.scale, call.is_causal, call.compute_dtype
+        self.block_rows, self.key_tile = block_rows, key_tile
+
+    def args(self):
+        """The kernel's arguments after (q, k, v[, dout, out, stats])."""
+        return (self.alpha, self.scale, self.is_causal, self.slopes, self.key_start, self.key_end, self.block_rows,
+                self.key_tile)
+
+
+def fused_attention(call: AttentionCall) -> Tensor:
+    """The fused_cpu backend: α-entmax attention (α per head; 1 is softmax) by the C++ kernel, blocks of
+    ``call.chunk_size`` query rows (None: `FUSED_BLOCK_ROWS`). Key ranges are read natively: a block's tiles
+    start at its batch row's key_start (left padding costs nothing). Returns (B, H, Nq, D) in q's dtype."""
+    k, v = call.kv_heads_repeated()
+    spec = FusedSpec(call, call.chunk_size or FUSED_BLOCK_ROWS, FUSED_KEY_TILE)
+    return FusedAttention.apply(call.q, k, v, call.q_scale, spec)
+
+
+def _scaled_queries(q: Tensor, q_scale: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    """q·s in the compute dtype, contiguous: what the kernel takes as its queries."""
+    q = q.to(dtype)
+    return (q if q_scale is None else q * q_scale.to(dtype).unsqueeze(-1)).contiguous()
+
+
+class FusedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, q_scale: Optional[Tensor], spec: FusedSpec) -> Tensor:
+        cdt = spec.dtype
+        kc, vc = k.to(cdt).contiguous(), v.to(cdt).contiguous()
+        out, stats, bad = _kernel.get().attention_forward(_scaled_queries(q, q_scale, cdt), kc, vc, *spec.args())
+        if bad:
+            raise ValueError("attention logits contain NaN or +inf (check q, k, scale and q_scale)")
+        ctx.spec = spec
+        # softmax heads differentiate by BLAS products, which need dout·out per row (the output is kept)
+        kept_out = out if bool((spec.alpha == 1).any()) else _NONE_F64.to(cdt)
+        ctx.save_for_backward(q, k, v, q_scale, stats, kept_out)
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        q, k, v, q_scale, stats, out = ctx.saved_tensors
+        spec = ctx.spec
+        cdt = spec.dtype
+        qs = _scaled_queries(q, q_scale, cdt)
+        dqs, dk, dv = _kernel.get().attention_backward(qs, k.to(cdt).contiguous(), v.to(cdt).contiguous(),
+                                                       dout.to(cdt).contiguous(), out, stats, *spec.args())
+        dq = dsc = None
+        if q_scale is None:
+            dq = dqs
+        else:
+            dq = dqs * q_scale.to(cdt).unsqueeze(-1)
+            dsc = (dqs * q.to(cdt)).sum(-1).to(q_scale.dtype)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsc, None

@@ -31,6 +31,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
               is_causal: bool = True, scale: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
               q_scale: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
               chunk_size: Optional[int] = None, topk: int = 32, adatemp_order: str = "original",
+              key_start: Optional[Tensor] = None, key_end: Optional[Tensor] = None,
               backend: str = "auto", path: Optional[str] = None) -> Tensor:
     """Attention on (B, H, N, D) tensors with any mapping; returns (B, H, Nq, D).
 
@@ -43,6 +44,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
     alibi_slopes: (H,) slopes m, bias −m·(i − j). q_scale: (B, H, Nq) multiplier of q (not of the bias).
     attn_mask: bool (True = attend) or float (added), broadcastable to (B, H, Nq, Nk); integer masks are
     refused, as are NaN or ±inf in q, k, v, q_scale, alibi_slopes, scale (and NaN / +inf in a float mask).
+    key_start, key_end: (B,) integer tensors (None: 0 and Nk): batch row b attends only to the keys
+    key_start[b] ≤ j < key_end[b] — left and right padding of a batch of sequences of different lengths,
+    without a (B, Nk) mask. They combine with attn_mask and the causal mask (a key must pass all three);
+    positions for ALiBi and causality stay the key indices. The Triton kernels take them natively, every
+    other backend as the equivalent (B, 1, 1, Nk) bool mask.
     A query that can attend to nothing gets a zero output.
     chunk_size: queries per block of the chunked backends (None = automatic).
     backend: "auto" (the policy of `longsparse.attention.policy.select_backend`; `explain_attention` says
@@ -55,7 +61,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
     check_backend_name(backend)
     call = make_call(q, k, v, mapping=mapping, alpha=alpha, is_causal=is_causal, scale=scale,
                      alibi_slopes=alibi_slopes, q_scale=q_scale, attn_mask=attn_mask, chunk_size=chunk_size,
-                     topk=topk, adatemp_order=adatemp_order)
+                     topk=topk, adatemp_order=adatemp_order, key_start=key_start, key_end=key_end)
     return BACKENDS[_chosen(call, backend, via_path)].run(call)
 
 

@@ -19,6 +19,13 @@ SDPA_MAX_ELEMENTS = 1 << 24
 # 32-64 keys (`longsparse bench short`), training at the synthetic tasks' lengths.
 REFERENCE_MAX_KEYS = 64
 REFERENCE_MAX_ELEMENTS = 1 << 22     # and at most this many logits (a few such buffers are kept)
+# Rows that auto differentiates through fused_dense (the kernel on all logits at once, p kept for the backward)
+# instead of fused_cpu (flash-style, recomputing backward). Its gain shrinks with the row length: fwd+bwd CPU time
+# against fused_cpu for 1.5-entmax 0.82x at 64 keys, 0.95x at 96, 1.15x at 128; for sparsemax (α = 2, whose
+# fused_cpu rows are cheapest) 1.20-1.68x at 64-128 keys, so auto never sends it α = 2 (B 64, H 4, D 32, causal,
+# ALiBi on 2 heads, q-scales, one thread, median of 9 interleaved rounds).
+FUSED_DENSE_MAX_KEYS = 96
+FUSED_DENSE_MAX_ELEMENTS = 1 << 22   # p is kept until the backward: 16 MiB of fp32 per call
 
 OPT_IN = {"adasplash": "opt-in (name it): not yet measured equal to the reference on a GPU"}
 
@@ -47,8 +54,8 @@ def describe(call: AttentionCall) -> str:
     parts = [call.mapping_name, f"B={B} H={H}" + (f"/{call.k.shape[1]}" if call.k.shape[1] != H else ""),
              f"Nq={Nq} Nk={Nk} D={D}", str(call.q.dtype).replace("torch.", ""), call.device_type,
              "causal" if call.is_causal else "non-causal"]
-    parts += [name for name, t in (("alibi", call.alibi_slopes), ("q_scale", call.q_scale), ("mask", call.attn_mask))
-              if t is not None]
+    parts += [name for name, t in (("alibi", call.alibi_slopes), ("q_scale", call.q_scale), ("mask", call.attn_mask),
+                                   ("key_start", call.key_start), ("key_end", call.key_end)) if t is not None]
     if call.wants_grad or call.grad_of_bias:
         parts.append("grad")
     return "(" + ", ".join(parts) + ")"
@@ -64,11 +71,27 @@ def _sdpa_gate(call: AttentionCall) -> Optional[str]:
         if n > SDPA_MAX_ELEMENTS:
             return f"its no-grad pass would materialise {n:,} logits (auto's limit: {SDPA_MAX_ELEMENTS:,})"
         return None
-    needs_bias = (call.alibi_slopes is not None or call.attn_mask is not None
+    needs_bias = (call.alibi_slopes is not None or call.attn_mask is not None or call.has_key_ranges
                   or (call.is_causal and (Nq != Nk or call.scale <= 0)))
     n = (H if call.alibi_slopes is not None else 1) * Nq * Nk
     if needs_bias and n > SDPA_MAX_ELEMENTS:
         return f"its bias would hold {n:,} elements per batch row (auto's limit: {SDPA_MAX_ELEMENTS:,})"
+    return None
+
+
+def _fused_dense_gate(call: AttentionCall) -> Optional[str]:
+    """Why auto does not give this call to fused_dense although it could take it (None: it does)."""
+    B, H, Nq, Nk, _ = call.shape
+    if call.chunk_size is not None:
+        return "chunk_size was given: auto keeps to the chunked backends"
+    if not call.wants_grad:
+        return "no gradient is needed (auto takes it for gradients through short rows)"
+    alpha = call.mapping.alpha
+    if isinstance(alpha, (int, float)) and alpha >= 2:
+        return "α = 2 (sparsemax): fused_cpu's recomputing backward is faster at every length measured"
+    if Nk > FUSED_DENSE_MAX_KEYS or B * H * Nq * Nk > FUSED_DENSE_MAX_ELEMENTS:
+        return (f"rows too long to keep p for the backward ({Nk} keys, {B * H * Nq * Nk:,} logits; auto's limits: "
+                f"{FUSED_DENSE_MAX_KEYS} keys, {FUSED_DENSE_MAX_ELEMENTS:,} logits)")
     return None
 
 
@@ -79,6 +102,10 @@ def _short_reference_gate(call: AttentionCall) -> Optional[str]:
         return "chunk_size was given: auto keeps to the chunked backends"
     if not call.wants_grad:
         return "no gradient is needed (auto takes it for gradients through short rows)"
+    alpha = call.mapping.alpha
+    if isinstance(alpha, (int, float)) and alpha >= 2:
+        # sparsemax rows are fused_cpu's cheapest; it beats autograd through the logits even for 1.5-entmax
+        return "α = 2 (sparsemax): fused_cpu's recomputing backward is faster"
     if Nk > REFERENCE_MAX_KEYS or B * H * Nq * Nk > REFERENCE_MAX_ELEMENTS:
         return (f"rows too long for the dense backward ({Nk} keys, {B * H * Nq * Nk:,} logits; auto's limits: "
                 f"{REFERENCE_MAX_KEYS} keys, {REFERENCE_MAX_ELEMENTS:,} logits)")
@@ -96,8 +123,9 @@ def select_backend(call: AttentionCall, *, supports: Optional[Callable[[str], Op
     2. α, ALiBi slopes or a float mask that needs a gradient: ``reference`` (no other backend gives those).
     3. A softmax-form mapping (softmax, top-k, adaptive temperature), no chunk_size, and what SDPA must
        materialise within `SDPA_MAX_ELEMENTS`: ``sdpa``.
-    4. A gradient through short rows (≤ `REFERENCE_MAX_KEYS` keys, ≤ `REFERENCE_MAX_ELEMENTS` logits), no
-       chunk_size, no autocast: ``reference``.
+    4. A gradient through short rows, no chunk_size: ``fused_dense`` when it takes the call (≤
+       `FUSED_DENSE_MAX_KEYS` keys, ≤ `FUSED_DENSE_MAX_ELEMENTS` logits); else ``reference`` (≤
+       `REFERENCE_MAX_KEYS` keys, ≤ `REFERENCE_MAX_ELEMENTS` logits, no autocast).
     5. ``fused_cpu`` when it supports the call, else ``chunked``, else ``reference``.
     ``adasplash`` is never picked (opt-in).
 
@@ -142,6 +170,9 @@ def select_backend(call: AttentionCall, *, supports: Optional[Callable[[str], Op
         return pick("sdpa", "softmax: torch SDPA" if not call.mapping.adjusts_logits else
                     f"{call.mapping_name} is a softmax after a per-row choice without gradient: one no-grad pass "
                     "over the logits, then torch SDPA")
+    if consider("fused_dense", _fused_dense_gate(call)):
+        return pick("fused_dense", f"a gradient through short rows (≤ {FUSED_DENSE_MAX_KEYS} keys): the kernel on all "
+                                   "logits at once, p kept for the backward instead of a recomputed forward")
     short = _short_reference_gate(call)
     if short is None:
         return pick("reference", f"a gradient through short rows (≤ {REFERENCE_MAX_KEYS} keys): autograd through "

@@ -2,17 +2,18 @@
 
 Public entry points:
 
-* ``entmax_attention_triton(q, k, v, *, alpha, is_causal, alibi_slopes, q_scale, scale, key_lengths)``
+* ``entmax_attention_triton(q, k, v, *, alpha, is_causal, alibi_slopes, q_scale, scale, key_start, key_end)``
   → (B, H, Nq, D), differentiable in q, k, v (and q_scale, through autograd);
 * ``supports(q, k, v, **kwargs) -> str | None``: None when the kernels take the call, else the reason;
 * ``threshold_stats(q, k, v, **kwargs)``: the forward's row statistics and tile mask (diagnostics).
 
 Semantics are those of ``ls.attention(..., mapping="entmax")``: logits
     z_ij = (q_i · k_j) · scale − m_h · (i + Nk − Nq − j),
-keys j ≥ key_lengths[b] masked, causal masking bottom-right aligned (query i sits at absolute
-position i + Nk − Nq), p_i = α-entmax(z_i), o_i = Σ_j p_ij v_j; a row that can attend to nothing
-gives zeros. The per-query q-scale (SSMax / ASEntmax) multiplies q before the kernel, which is exact
-because it does not scale the bias; its gradient then flows through autograd.
+batch row b sees only the keys key_start[b] ≤ j < key_end[b] (left / right padding), causal masking
+bottom-right aligned (query i sits at absolute position i + Nk − Nq), p_i = α-entmax(z_i),
+o_i = Σ_j p_ij v_j; a row that can attend to nothing gives zeros. The per-query q-scale (SSMax /
+ASEntmax) multiplies q before the kernel, which is exact because it does not scale the bias; its
+gradient then flows through autograd.
 
 Algorithm (one program per block of BLOCK_M query rows, key tiles of BLOCK_N, fp32 arithmetic):
 
@@ -29,7 +30,9 @@ Algorithm (one program per block of BLOCK_M query rows, key tiles of BLOCK_N, fp
    is unfinished (at most ``MAX_ITER``).
 3. output pass: p = [X − τ]₊^{1/(α−1)} / Σp, O = p·V.
 
-Skipping: key tiles past the causal diagonal or the key length are never visited. A per (query block,
+Skipping: key tiles before key_start, past key_end or past the causal diagonal are never visited, and
+the keys outside [key_start, key_end) of a partly visible tile enter no logit (only the dk/dv kernel
+loads them, and gives them zero gradients). A per (query block,
 key tile) byte mask records tiles with no entry above the lower end of the τ bracket; since τ only
 grows within its bracket, those tiles stay zero and later sweeps skip them (with ALiBi most of a long
 row dies in the first sweep, at τ = −1). The output pass rewrites the mask exactly (tile has some
@@ -60,8 +63,8 @@ The decode scratch is B·H·Nq·Nk fp32 (with Nq ≤ 16; at Nq = 1 it is 2/D of 
 
 Supported: α ∈ (1, 2] as a float (α = 1.5 and 2 with the exact finish) or a per-head (H,) tensor
 (general solver; α itself is not differentiated); causal (bottom-right) or not; ALiBi / NAPE slopes (H,)
-(not differentiated); q-scales; GQA; right padding through key_lengths; any N; head dims 16, 32, 64,
-128; float16 / bfloat16 / float32 inputs (fp32 accumulation; fp32 inputs use 3xTF32 dots on CUDA).
+(not differentiated); q-scales; GQA; left and right padding through key_start / key_end; any N; head
+dims 16, 32, 64, 128; float16 / bfloat16 / float32 inputs (fp32 accumulation; fp32 inputs use 3xTF32 dots on CUDA).
 Refused (see `supports`): arbitrary attn_mask, other mappings, α outside (1, 2] or requiring grad,
 other head dims and dtypes, non-CUDA tensors outside the interpreter.
 
@@ -103,11 +106,12 @@ INTERPRETER_BLOCK = 32       # query and key tile of the interpreter (CPU tensor
 # choice between compiled and interpreted kernels is made at first use, not at import.
 #
 # Compile-time switches are only those that change the arithmetic (MODE: α = 1.5 / 2 / general; the
-# tiles; the dot precision; whether a tile mask exists). Causality, ALiBi, key lengths and per-head α
-# are runtime arguments (a min, a multiply-add and two scalar loads per tile or program), so one
+# tiles; the dot precision; whether a tile mask exists). Causality, ALiBi, key ranges and per-head α
+# are runtime arguments (a min, a multiply-add and a few scalar loads per tile or program), so one
 # compiled kernel serves every such call: each Triton specialisation costs seconds of compilation.
-# Conventions: `Slopes` (H,) fp32 (zeros = no bias), `Lens` (B,) int32 (Nk = no padding), `Alpha`
-# (H,) fp32 (read in the general mode only), `causal` 0/1.
+# Conventions: `Slopes` (H,) fp32 (zeros = no bias), `Starts`, `Ends` (B,) int32: batch row b's keys
+# [start, end) (0 and Nk: no padding), `Alpha` (H,) fp32 (read in the general mode only), `causal` 0/1.
+# The helpers below are inlined by triton.jit, so factoring a kernel's prologue into them costs nothing.
 
 
 def _powers(d, am1, MODE: tl.constexpr):
@@ -129,16 +133,31 @@ def _powers(d, am1, MODE: tl.constexpr):
     return p, w
 
 
-def _row_limits(rows, Nq, Nk, L, causal):
-    """Keys [0, limit) are visible to each query row: the key length L, and under causal masking only
-    keys up to the row's absolute position rows + Nk − Nq. Rows past Nq (tile padding) see nothing."""
-    lim = tl.zeros_like(rows) + L
+def _u_norm(inv, am1, MODE: tl.constexpr):
+    """(1/Σp)^{2−α}: turns the unnormalised w of `_powers` into u = p^{2−α} of the normalised p."""
+    if MODE == 2:
+        u = tl.full(inv.shape, 1.0, tl.float32)
+    elif MODE == 1:
+        u = tl.sqrt(inv)
+    else:
+        u = tl.exp2((1.0 - am1) * tl.log2(tl.where(inv > 0, inv, 1.0)))
+    return u
+
+
+def _key_range(Starts, Ends, b, Nk):
+    """Batch row b's keys [start, end), clamped so that 0 ≤ start ≤ end ≤ Nk."""
+    end = tl.minimum(tl.maximum(tl.load(Ends + b), 0), Nk)
+    start = tl.minimum(tl.maximum(tl.load(Starts + b), 0), end)
+    return start, end
+
+
+def _row_limits(rows, Nq, Nk, start, end, causal):
+    """Each query row sees the keys [start, limit): limit = end, and under causal masking at most the
+    row's absolute position rows + Nk − Nq. A row that sees no key (limit ≤ start, or a tile-padding row
+    past Nq) gets limit 0, so `max(limit − start, 0)` counts every row's keys."""
+    lim = tl.zeros_like(rows) + end
     lim = tl.where(causal != 0, tl.minimum(lim, rows + (Nk - Nq) + 1), lim)
-    return tl.where(rows < Nq, lim, 0)
-
-
-def _key_length(Lens, b, Nk):
-    return tl.minimum(tl.maximum(tl.load(Lens + b), 0), Nk)
+    return tl.where((rows < Nq) & (lim > start), lim, 0)
 
 
 def _alpha_minus_one(Alpha, h, MODE: tl.constexpr):
@@ -149,6 +168,11 @@ def _alpha_minus_one(Alpha, h, MODE: tl.constexpr):
     else:
         am1 = tl.load(Alpha + h) - 1.0
     return am1
+
+
+def _head_consts(Alpha, Slopes, h, MODE: tl.constexpr):
+    """(α − 1, ALiBi slope) of head h."""
+    return _alpha_minus_one(Alpha, h, MODE), tl.load(Slopes + h)
 
 
 def _bracket_hi(nkeys, am1, MODE: tl.constexpr):
@@ -195,6 +219,26 @@ def _tau_update(tau, lo, hi, active, fsum, wsum, cnt, mind, am1, MODE: tl.conste
     return tau, lo, hi, active
 
 
+def _solver_start(nkeys, am1, MODE: tl.constexpr):
+    """Initial solver state of rows with `nkeys` visible keys: (lo, hi, τ, active). τ starts at the lower
+    end −1; rows with one key are done there (p = 1), rows with none never start."""
+    lo = tl.full(nkeys.shape, -1.0, tl.float32)
+    return lo, _bracket_hi(nkeys, am1, MODE), lo, nkeys > 1
+
+
+def _sweep_add(d, am1, fsum, wsum, cnt, mind, AXIS: tl.constexpr, MODE: tl.constexpr):
+    """Adds one tile of gaps d = X − τ (rows along the other axis) to a sweep's sums: Σp, Σw, and for
+    α = 1.5 / 2 the support size and its smallest gap (what `_tau_update` needs)."""
+    p, w = _powers(d, am1, MODE)
+    fsum += tl.sum(p, AXIS)
+    wsum += tl.sum(w, AXIS)
+    if MODE == 1:
+        cnt += tl.sum(tl.where(d > 0, 1.0, 0.0), AXIS)
+    if MODE != 0:
+        mind = tl.minimum(mind, tl.min(tl.where(d > 0, d, float("inf")), AXIS))
+    return fsum, wsum, cnt, mind
+
+
 def _dot(a, b, acc, DOT_PREC: tl.constexpr):
     """a·b (+ acc) with fp32 accumulation. DOT_PREC "upcast" (interpreter only, for bfloat16, whose dot
     it computes wrongly in Triton 3.9) multiplies the operands as float32, exactly."""
@@ -214,60 +258,107 @@ def _tile_live(mask_row, t, USE_MASK: tl.constexpr):
     return live
 
 
-def _logits(q, kT, qpos, kpos, row_lim, scale, slope, DOT_PREC: tl.constexpr):
-    """z = q·kᵀ·scale − slope·(qpos − kpos), −inf where the key is not visible to the row; q (BM, D),
-    kT (D, BN), slope a scalar or (BM, 1)."""
+def _load_tile(base, idx, valid, s_idx, s_d, D: tl.constexpr):
+    """Rows idx of a (N, D) matrix at base with strides (s_idx, s_d): (len(idx), D), zero where not valid."""
+    dcol = tl.arange(0, D)
+    return tl.load(base + idx[:, None] * s_idx + dcol[None, :] * s_d, mask=valid[:, None], other=0.0)
+
+
+def _load_tile_t(base, idx, valid, s_idx, s_d, D: tl.constexpr):
+    """The transpose (D, len(idx)) of `_load_tile`."""
+    dcol = tl.arange(0, D)
+    return tl.load(base + idx[None, :] * s_idx + dcol[:, None] * s_d, mask=valid[None, :], other=0.0)
+
+
+def _in_range(idx, lo, hi):
+    """lo ≤ idx < hi (broadcasting), as one unsigned compare per element: idx − lo wraps to a huge value
+    when idx < lo, and an empty range (hi ≤ lo) becomes the bound 0."""
+    return (idx - lo).to(tl.uint32) < tl.maximum(hi - lo, 0).to(tl.uint32)
+
+
+def _logits(q, kT, qpos, kpos, start, row_lim, scale, slope, DOT_PREC: tl.constexpr):
+    """z = q·kᵀ·scale − slope·(qpos − kpos), −inf where the key is not visible to the row (outside
+    [start, row_lim)); q (BM, D), kT (D, BN), slope a scalar or (BM, 1)."""
     z = _dot(q, kT, None, DOT_PREC) * scale - slope * (qpos[:, None] - kpos[None, :]).to(tl.float32)
-    return tl.where(kpos[None, :] < row_lim[:, None], z, float("-inf"))
+    return tl.where(_in_range(kpos[None, :], start, row_lim[:, None]), z, float("-inf"))
 
 
-def _logits_t(k, qT, qpos, kpos, row_lim, scale, slope, DOT_PREC: tl.constexpr):
+def _logits_t(k, qT, qpos, kpos, start, row_lim, scale, slope, DOT_PREC: tl.constexpr):
     """The transposed logits tile (BN, BM) of `_logits`, for the kernels that own a key tile."""
     z = _dot(k, qT, None, DOT_PREC) * scale - slope * (qpos[None, :] - kpos[:, None]).to(tl.float32)
-    return tl.where(kpos[:, None] < row_lim[None, :], z, float("-inf"))
+    return tl.where(_in_range(kpos[:, None], start, row_lim[None, :]), z, float("-inf"))
 
 
-def _fwd_kernel(Q, K, V, O, Stats, TileMask, Alpha, Slopes, Lens,
+def _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope,
+                 D: tl.constexpr, BN: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Loads key tile t (only its keys in [start, kend)) and returns (kpos, its logits)."""
+    kpos = t * BN + tl.arange(0, BN)
+    kT = _load_tile_t(k_base, kpos, _in_range(kpos, start, kend), skn, skd, D)
+    return kpos, _logits(q, kT, qpos, kpos, start, row_lim, scale, slope, DOT_PREC)
+
+
+def _query_block(Q, K, V, TileMask, Alpha, Slopes, Starts, Ends, sqb, sqh, sqn, sqd, skb, skh, svb, svh,
+                 H, GROUP, Nq, Nk, n_qb, n_kt, causal, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 MODE: tl.constexpr):
+    """The start of every block kernel's program (grid (⌈Nq/BM⌉, B·H)): its query rows and what they see.
+
+    Returns (bh, rows (BM,), rmask = real rows, qpos = their absolute positions, start, row_lim (BM,): each
+    row sees the keys [start, row_lim), which lie in the key tiles t0 ≤ t < t1 (kend = max row_lim);
+    am1 = α − 1 and the slope of the head; q (BM, D); k_base, v_base: the kv head's K and V; mask_row: the
+    block's row of the tile mask)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = bh % H
+    hk = h // GROUP
+    rows = pid_m * BM + tl.arange(0, BM)
+    rmask = rows < Nq
+    start, end = _key_range(Starts, Ends, b, Nk)
+    row_lim = _row_limits(rows, Nq, Nk, start, end, causal)
+    kend = tl.max(row_lim, 0)
+    am1, slope = _head_consts(Alpha, Slopes, h, MODE)
+    q = _load_tile(Q + b * sqb + h * sqh, rows, rmask, sqn, sqd, D)
+    mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
+    return (bh, rows, rmask, rows + (Nk - Nq), start, row_lim, kend, start // BN, (kend + BN - 1) // BN,
+            am1, slope, q, K + b * skb + hk * skh, V + b * svb + hk * svh, mask_row)
+
+
+def _bwd_rows(DO, Stats, bh, rows, rmask, Nq, plane, D: tl.constexpr):
+    """What the backward reads per query row of head bh: (row0 = the head's first row in the (B·H·Nq) row
+    arrays, dO (BM, D) from the contiguous DO, and the forward's statistics M, τ, 1/Σp; `plane` = B·H·Nq)."""
+    row0 = bh.to(tl.int64) * Nq
+    do = _load_tile(DO + row0 * D, rows, rmask, D, 1, D)
+    m, tau, inv = _row_stats(Stats, rows, rmask, row0, plane)
+    return row0, do, m, tau, inv
+
+
+def _row_stats(Stats, rows, rmask, row0, plane):
+    """The forward's row statistics (M, τ, 1/Σp) of rows row0 + rows (`plane` = B·H·Nq)."""
+    srow = Stats + row0 + rows
+    return (tl.load(srow, mask=rmask, other=0.0), tl.load(srow + plane, mask=rmask, other=0.0),
+            tl.load(srow + 2 * plane, mask=rmask, other=0.0))
+
+
+def _fwd_kernel(Q, K, V, O, Stats, TileMask, Alpha, Slopes, Starts, Ends,
                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
                 H, GROUP, Nq, Nk, n_qb, n_kt, scale, causal,
                 D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
                 MAX_ITER: tl.constexpr, TOL: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (⌈Nq/BM⌉, B·H). Writes O, Stats[0..2] = (row max M, τ, 1/Σp) and the tile mask."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    rows = pid_m * BM + tl.arange(0, BM)
-    dcol = tl.arange(0, D)
-    L = _key_length(Lens, b, Nk)
-    row_lim = _row_limits(rows, Nq, Nk, L, causal)
-    qpos = rows + (Nk - Nq)
-    kend = tl.max(row_lim, 0)
-    n_tiles = (kend + BN - 1) // BN
-    am1 = _alpha_minus_one(Alpha, h, MODE)
-    slope = tl.load(Slopes + h)
-    b64 = b.to(tl.int64)
-    q = tl.load(Q + b64 * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :] * sqd,
-                mask=rows[:, None] < Nq, other=0.0)
-    k_base = K + b64 * skb + hk * skh
-    v_base = V + b64 * svb + hk * svh
-    mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
+    """Grid (⌈Nq/BM⌉, B·H). Writes O, Stats[0..2] = (row max M, τ, 1/Σp) and the tile mask bits of the
+    key tiles t0 ≤ t < t1 (the backward reads no others)."""
+    bh, rows, rmask, qpos, start, row_lim, kend, t0, t1, am1, slope, q, k_base, v_base, mask_row = _query_block(
+        Q, K, V, TileMask, Alpha, Slopes, Starts, Ends, sqb, sqh, sqn, sqd, skb, skh, svb, svh,
+        H, GROUP, Nq, Nk, n_qb, n_kt, causal, D, BM, BN, MODE)
 
     # 1. row max
     m = tl.full([BM], float("-inf"), tl.float32)
-    for t in range(n_tiles):
-        kpos = t * BN + tl.arange(0, BN)
-        kT = tl.load(k_base + kpos[None, :] * skn + dcol[:, None] * skd, mask=kpos[None, :] < kend, other=0.0)
-        z = _logits(q, kT, qpos, kpos, row_lim, scale, slope, DOT_PREC)
+    for t in range(t0, t1):
+        kpos, z = _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN, DOT_PREC)
         m = tl.maximum(m, tl.max(z, 1))
     m = tl.where(row_lim > 0, m, 0.0)
 
-    # 2. threshold: rows with one visible key are done at τ = −1 (p = 1), rows with none never start
-    lo = tl.full([BM], -1.0, tl.float32)
-    hi = _bracket_hi(row_lim, am1, MODE)
-    tau = lo
-    active = row_lim > 1
+    # 2. threshold
+    lo, hi, tau, active = _solver_start(tl.maximum(row_lim - start, 0), am1, MODE)
     it = 0
     n_active = tl.sum(active.to(tl.int32), 0)
     while (it < MAX_ITER) & (n_active > 0):
@@ -276,21 +367,12 @@ def _fwd_kernel(Q, K, V, O, Stats, TileMask, Alpha, Slopes, Lens,
         wsum = tl.zeros([BM], tl.float32)
         cnt = tl.zeros([BM], tl.float32)
         mind = tl.full([BM], float("inf"), tl.float32)
-        for t in range(n_tiles):
+        for t in range(t0, t1):
             if (it == 0) | _tile_live(mask_row, t, True):    # the first sweep writes every tile's bit
-                kpos = t * BN + tl.arange(0, BN)
-                kT = tl.load(k_base + kpos[None, :] * skn + dcol[:, None] * skd,
-                             mask=kpos[None, :] < kend, other=0.0)
-                z = _logits(q, kT, qpos, kpos, row_lim, scale, slope, DOT_PREC)
+                kpos, z = _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN,
+                                       DOT_PREC)
                 X = am1 * (z - m[:, None])
-                d = X - tau[:, None]
-                p, w = _powers(d, am1, MODE)
-                fsum += tl.sum(p, 1)
-                wsum += tl.sum(w, 1)
-                if MODE == 1:
-                    cnt += tl.sum(tl.where(d > 0, 1.0, 0.0), 1)
-                if MODE != 0:
-                    mind = tl.minimum(mind, tl.min(tl.where(d > 0, d, float("inf")), 1))
+                fsum, wsum, cnt, mind = _sweep_add(X - tau[:, None], am1, fsum, wsum, cnt, mind, 1, MODE)
                 live = tl.max(tl.max(tl.where(X > floor[:, None], 1, 0), 1), 0)
                 tl.store(mask_row + t, live.to(tl.int8))
         tau, lo, hi, active = _tau_update(tau, lo, hi, active, fsum, wsum, cnt, mind, am1, MODE, TOL)
@@ -300,79 +382,55 @@ def _fwd_kernel(Q, K, V, O, Stats, TileMask, Alpha, Slopes, Lens,
     # 3. output; the mask becomes exact (some p > 0) for the backward
     acc = tl.zeros([BM, D], tl.float32)
     lsum = tl.zeros([BM], tl.float32)
-    for t in range(n_tiles):
+    for t in range(t0, t1):
         if (it == 0) | _tile_live(mask_row, t, True):
-            kpos = t * BN + tl.arange(0, BN)
-            kT = tl.load(k_base + kpos[None, :] * skn + dcol[:, None] * skd, mask=kpos[None, :] < kend, other=0.0)
-            z = _logits(q, kT, qpos, kpos, row_lim, scale, slope, DOT_PREC)
+            kpos, z = _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN,
+                                   DOT_PREC)
             p, _ = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
             nz = tl.max(tl.max(p, 1), 0) > 0
             tl.store(mask_row + t, nz.to(tl.int8))
             if nz:
-                v = tl.load(v_base + kpos[:, None] * svn + dcol[None, :] * svd, mask=kpos[:, None] < kend, other=0.0)
+                v = _load_tile(v_base, kpos, _in_range(kpos, start, kend), svn, svd, D)
                 acc = _dot(p.to(v.dtype), v, acc, DOT_PREC)
                 lsum += tl.sum(p, 1)
     inv = tl.where(lsum > 0, 1.0 / tl.where(lsum > 0, lsum, 1.0), 0.0)
-    o = acc * inv[:, None]
-    rmask = rows < Nq
-    tl.store(O + b64 * sob + h * soh + rows[:, None] * son + dcol[None, :] * sod, o.to(O.dtype.element_ty),
-             mask=rmask[:, None])
+    dcol = tl.arange(0, D)
+    tl.store(O + (bh // H).to(tl.int64) * sob + (bh % H) * soh + rows[:, None] * son + dcol[None, :] * sod,
+             (acc * inv[:, None]).to(O.dtype.element_ty), mask=rmask[:, None])
     srow = Stats + bh.to(tl.int64) * Nq + rows
-    plane = tl.num_programs(1).to(tl.int64) * Nq
+    plane = tl.num_programs(1).to(tl.int64) * Nq      # B·H·Nq
     tl.store(srow, m, mask=rmask)
     tl.store(srow + plane, tau, mask=rmask)
     tl.store(srow + 2 * plane, inv, mask=rmask)
 
 
-def _bwd_prep_kernel(Q, K, V, DO, Stats, TileMask, Delta, Alpha, Slopes, Lens,
+def _bwd_prep_kernel(Q, K, V, DO, Stats, TileMask, Delta, Alpha, Slopes, Starts, Ends,
                      sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
                      H, GROUP, Nq, Nk, n_qb, n_kt, scale, causal,
                      D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
                      USE_MASK: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (⌈Nq/BM⌉, B·H): δ_i = dO_i · Σ_j u_ij v_j / Σ_j u_ij (u unnormalised: the scale cancels).
     dO is contiguous (B, H, Nq, D)."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    rows = pid_m * BM + tl.arange(0, BM)
-    dcol = tl.arange(0, D)
-    rmask = rows < Nq
-    L = _key_length(Lens, b, Nk)
-    row_lim = _row_limits(rows, Nq, Nk, L, causal)
-    qpos = rows + (Nk - Nq)
-    kend = tl.max(row_lim, 0)
-    n_tiles = (kend + BN - 1) // BN
-    am1 = _alpha_minus_one(Alpha, h, MODE)
-    slope = tl.load(Slopes + h)
-    b64 = b.to(tl.int64)
-    q = tl.load(Q + b64 * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :] * sqd, mask=rmask[:, None], other=0.0)
-    do = tl.load(DO + (bh.to(tl.int64) * Nq + rows[:, None]) * D + dcol[None, :], mask=rmask[:, None], other=0.0)
-    srow = Stats + bh.to(tl.int64) * Nq + rows
-    plane = tl.num_programs(1).to(tl.int64) * Nq
-    m = tl.load(srow, mask=rmask, other=0.0)
-    tau = tl.load(srow + plane, mask=rmask, other=0.0)
-    k_base = K + b64 * skb + hk * skh
-    v_base = V + b64 * svb + hk * svh
-    mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
+    bh, rows, rmask, qpos, start, row_lim, kend, t0, t1, am1, slope, q, k_base, v_base, mask_row = _query_block(
+        Q, K, V, TileMask, Alpha, Slopes, Starts, Ends, sqb, sqh, sqn, sqd, skb, skh, svb, svh,
+        H, GROUP, Nq, Nk, n_qb, n_kt, causal, D, BM, BN, MODE)
+    row0, do, m, tau, inv = _bwd_rows(DO, Stats, bh, rows, rmask, Nq, tl.num_programs(1).to(tl.int64) * Nq, D)
     usum = tl.zeros([BM], tl.float32)
     uv = tl.zeros([BM, D], tl.float32)
-    for t in range(n_tiles):
+    for t in range(t0, t1):
         if _tile_live(mask_row, t, USE_MASK):
-            kpos = t * BN + tl.arange(0, BN)
-            kT = tl.load(k_base + kpos[None, :] * skn + dcol[:, None] * skd, mask=kpos[None, :] < kend, other=0.0)
-            z = _logits(q, kT, qpos, kpos, row_lim, scale, slope, DOT_PREC)
+            kpos, z = _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN,
+                                   DOT_PREC)
             _, w = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
-            v = tl.load(v_base + kpos[:, None] * svn + dcol[None, :] * svd, mask=kpos[:, None] < kend, other=0.0)
+            v = _load_tile(v_base, kpos, _in_range(kpos, start, kend), svn, svd, D)
             usum += tl.sum(w, 1)
             uv = _dot(w.to(v.dtype), v, uv, DOT_PREC)
     delta = tl.sum(do.to(tl.float32) * uv, 1)
     delta = tl.where(usum > 0, delta / tl.where(usum > 0, usum, 1.0), 0.0)
-    tl.store(Delta + bh.to(tl.int64) * Nq + rows, delta, mask=rmask)
+    tl.store(Delta + row0 + rows, delta, mask=rmask)
 
 
-def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, Stats, Delta, TileMask, Alpha, Slopes, Lens,
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, Stats, Delta, TileMask, Alpha, Slopes, Starts, Ends,
                      sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
                      H, GROUP, Nq, Nk, n_qb, n_kt, scale, causal,
                      D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
@@ -382,182 +440,135 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, Stats, Delta, TileMask, Alpha, Slopes,
     pid_n = tl.program_id(0)
     bhk = tl.program_id(1)
     Hkv = H // GROUP
-    b = bhk // Hkv
+    b = (bhk // Hkv).to(tl.int64)
     hk = bhk % Hkv
     kpos = pid_n * BN + tl.arange(0, BN)
-    dcol = tl.arange(0, D)
-    L = _key_length(Lens, b, Nk)
-    b64 = b.to(tl.int64)
-    kmask = kpos[:, None] < Nk
-    k = tl.load(K + b64 * skb + hk * skh + kpos[:, None] * skn + dcol[None, :] * skd, mask=kmask, other=0.0)
-    v = tl.load(V + b64 * svb + hk * svh + kpos[:, None] * svn + dcol[None, :] * svd, mask=kmask, other=0.0)
+    start, end = _key_range(Starts, Ends, b, Nk)
+    # every key of the tile is loaded (masking the load by [start, end) added ~100 bytes of register spills
+    # at D = 128): keys outside the range still enter no logit, and their dk, dv come out zero if finite
+    kmask = kpos < Nk
+    k = _load_tile(K + b * skb + hk * skh, kpos, kmask, skn, skd, D)
+    v = _load_tile(V + b * svb + hk * svh, kpos, kmask, svn, svd, D)
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
     plane = (tl.num_programs(1) * GROUP).to(tl.int64) * Nq
-    # causal: the first query block holding a row at or after the tile's first key
-    qb0 = tl.where(causal != 0, tl.maximum(pid_n * BN - (Nk - Nq), 0) // BM, 0)
-    if pid_n * BN < L:
+    # causal: the first query block holding a row that sees a key of the tile (its position is at least
+    # the tile's first visible key). Every (block, tile) pair visited here was visited by the forward,
+    # which wrote its tile mask bit.
+    qb0 = tl.where(causal != 0, tl.maximum(tl.maximum(pid_n * BN, start) - (Nk - Nq), 0) // BM, 0)
+    if (pid_n * BN < end) & (pid_n * BN + BN > start) & (start < end):
         for hh in range(GROUP):
             h = hk * GROUP + hh
             bh = b * H + h
-            am1 = _alpha_minus_one(Alpha, h, MODE)
-            slope = tl.load(Slopes + h)
+            row0 = bh * Nq
+            am1, slope = _head_consts(Alpha, Slopes, h, MODE)
             for qb in range(qb0, n_qb):
-                mask_row = TileMask + (bh.to(tl.int64) * n_qb + qb) * n_kt
-                if _tile_live(mask_row, pid_n, USE_MASK):
+                if _tile_live(TileMask + (bh * n_qb + qb) * n_kt, pid_n, USE_MASK):
                     rows = qb * BM + tl.arange(0, BM)
                     rmask = rows < Nq
-                    row_lim = _row_limits(rows, Nq, Nk, L, causal)
-                    qpos = rows + (Nk - Nq)
-                    q = tl.load(Q + b64 * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :] * sqd,
-                                mask=rmask[:, None], other=0.0)
-                    do = tl.load(DO + (bh.to(tl.int64) * Nq + rows[:, None]) * D + dcol[None, :],
-                                 mask=rmask[:, None], other=0.0)
-                    srow = Stats + bh.to(tl.int64) * Nq + rows
-                    m = tl.load(srow, mask=rmask, other=0.0)
-                    tau = tl.load(srow + plane, mask=rmask, other=0.0)
-                    inv = tl.load(srow + 2 * plane, mask=rmask, other=0.0)
-                    delta = tl.load(Delta + bh.to(tl.int64) * Nq + rows, mask=rmask, other=0.0)
-                    zT = _logits_t(k, tl.trans(q), qpos, kpos, row_lim, scale, slope, DOT_PREC)
+                    row_lim = _row_limits(rows, Nq, Nk, start, end, causal)
+                    q = _load_tile(Q + b * sqb + h * sqh, rows, rmask, sqn, sqd, D)
+                    do = _load_tile(DO + row0 * D, rows, rmask, D, 1, D)
+                    m, tau, inv = _row_stats(Stats, rows, rmask, row0, plane)
+                    delta = tl.load(Delta + row0 + rows, mask=rmask, other=0.0)
+                    zT = _logits_t(k, tl.trans(q), rows + (Nk - Nq), kpos, start, row_lim, scale, slope, DOT_PREC)
                     p, w = _powers(am1 * (zT - m[None, :]) - tau[None, :], am1, MODE)
-                    p = p * inv[None, :]
-                    dv = _dot(p.to(do.dtype), do, dv, DOT_PREC)
+                    dv = _dot((p * inv[None, :]).to(do.dtype), do, dv, DOT_PREC)
                     gT = _dot(v, tl.trans(do), None, DOT_PREC)
-                    if MODE == 2:
-                        u = w
-                    elif MODE == 1:
-                        u = w * tl.sqrt(inv)[None, :]
-                    else:
-                        u = w * tl.exp2((1.0 - am1) * tl.log2(tl.where(inv > 0, inv, 1.0)))[None, :]
-                    dsT = u * (gT - delta[None, :])
+                    dsT = w * _u_norm(inv, am1, MODE)[None, :] * (gT - delta[None, :])
                     dk = _dot(dsT.to(q.dtype), q, dk, DOT_PREC)
-    dk = dk * scale
-    out = (bhk.to(tl.int64) * Nk + kpos[:, None]) * D + dcol[None, :]
-    tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=kmask)
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kmask)
+    out = (bhk.to(tl.int64) * Nk + kpos[:, None]) * D + tl.arange(0, D)[None, :]
+    tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=kmask[:, None])
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kmask[:, None])
 
 
-def _bwd_dq_kernel(Q, K, V, DO, DQ, Stats, Delta, TileMask, Alpha, Slopes, Lens,
+def _bwd_dq_kernel(Q, K, V, DO, DQ, Stats, Delta, TileMask, Alpha, Slopes, Starts, Ends,
                    sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
                    H, GROUP, Nq, Nk, n_qb, n_kt, scale, causal,
                    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
                    USE_MASK: tl.constexpr, DOT_PREC: tl.constexpr):
     """Grid (⌈Nq/BM⌉, B·H): dq of one query block over its live key tiles. dO, DQ are contiguous."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    rows = pid_m * BM + tl.arange(0, BM)
-    dcol = tl.arange(0, D)
-    rmask = rows < Nq
-    L = _key_length(Lens, b, Nk)
-    row_lim = _row_limits(rows, Nq, Nk, L, causal)
-    qpos = rows + (Nk - Nq)
-    kend = tl.max(row_lim, 0)
-    n_tiles = (kend + BN - 1) // BN
-    am1 = _alpha_minus_one(Alpha, h, MODE)
-    slope = tl.load(Slopes + h)
-    b64 = b.to(tl.int64)
-    q = tl.load(Q + b64 * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :] * sqd, mask=rmask[:, None], other=0.0)
-    do = tl.load(DO + (bh.to(tl.int64) * Nq + rows[:, None]) * D + dcol[None, :], mask=rmask[:, None], other=0.0)
-    srow = Stats + bh.to(tl.int64) * Nq + rows
-    plane = tl.num_programs(1).to(tl.int64) * Nq
-    m = tl.load(srow, mask=rmask, other=0.0)
-    tau = tl.load(srow + plane, mask=rmask, other=0.0)
-    inv = tl.load(srow + 2 * plane, mask=rmask, other=0.0)
-    delta = tl.load(Delta + bh.to(tl.int64) * Nq + rows, mask=rmask, other=0.0)
-    if MODE == 2:
-        unorm = tl.full([BM], 1.0, tl.float32)
-    elif MODE == 1:
-        unorm = tl.sqrt(inv)
-    else:
-        unorm = tl.exp2((1.0 - am1) * tl.log2(tl.where(inv > 0, inv, 1.0)))
-    k_base = K + b64 * skb + hk * skh
-    v_base = V + b64 * svb + hk * svh
-    mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
+    bh, rows, rmask, qpos, start, row_lim, kend, t0, t1, am1, slope, q, k_base, v_base, mask_row = _query_block(
+        Q, K, V, TileMask, Alpha, Slopes, Starts, Ends, sqb, sqh, sqn, sqd, skb, skh, svb, svh,
+        H, GROUP, Nq, Nk, n_qb, n_kt, causal, D, BM, BN, MODE)
+    row0, do, m, tau, inv = _bwd_rows(DO, Stats, bh, rows, rmask, Nq, tl.num_programs(1).to(tl.int64) * Nq, D)
+    delta = tl.load(Delta + row0 + rows, mask=rmask, other=0.0)
+    unorm = _u_norm(inv, am1, MODE)
     dq = tl.zeros([BM, D], tl.float32)
-    for t in range(n_tiles):
+    for t in range(t0, t1):
         if _tile_live(mask_row, t, USE_MASK):
             kpos = t * BN + tl.arange(0, BN)
-            kvmask = kpos[:, None] < kend
-            k = tl.load(k_base + kpos[:, None] * skn + dcol[None, :] * skd, mask=kvmask, other=0.0)
-            v = tl.load(v_base + kpos[:, None] * svn + dcol[None, :] * svd, mask=kvmask, other=0.0)
-            z = _logits(q, tl.trans(k), qpos, kpos, row_lim, scale, slope, DOT_PREC)
+            kvalid = _in_range(kpos, start, kend)
+            k = _load_tile(k_base, kpos, kvalid, skn, skd, D)
+            v = _load_tile(v_base, kpos, kvalid, svn, svd, D)
+            z = _logits(q, tl.trans(k), qpos, kpos, start, row_lim, scale, slope, DOT_PREC)
             _, w = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
             g = _dot(do, tl.trans(v), None, DOT_PREC)
             ds = w * unorm[:, None] * (g - delta[:, None])
             dq = _dot(ds.to(k.dtype), k, dq, DOT_PREC)
     dq = dq * scale
-    tl.store(DQ + (bh.to(tl.int64) * Nq + rows[:, None]) * D + dcol[None, :], dq.to(DQ.dtype.element_ty),
-             mask=rmask[:, None])
+    dcol = tl.arange(0, D)
+    tl.store(DQ + (row0 + rows[:, None]) * D + dcol[None, :], dq.to(DQ.dtype.element_ty), mask=rmask[:, None])
 
 
-def _dec_rows(r, Nq, HPP, h0):
-    """Decode programs hold HPP query heads × Nq queries as rows r = head·Nq + query."""
-    hh = r // Nq
+def _dec_program(g, H, GROUP, HPP, Nq, Nk, Starts, Ends, causal, BM: tl.constexpr):
+    """A decode program's rows: HPP query heads (sharing one kv head) × Nq queries of batch row b, as rows
+    r = head·Nq + query. Returns (b as int64, kv head hk, h (BM,), i (BM,), rvalid, start, row_lim, kend,
+    srow = each row's index into the (B·H·Nq) scratch rows and stats)."""
+    n_groups = H // HPP
+    b = (g // n_groups).to(tl.int64)
+    h0 = (g % n_groups) * HPP
+    r = tl.arange(0, BM)
+    h = h0 + r // Nq
     i = r % Nq
-    return h0 + hh, i, r < HPP * Nq
+    rvalid = r < HPP * Nq
+    start, end = _key_range(Starts, Ends, b, Nk)
+    row_lim = tl.where(rvalid, _row_limits(i, Nq, Nk, start, end, causal), 0)
+    return b, h0 // GROUP, h, i, rvalid, start, row_lim, tl.max(row_lim, 0), (b * H + h) * Nq + i
 
 
-def _dec_scores_kernel(Q, K, Z, Mpart, Slopes, Lens,
+def _dec_scores_kernel(Q, K, Z, Mpart, Slopes, Starts, Ends,
                        sqb, sqh, sqn, sqd, skb, skh, skn, skd,
                        H, GROUP, HPP, Nq, Nk, split, n_split, scale, causal,
                        D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Grid (n_split, B·H/HPP): logits of the split's keys into Z (B·H·Nq, Nk) and the split's row max."""
+    """Grid (n_split, B·H/HPP): logits of the split's visible keys [j0, j1) into Z (B·H·Nq, Nk) and the
+    split's row max."""
     s = tl.program_id(0)
-    g = tl.program_id(1)
-    n_groups = H // HPP
-    b = g // n_groups
-    h0 = (g % n_groups) * HPP
-    hk = h0 // GROUP
-    r = tl.arange(0, BM)
-    h, i, rvalid = _dec_rows(r, Nq, HPP, h0)
+    b, hk, h, i, rvalid, start, row_lim, kend, srow = _dec_program(
+        tl.program_id(1), H, GROUP, HPP, Nq, Nk, Starts, Ends, causal, BM)
     dcol = tl.arange(0, D)
-    L = _key_length(Lens, b, Nk)
-    row_lim = tl.where(rvalid, _row_limits(i, Nq, Nk, L, causal), 0)
-    qpos = i + (Nk - Nq)
-    kend = tl.max(row_lim, 0)
-    b64 = b.to(tl.int64)
-    q = tl.load(Q + b64 * sqb + h[:, None] * sqh + i[:, None] * sqn + dcol[None, :] * sqd,
+    q = tl.load(Q + b * sqb + h[:, None] * sqh + i[:, None] * sqn + dcol[None, :] * sqd,
                 mask=rvalid[:, None], other=0.0)
     slope = tl.load(Slopes + h, mask=rvalid, other=0.0)[:, None]
-    zrow = (b64 * H + h) * Nq + i
-    k_base = K + b64 * skb + hk * skh
-    j0 = s * split
-    j1 = tl.minimum(j0 + split, kend)
+    k_base = K + b * skb + hk * skh
+    j0 = tl.maximum(s * split, start)
+    j1 = tl.minimum(s * split + split, kend)
     m = tl.full([BM], float("-inf"), tl.float32)
     for t in range((j1 - j0 + BN - 1) // BN):
         kpos = j0 + t * BN + tl.arange(0, BN)
-        kT = tl.load(k_base + kpos[None, :] * skn + dcol[:, None] * skd, mask=kpos[None, :] < j1, other=0.0)
-        z = _logits(q, kT, qpos, kpos, row_lim, scale, slope, DOT_PREC)
-        tl.store(Z + zrow[:, None] * Nk + kpos[None, :], z, mask=rvalid[:, None] & (kpos[None, :] < j1))
+        kT = _load_tile_t(k_base, kpos, kpos < j1, skn, skd, D)
+        z = _logits(q, kT, i + (Nk - Nq), kpos, start, row_lim, scale, slope, DOT_PREC)
+        tl.store(Z + srow[:, None] * Nk + kpos[None, :], z, mask=rvalid[:, None] & (kpos[None, :] < j1))
         m = tl.maximum(m, tl.max(z, 1))
-    tl.store(Mpart + zrow * n_split + s, m, mask=rvalid)
+    tl.store(Mpart + srow * n_split + s, m, mask=rvalid)
 
 
-def _dec_solve_kernel(Z, Mpart, Stats, Alpha, Lens, H, Nq, Nk, n_split, causal,
+def _dec_solve_kernel(Z, Mpart, Stats, Alpha, Starts, Ends, H, Nq, Nk, n_split, causal,
                       BLOCK_J: tl.constexpr, BLOCK_S: tl.constexpr, MODE: tl.constexpr,
                       MAX_ITER: tl.constexpr, TOL: tl.constexpr):
-    """Grid (B·H·Nq,): the row max from the split maxima, then τ by sweeps over the row's scratch logits.
-    Writes Stats[0] = M, Stats[1] = τ (Stats[2] is set after the output reduction)."""
+    """Grid (B·H·Nq,): the row max from the split maxima, then τ by sweeps over the row's scratch logits
+    [start, lim). Writes Stats[0] = M, Stats[1] = τ (Stats[2] is set after the output reduction)."""
     row = tl.program_id(0)
     bh = row // Nq
-    i = row % Nq
-    b = bh // H
-    h = bh % H
-    L = _key_length(Lens, b, Nk)
-    lim = tl.where(causal != 0, tl.minimum(L, i + (Nk - Nq) + 1), L)
+    start, end = _key_range(Starts, Ends, bh // H, Nk)
+    lim1 = _row_limits(row % Nq + tl.zeros([1], tl.int32), Nq, Nk, start, end, causal)   # the row as a 1-vector
+    lim = tl.max(lim1, 0)
     sidx = tl.arange(0, BLOCK_S)
     m = tl.max(tl.load(Mpart + row.to(tl.int64) * n_split + sidx, mask=sidx < n_split, other=float("-inf")), 0)
     m = tl.where(lim > 0, m, 0.0)
-    am1 = _alpha_minus_one(Alpha, h, MODE)
+    am1 = _alpha_minus_one(Alpha, bh % H, MODE)
     zrow = Z + row.to(tl.int64) * Nk
-    lim1 = lim + tl.zeros([1], tl.int32)      # the solver's row state as 1-element vectors
-    lo = tl.full([1], -1.0, tl.float32)
-    hi = _bracket_hi(lim1, am1, MODE)
-    tau = lo
-    active = lim1 > 1
+    lo, hi, tau, active = _solver_start(tl.maximum(lim1 - start, 0), am1, MODE)
     it = 0
     n_active = tl.sum(active.to(tl.int32), 0)
     while (it < MAX_ITER) & (n_active > 0):
@@ -565,17 +576,10 @@ def _dec_solve_kernel(Z, Mpart, Stats, Alpha, Lens, H, Nq, Nk, n_split, causal,
         wsum = tl.zeros([1], tl.float32)
         cnt = tl.zeros([1], tl.float32)
         mind = tl.full([1], float("inf"), tl.float32)
-        for j0 in range(0, lim, BLOCK_J):
+        for j0 in range(start, lim, BLOCK_J):
             j = j0 + tl.arange(0, BLOCK_J)
             x = tl.load(zrow + j, mask=j < lim, other=float("-inf"))
-            d = am1 * (x - m) - tau
-            p, w = _powers(d, am1, MODE)
-            fsum += tl.sum(p, 0)
-            wsum += tl.sum(w, 0)
-            if MODE == 1:
-                cnt += tl.sum(tl.where(d > 0, 1.0, 0.0), 0)
-            if MODE != 0:
-                mind = tl.minimum(mind, tl.min(tl.where(d > 0, d, float("inf")), 0))
+            fsum, wsum, cnt, mind = _sweep_add(am1 * (x - m) - tau, am1, fsum, wsum, cnt, mind, 0, MODE)
         tau, lo, hi, active = _tau_update(tau, lo, hi, active, fsum, wsum, cnt, mind, am1, MODE, TOL)
         n_active = tl.sum(active.to(tl.int32), 0)
         it += 1
@@ -585,57 +589,47 @@ def _dec_solve_kernel(Z, Mpart, Stats, Alpha, Lens, H, Nq, Nk, n_split, causal,
     tl.store(Stats + plane + row + one, tau)
 
 
-def _dec_out_kernel(Z, V, Stats, Opart, Lpart, Alpha, Lens, svb, svh, svn, svd,
+def _dec_out_kernel(Z, V, Stats, Opart, Lpart, Alpha, Starts, Ends, svb, svh, svn, svd,
                     H, GROUP, HPP, Nq, Nk, split, n_split, causal,
                     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
                     DOT_PREC: tl.constexpr):
-    """Grid (n_split, B·H/HPP): partial Σ p·v and Σ p of the split's keys (the V tile is read only
-    where some p > 0)."""
+    """Grid (n_split, B·H/HPP): partial Σ p·v and Σ p of the split's visible keys (the V tile is read
+    only where some p > 0)."""
     s = tl.program_id(0)
-    g = tl.program_id(1)
-    n_groups = H // HPP
-    b = g // n_groups
-    h0 = (g % n_groups) * HPP
-    hk = h0 // GROUP
-    r = tl.arange(0, BM)
-    h, i, rvalid = _dec_rows(r, Nq, HPP, h0)
-    dcol = tl.arange(0, D)
-    L = _key_length(Lens, b, Nk)
-    row_lim = tl.where(rvalid, _row_limits(i, Nq, Nk, L, causal), 0)
-    kend = tl.max(row_lim, 0)
-    b64 = b.to(tl.int64)
-    zrow = (b64 * H + h) * Nq + i
+    b, hk, h, i, rvalid, start, row_lim, kend, srow = _dec_program(
+        tl.program_id(1), H, GROUP, HPP, Nq, Nk, Starts, Ends, causal, BM)
     plane = (tl.num_programs(1) * HPP).to(tl.int64) * Nq
-    m = tl.load(Stats + zrow, mask=rvalid, other=0.0)
-    tau = tl.load(Stats + plane + zrow, mask=rvalid, other=0.0)
+    m = tl.load(Stats + srow, mask=rvalid, other=0.0)
+    tau = tl.load(Stats + plane + srow, mask=rvalid, other=0.0)
     if MODE == 1:
         am1 = 0.5
     elif MODE == 2:
         am1 = 1.0
     else:       # per row: the program's rows may belong to heads with different α
         am1 = (tl.load(Alpha + h, mask=rvalid, other=2.0) - 1.0)[:, None]
-    v_base = V + b64 * svb + hk * svh
-    j0 = s * split
-    j1 = tl.minimum(j0 + split, kend)
+    v_base = V + b * svb + hk * svh
+    j0 = tl.maximum(s * split, start)
+    j1 = tl.minimum(s * split + split, kend)
     acc = tl.zeros([BM, D], tl.float32)
     lsum = tl.zeros([BM], tl.float32)
     for t in range((j1 - j0 + BN - 1) // BN):
         kpos = j0 + t * BN + tl.arange(0, BN)
-        z = tl.load(Z + zrow[:, None] * Nk + kpos[None, :], mask=kpos[None, :] < row_lim[:, None],
+        z = tl.load(Z + srow[:, None] * Nk + kpos[None, :], mask=kpos[None, :] < row_lim[:, None],
                     other=float("-inf"))
         p, _ = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
         if tl.max(tl.max(p, 1), 0) > 0:
-            v = tl.load(v_base + kpos[:, None] * svn + dcol[None, :] * svd, mask=kpos[:, None] < j1, other=0.0)
+            v = _load_tile(v_base, kpos, kpos < j1, svn, svd, D)
             acc = _dot(p.to(v.dtype), v, acc, DOT_PREC)
             lsum += tl.sum(p, 1)
-    out = zrow * n_split + s
-    tl.store(Opart + out[:, None] * D + dcol[None, :], acc, mask=rvalid[:, None])
+    out = srow * n_split + s
+    tl.store(Opart + out[:, None] * D + tl.arange(0, D)[None, :], acc, mask=rvalid[:, None])
     tl.store(Lpart + out, lsum, mask=rvalid)
 
 
 _JIT_NAMES = (
-    "_powers", "_row_limits", "_key_length", "_alpha_minus_one", "_bracket_hi", "_tau_update", "_dot", "_tile_live",
-    "_logits", "_logits_t", "_dec_rows",
+    "_powers", "_u_norm", "_key_range", "_row_limits", "_alpha_minus_one", "_head_consts", "_bracket_hi",
+    "_tau_update", "_solver_start", "_sweep_add", "_dot", "_tile_live", "_load_tile", "_load_tile_t", "_in_range",
+    "_logits", "_logits_t", "_tile_logits", "_query_block", "_bwd_rows", "_row_stats", "_dec_program",
     "_fwd_kernel", "_bwd_prep_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel",
     "_dec_scores_kernel", "_dec_solve_kernel", "_dec_out_kernel",
 )
@@ -739,17 +733,19 @@ def _filled(n: int, value, dtype: torch.dtype, device: torch.device) -> Tensor:
 
 
 def _runtime_args(q: Tensor, k: Tensor, alpha: float, alpha_heads: Tensor | None, slopes: Tensor | None,
-                  key_lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """The kernels' per-head α (H,) fp32, slopes (H,) fp32 (zeros: no bias), key lengths (B,) int32."""
+                  key_start: Tensor | None, key_end: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The kernels' per-head α (H,) fp32, slopes (H,) fp32 (zeros: no bias), key starts and ends (B,)
+    int32 (0 and Nk: no padding; given ones are already int32, see `_op_args`)."""
     B, H = q.shape[:2]
+    Nk = int(k.shape[2])
     dev = q.device
     alphas = (_filled(H, float(alpha), torch.float32, dev) if alpha_heads is None
               else alpha_heads.to(device=dev, dtype=torch.float32).expand(H).contiguous())
     slopes = (_filled(H, 0.0, torch.float32, dev) if slopes is None
               else slopes.to(device=dev, dtype=torch.float32).contiguous())
-    lens = (_filled(B, int(k.shape[2]), torch.int32, dev) if key_lengths is None
-            else key_lengths.to(device=dev, dtype=torch.int32).contiguous())
-    return alphas, slopes, lens
+    starts = _filled(B, 0, torch.int32, dev) if key_start is None else key_start
+    ends = _filled(B, Nk, torch.int32, dev) if key_end is None else key_end
+    return alphas, slopes, starts, ends
 
 
 def _tile_mask_shape(B: int, H: int, Nq: int, Nk: int, D: int, dtype: torch.dtype, device_type: str,
@@ -773,8 +769,8 @@ def _common_args(q: Tensor, k: Tensor, v: Tensor):
 # ============================================================================ forward / backward launches
 
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, alpha: float, alpha_heads: Tensor | None,
-                  slopes: Tensor | None, key_lengths: Tensor | None, scale: float, is_causal: bool,
-                  decode: bool) -> tuple[Tensor, Tensor, Tensor]:
+                  slopes: Tensor | None, key_start: Tensor | None, key_end: Tensor | None, scale: float,
+                  is_causal: bool, decode: bool) -> tuple[Tensor, Tensor, Tensor]:
     _kernels()
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -782,16 +778,17 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, alpha: float, alpha_heads: Te
     mode = _mode(alpha, alpha_heads)
     max_iter = _MAX_ITER_GENERAL if mode == _MODE_GENERAL else _MAX_ITER_EXACT
     cfg = _config(D, q.dtype, q.device.type)
-    alphas, slopes, lens = _runtime_args(q, k, alpha, alpha_heads, slopes, key_lengths)
+    alphas, slopes, starts, ends = _runtime_args(q, k, alpha, alpha_heads, slopes, key_start, key_end)
     causal = int(is_causal)
     o = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
     stats = torch.empty((3, B, H, Nq), dtype=torch.float32, device=q.device)
     if not decode:
         BM, BN = cfg["BM"], cfg["BN"]
         n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
+        # the backward reads only the bits the forward writes (see _bwd_dkdv_kernel): no fill needed
         tile_mask = torch.empty((B, H, n_qb, n_kt), dtype=torch.int8, device=q.device)
         _fwd_kernel[(n_qb, B * H)](
-            q, k, v, o, stats, tile_mask, alphas, slopes, lens,
+            q, k, v, o, stats, tile_mask, alphas, slopes, starts, ends,
             *_common_args(q, k, v), *o.stride(), H, group, Nq, Nk, n_qb, n_kt, scale, causal,
             D=D, BM=BM, BN=BN, MODE=mode, MAX_ITER=max_iter, TOL=_TOL, DOT_PREC=cfg["prec"], num_warps=cfg["fwd"])
         return o, stats, tile_mask
@@ -808,15 +805,16 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, alpha: float, alpha_heads: Te
     z = torch.empty((rows, Nk), dtype=torch.float32, device=q.device)
     mpart = torch.empty((rows, n_split), dtype=torch.float32, device=q.device)
     _dec_scores_kernel[(n_split, n_prog)](
-        q, k, z, mpart, slopes, lens, *q.stride(), *k.stride(), H, group, hpp, Nq, Nk, split, n_split, scale, causal,
+        q, k, z, mpart, slopes, starts, ends, *q.stride(), *k.stride(), H, group, hpp, Nq, Nk, split, n_split, scale,
+        causal,
         D=D, BM=BMd, BN=BN, DOT_PREC=cfg["prec"], num_warps=cfg["dec"])
     _dec_solve_kernel[(rows,)](
-        z, mpart, stats, alphas, lens, H, Nq, Nk, n_split, causal,
+        z, mpart, stats, alphas, starts, ends, H, Nq, Nk, n_split, causal,
         BLOCK_J=BJ, BLOCK_S=_next_pow2(n_split), MODE=mode, MAX_ITER=max_iter, TOL=_TOL)
     opart = torch.empty((rows, n_split, D), dtype=torch.float32, device=q.device)
     lpart = torch.empty((rows, n_split), dtype=torch.float32, device=q.device)
     _dec_out_kernel[(n_split, n_prog)](
-        z, v, stats, opart, lpart, alphas, lens, *v.stride(), H, group, hpp, Nq, Nk, split, n_split, causal,
+        z, v, stats, opart, lpart, alphas, starts, ends, *v.stride(), H, group, hpp, Nq, Nk, split, n_split, causal,
         D=D, BM=BMd, BN=BN, MODE=mode, DOT_PREC=cfg["prec"], num_warps=cfg["dec"])
     lsum = lpart.sum(1)
     inv = torch.where(lsum > 0, 1.0 / lsum, torch.zeros_like(lsum))
@@ -826,8 +824,8 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, alpha: float, alpha_heads: Te
 
 
 def _backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, stats: Tensor, tile_mask: Tensor,
-                   alpha: float, alpha_heads: Tensor | None, slopes: Tensor | None,
-                   key_lengths: Tensor | None, scale: float, is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+                   alpha: float, alpha_heads: Tensor | None, slopes: Tensor | None, key_start: Tensor | None,
+                   key_end: Tensor | None, scale: float, is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
     _kernels()
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -836,14 +834,15 @@ def _backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, stats: Tensor, t
     BM, BN = cfg["BM"], cfg["BN"]
     n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
     use_mask = tile_mask.numel() > 0
-    alphas, slopes, lens = _runtime_args(q, k, alpha, alpha_heads, slopes, key_lengths)
+    alphas, slopes, starts, ends = _runtime_args(q, k, alpha, alpha_heads, slopes, key_start, key_end)
     do = do.contiguous()
     delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     dq = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
     dk = torch.empty((B, Hkv, Nk, D), dtype=k.dtype, device=k.device)
     dv = torch.empty((B, Hkv, Nk, D), dtype=v.dtype, device=v.device)
     mask_ptr = tile_mask if use_mask else delta        # never read without USE_MASK
-    args = (alphas, slopes, lens, *_common_args(q, k, v), H, group, Nq, Nk, n_qb, n_kt, scale, int(is_causal))
+    args = (alphas, slopes, starts, ends, *_common_args(q, k, v), H, group, Nq, Nk, n_qb, n_kt, scale,
+            int(is_causal))
     flags = {"D": D, "BM": BM, "BN": BN, "MODE": _mode(alpha, alpha_heads), "USE_MASK": use_mask,
              "DOT_PREC": cfg["prec"]}
     _bwd_prep_kernel[(n_qb, B * H)](q, k, v, do, stats, mask_ptr, delta, *args, num_warps=cfg["prep"], **flags)
@@ -857,15 +856,15 @@ def _backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, stats: Tensor, t
 
 @torch.library.custom_op("longsparse::triton_entmax_attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, alpha: float, alpha_heads: Tensor | None,
-                  slopes: Tensor | None, key_lengths: Tensor | None, scale: float, is_causal: bool,
-                  decode: bool) -> tuple[Tensor, Tensor, Tensor]:
+                  slopes: Tensor | None, key_start: Tensor | None, key_end: Tensor | None, scale: float,
+                  is_causal: bool, decode: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(O (B, H, Nq, D), stats (3, B, H, Nq) fp32 = row max, τ, 1/Σp, tile mask int8 (B, H, ⌈Nq/BM⌉,
     ⌈Nk/BN⌉), or (0,) from the decode path)."""
-    return _forward_impl(q, k, v, alpha, alpha_heads, slopes, key_lengths, scale, is_causal, decode)
+    return _forward_impl(q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode)
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, alpha, alpha_heads, slopes, key_lengths, scale, is_causal, decode):
+def _attention_fake(q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode):
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     o = q.new_empty((B, H, Nq, D))
@@ -877,30 +876,32 @@ def _attention_fake(q, k, v, alpha, alpha_heads, slopes, key_lengths, scale, is_
 @torch.library.custom_op("longsparse::triton_entmax_attention_backward", mutates_args=())
 def _attention_backward_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, stats: Tensor, tile_mask: Tensor,
                            alpha: float, alpha_heads: Tensor | None, slopes: Tensor | None,
-                           key_lengths: Tensor | None, scale: float,
+                           key_start: Tensor | None, key_end: Tensor | None, scale: float,
                            is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return _backward_impl(do, q, k, v, stats, tile_mask, alpha, alpha_heads, slopes, key_lengths, scale, is_causal)
+    return _backward_impl(do, q, k, v, stats, tile_mask, alpha, alpha_heads, slopes, key_start, key_end, scale,
+                          is_causal)
 
 
 @_attention_backward_op.register_fake
-def _attention_backward_fake(do, q, k, v, stats, tile_mask, alpha, alpha_heads, slopes, key_lengths, scale,
+def _attention_backward_fake(do, q, k, v, stats, tile_mask, alpha, alpha_heads, slopes, key_start, key_end, scale,
                              is_causal):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # contiguous, as `_backward_impl` returns them (empty_like would copy the strides of a transposed q)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, alpha, alpha_heads, slopes, key_lengths, scale, is_causal, _decode = inputs
+    q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, _decode = inputs
     _, stats, tile_mask = output
-    ctx.save_for_backward(q, k, v, stats, tile_mask, alpha_heads, slopes, key_lengths)
+    ctx.save_for_backward(q, k, v, stats, tile_mask, alpha_heads, slopes, key_start, key_end)
     ctx.alpha, ctx.scale, ctx.is_causal = alpha, scale, is_causal
     ctx.mark_non_differentiable(stats, tile_mask)
 
 
 def _backward(ctx, do, _dstats, _dmask):
-    q, k, v, stats, tile_mask, alpha_heads, slopes, key_lengths = ctx.saved_tensors
+    q, k, v, stats, tile_mask, alpha_heads, slopes, key_start, key_end = ctx.saved_tensors
     dq, dk, dv = _attention_backward_op(do, q, k, v, stats, tile_mask, ctx.alpha, alpha_heads, slopes,
-                                        key_lengths, ctx.scale, ctx.is_causal)
-    return dq, dk, dv, None, None, None, None, None, None, None
+                                        key_start, key_end, ctx.scale, ctx.is_causal)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -916,17 +917,18 @@ _IGNORED_KWARGS = ("chunk_size", "topk", "adatemp_order", "path", "backend")
 def supports(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha: AlphaArg = 1.5,
              is_causal: bool = False, scale: float | None = None, alibi_slopes: Tensor | None = None,
              q_scale: Tensor | None = None, attn_mask: Tensor | None = None,
-             key_lengths: Tensor | None = None, decode: bool | None = None, **other) -> str | None:
+             key_start: Tensor | None = None, key_end: Tensor | None = None, decode: bool | None = None,
+             **other) -> str | None:
     """None when `entmax_attention_triton` can take this call, else a one-line reason.
 
     Accepts ``ls.attention``'s keywords (``mapping`` entmax / asentmax / sparsemax; ``chunk_size``,
-    ``topk``, ``adatemp_order``, ``path``, ``backend`` are ignored) plus ``key_lengths`` and ``decode``. Refused:
+    ``topk``, ``adatemp_order``, ``path``, ``backend`` are ignored) plus ``decode``. Refused:
     Triton missing; tensors not on CUDA (CPU only in interpreter mode, TRITON_INTERPRET=1); other
     mappings; α outside (1, 2], α requiring grad, an α tensor not of shape (H,); dtypes other than
     float16 / bfloat16 / float32 or mixed; head dims other than 16, 32, 64, 128; shapes that are not
     (B, H, N, D) with H divisible by H_kv and Nq ≤ Nk; an attn_mask; ALiBi slopes requiring grad or not
-    of shape (H,); q_scale not (B, H, Nq) / (B, H, Nq, 1); key_lengths not an integer (B,) tensor;
-    decode=True with more than 16 queries."""
+    of shape (H,); q_scale not (B, H, Nq) / (B, H, Nq, 1); key_start / key_end not integer (B,)
+    tensors; decode=True with more than 16 queries."""
     if _TRITON_ERROR is not None:
         return _TRITON_ERROR
     for key in other:
@@ -976,7 +978,8 @@ def supports(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha:
         if not isinstance(alpha, (int, float)) or not 1.0 < float(alpha) <= 2.0:
             return f"alpha {alpha!r} outside (1, 2]"
     if attn_mask is not None:
-        return "attn_mask is not supported (use key_lengths for right padding, is_causal for causality)"
+        return ("attn_mask is not supported (key_start / key_end take left / right padding, is_causal "
+                "causality)")
     if alibi_slopes is not None:
         if alibi_slopes.requires_grad:
             return "alibi_slopes requires grad (not differentiated by the kernels)"
@@ -984,9 +987,10 @@ def supports(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha:
             return f"alibi_slopes must have shape ({H},); got {tuple(alibi_slopes.shape)}"
     if q_scale is not None and tuple(q_scale.shape) not in ((B, H, Nq), (B, H, Nq, 1)):
         return f"q_scale must have shape ({B}, {H}, {Nq}) or ({B}, {H}, {Nq}, 1); got {tuple(q_scale.shape)}"
-    if key_lengths is not None and (key_lengths.dtype.is_floating_point or key_lengths.dtype == torch.bool
-                                    or tuple(key_lengths.shape) != (B,)):
-        return f"key_lengths must be an integer tensor of shape ({B},)"
+    for name, t in (("key_start", key_start), ("key_end", key_end)):
+        if t is not None and (not isinstance(t, Tensor) or t.is_floating_point() or t.is_complex()
+                              or t.dtype == torch.bool or tuple(t.shape) != (B,)):
+            return f"{name} must be an integer tensor of shape ({B},)"
     if decode and Nq > DECODE_MAX_QUERIES:
         return f"the decode path takes at most {DECODE_MAX_QUERIES} queries; got {Nq}"
     if scale is not None and not math.isfinite(float(scale)):
@@ -996,8 +1000,8 @@ def supports(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha:
 
 def entmax_attention_triton(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaArg = 1.5, is_causal: bool = False,
                             alibi_slopes: Tensor | None = None, q_scale: Tensor | None = None,
-                            scale: float | None = None, key_lengths: Tensor | None = None,
-                            decode: bool | None = None) -> Tensor:
+                            scale: float | None = None, key_start: Tensor | None = None,
+                            key_end: Tensor | None = None, decode: bool | None = None) -> Tensor:
     """α-entmax attention through the Triton kernels; returns (B, H, Nq, D) in q's dtype.
 
     q: (B, H, Nq, D); k, v: (B, H_kv, Nk, D) with H % H_kv == 0 (GQA) and Nq ≤ Nk: query i sits at
@@ -1007,12 +1011,15 @@ def entmax_attention_triton(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaArg 
     would synchronise): ls.attention checks α before it dispatches.
     alibi_slopes: (H,) slopes m, bias −m·(i − j); zero slopes are NoPE heads (NAPE = half zeros).
     q_scale: (B, H, Nq) or (B, H, Nq, 1) per-query multiplier of q (SSMax / ASEntmax), differentiable.
-    scale: logit scale, default 1/√D. key_lengths: (B,) integer; keys at positions ≥ length are masked.
+    scale: logit scale, default 1/√D. key_start, key_end: (B,) integers (None: 0, Nk): batch row b sees
+    only the keys key_start[b] ≤ j < key_end[b] (left / right padding; positions stay the key indices);
+    the keys outside get zero gradients (if finite: the dk/dv kernel loads whole key tiles).
     decode: force (True) or forbid (False) the split-K decode path; None = Nq ≤ 16 and Nk ≥ 1024.
     Rows that can attend to nothing give zeros. Differentiable in q, k, v (not α, not the slopes).
     Raises ValueError with `supports`' reason when the call is not supported."""
     out, _, _ = _attention_op(*_op_args(q, k, v, alpha=alpha, is_causal=is_causal, alibi_slopes=alibi_slopes,
-                                        q_scale=q_scale, scale=scale, key_lengths=key_lengths, decode=decode))
+                                        q_scale=q_scale, scale=scale, key_start=key_start, key_end=key_end,
+                                        decode=decode))
     return out
 
 
@@ -1025,10 +1032,10 @@ def threshold_stats(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> tuple[Tensor, 
 
 def _op_args(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaArg = 1.5, is_causal: bool = False,
              alibi_slopes: Tensor | None = None, q_scale: Tensor | None = None, scale: float | None = None,
-             key_lengths: Tensor | None = None, decode: bool | None = None) -> tuple:
+             key_start: Tensor | None = None, key_end: Tensor | None = None, decode: bool | None = None) -> tuple:
     """Checks the call (`supports`) and turns it into the custom op's arguments."""
     reason = supports(q, k, v, alpha=alpha, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
-                      q_scale=q_scale, key_lengths=key_lengths, decode=decode)
+                      q_scale=q_scale, key_start=key_start, key_end=key_end, decode=decode)
     if reason is not None:
         raise ValueError(f"entmax_attention_triton: {reason}")
     H, Nq, D = q.shape[1:]
@@ -1044,7 +1051,9 @@ def _op_args(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaArg = 1.5, is_causa
             alpha_heads = alpha.detach().to(device=q.device, dtype=torch.float32).reshape(-1).expand(H).contiguous()
             alpha = 1.5           # not read by the kernels when per-head α is given
     slopes = None if alibi_slopes is None else alibi_slopes.detach().to(device=q.device, dtype=torch.float32)
-    lens = None if key_lengths is None else key_lengths.to(device=q.device, dtype=torch.int32)
+    # the kernels' int32, clamped to [0, Nk] before narrowing (the kernels then clamp start to end)
+    start, end = (None if t is None else t.to(q.device).clamp(0, Nk).to(torch.int32).contiguous()
+                  for t in (key_start, key_end))
     if decode is None:
         decode = Nq <= DECODE_MAX_QUERIES and Nk >= DECODE_MIN_KEYS
-    return q, k, v, float(alpha), alpha_heads, slopes, lens, scale, bool(is_causal), bool(decode)
+    return q, k, v, float(alpha), alpha_heads, slopes, start, end, scale, bool(is_causal), bool(decode)

@@ -18,8 +18,8 @@ from longsparse.tasks import Batch, Score
 
 DEFAULT_BATCH_TOKENS = 1 << 15   # tokens per evaluation batch (memory); long lengths go one example at a time
 # Greedy generation (seq2seq tasks) is bound by the per-step cost of a decoding step, not by memory: at 2,048
-# source tokens 20 examples in one batch took 0.72x the time of batches of 7, same predictions (copy SSMax model;
-# docs/results/trials/decode_speed.py).
+# source tokens 20 examples in one batch took 0.72x the time of batches of 7, with the same predictions (a copy
+# model).
 DECODE_BATCH_TOKENS = 1 << 17
 
 

@@ -1,11 +1,14 @@
-// Fused CPU kernel for α-entmax rows (forward and backward), compiled on first use by
-// longsparse/mappings/_kernel.py. One row at a time, rows in parallel:
-//   forward:  one vectorised max pass that also flags NaN / +inf; for fp32 rows with 1 < α < 2 a
-//             vectorised pass bounding τ from below (group_bound); a branch-free pass collecting the
-//             candidates X_j above that bound (or above −1: τ ≥ −1 always, so nothing else can be in the
-//             support); a bracketed Newton (α = 1.5, 2) or Halley (other α, vectorised powers pow_pd)
-//             solve for τ in double on the candidates only; zero the row and write the candidates.
-//             α = 1.5 and 2 finish in closed form on the support (exact); other α renormalise.
+// Fused CPU kernel for α-entmax, compiled on first use by longsparse/mappings/_kernel.py. Two parts:
+// the rows of the mapping (entmax_forward / _backward; entmax_scores_* map blocks of attention logits in
+// place) and flash-style attention (attention_forward / _backward, the fused_cpu backend; its own section
+// below). The rows, one at a time, rows in parallel:
+//   forward:  one vectorised max pass that also flags NaN / +inf and keeps its lanes' maxima; a lower bound
+//             of τ from them (the τ of 16 entries of the row) or, for fp32 rows with α < 2 other than 1.5
+//             and 2, from group_bound (Jensen on value bands); a branch-free pass collecting the entries
+//             above that bound (never above −1: τ ≥ −1 always, so nothing else can be in the support),
+//             pruned as they are collected on long rows; a bracketed Newton (α = 1.5, 2: exact in closed
+//             form once the support is found) or Halley (other α, vectorised powers pow_pd) solve for τ in
+//             double on the candidates only; zero the row and write the support. Other α renormalise.
 //             Rows with α = 1 are softmax (every entry point: the rows, the attention scores, backward).
 //   backward: dz = u ⊙ g − u · (Σ u g)/(Σ u), u = p^{2−α}, two passes.
 // Fully masked rows (all -inf) give zeros; rows with a NaN or +inf are reported to the caller (which raises).
@@ -17,7 +20,10 @@
 #include <type_traits>
 #if defined(__AVX2__)
 #include <immintrin.h>
+#elif defined(__SSE2__)
+#include <xmmintrin.h>
 #endif
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -328,6 +334,37 @@ inline double group_bound(const float* x, int64_t n, double alpha, double m) {
   return best;
 }
 
+// s1 = Σ [X_i − τ]₊, s2 = Σ [X_i − τ]₊², above = #{X_i > τ} and dmin = the least X_i − τ > 0 (+inf if none)
+// over i < c, vectorised and branch-free.
+inline void positive_moments(const double* X, size_t c, double tau, double& s1, double& s2, size_t& above,
+                             double& dmin) {
+  size_t i = 0;
+  s1 = 0; s2 = 0; above = 0;
+  dmin = std::numeric_limits<double>::infinity();
+#if defined(__AVX512F__)
+  const __m512d vt = _mm512_set1_pd(tau);
+  __m512d a1 = _mm512_setzero_pd(), a2 = _mm512_setzero_pd(), mn = _mm512_set1_pd(dmin);
+  for (; i < c; i += 8) {
+    const __mmask8 live = c - i >= 8 ? __mmask8(0xFF) : static_cast<__mmask8>((1u << (c - i)) - 1);
+    const __m512d d = _mm512_sub_pd(_mm512_maskz_loadu_pd(live, X + i), vt);
+    const __mmask8 pos = _mm512_mask_cmp_pd_mask(live, d, _mm512_setzero_pd(), _CMP_GT_OQ);
+    a1 = _mm512_mask_add_pd(a1, pos, a1, d);
+    a2 = _mm512_mask3_fmadd_pd(d, d, a2, pos);
+    mn = _mm512_mask_min_pd(mn, pos, mn, d);
+    above += static_cast<size_t>(__builtin_popcount(pos));
+  }
+  s1 = _mm512_reduce_add_pd(a1); s2 = _mm512_reduce_add_pd(a2); dmin = _mm512_reduce_min_pd(mn);
+#else
+  for (; i < c; ++i) {
+    const double d = X[i] - tau;
+    const bool pos = d > 0;
+    const double dp = pos ? d : 0.0;
+    s1 += dp; s2 += dp * dp; above += pos;
+    dmin = pos && d < dmin ? d : dmin;
+  }
+#endif
+}
+
 // Bracketed Newton for Σ [X − τ]₊^e = 1 over the candidates X (all > -1, max 0), paired with their
 // column indices idx. The lower bracket only rises and τ* ≥ lo, so candidates at or below lo can never
 // be in the support: they are dropped as the solve goes, which keeps late iterations tiny.
@@ -339,7 +376,9 @@ double solve_tau(Cands& w, double alpha, int mode, double lo0, size_t n_cand) {
   w.has_P = false;
   // For α ≤ 2 Newton from the left never passes τ*, so every iterate is a valid drop threshold.
   const bool monotone = alpha <= 2.0;
-  double lo = lo0, hi = -std::pow(static_cast<double>(n_cand), -am1);
+  const double nc = static_cast<double>(std::max<size_t>(n_cand, 1));
+  double lo = lo0, hi = mode == 1 ? -1.0 / std::sqrt(nc) : (mode == 2 ? -1.0 / nc : -std::pow(nc, -am1));
+  bool exact = false;   // α = 1.5, 2: τ found in closed form on a certified support
   double tau = lo, width = 2.0 * (hi - lo);
   double* X = w.X();
   int64_t* idx = w.idx();
@@ -347,22 +386,45 @@ double solve_tau(Cands& w, double alpha, int mode, double lo0, size_t n_cand) {
   for (int it = 0; it < 400; ++it) {
     double f = -1.0, fp = 0.0, fpp = 0.0;
     size_t kept = 0;
-    if (mode == 1) {
-      double s1 = 0, s2 = 0;
-      for (size_t i = 0; i < w.c; ++i) {
-        double d = X[i] - tau;
-        if (d > 0) { s1 += d; s2 += d * d; }
-        if (X[i] > (monotone ? tau : lo)) { X[kept] = X[i]; idx[kept++] = idx[i]; }
+    if (mode == 1 || mode == 2) {
+      // one branch-free pass: Σ d₊, Σ d₊² and how many X > τ (the support at τ); α ≤ 2 here, so X ≤ τ is
+      // dropped for good, by a compaction only when it removes at least an eighth of the candidates
+      double s1, s2, dmin;
+      positive_moments(X, w.c, tau, s1, s2, kept, dmin);
+      if (it == 0 && lo0 > -1.0 && (mode == 1 ? s2 : s1) < 1.0) return std::numeric_limits<double>::quiet_NaN();
+      // The closed form on S = {X > τ}: τ + δ with Σ_S (d − δ)² = 1 (α = 1.5; the smaller root) or
+      // Σ_S (d − δ) = 1 (α = 2). With 0 ≤ δ < min_S d every entry of S stays in the support at τ + δ and
+      // every other one (X ≤ τ) stays out: τ + δ is the root, exactly (Newton from the left reaches this
+      // support in a few steps, long before τ itself stops moving).
+      // (The test is decided without a square root: δ ≥ 0 ⇔ Σ d² ≥ 1, δ < dmin ⇔ s1 − k·dmin < √disc; the root
+      // is taken once, on success.)
+      if (kept > 0) {
+        const double k = static_cast<double>(kept);
+        if (mode == 2) {
+          const double delta = (s1 - 1.0) / k;
+          if (delta >= 0 && delta < dmin) { tau += delta; exact = true; break; }
+        } else if (s2 >= 1.0) {
+          const double disc = s1 * s1 - k * (s2 - 1.0), gap = s1 - k * dmin;
+          if (disc >= 0 && (gap < 0 || gap * gap < disc)) {
+            tau += std::max(0.0, (s1 - std::sqrt(disc)) / k);
+            exact = true;
+            break;
+          }
+        }
       }
-      f += s2; fp = -2.0 * s1;
-    } else if (mode == 2) {
-      double s1 = 0; int64_t k = 0;
-      for (size_t i = 0; i < w.c; ++i) {
-        double d = X[i] - tau;
-        if (d > 0) { s1 += d; ++k; }
-        if (X[i] > (monotone ? tau : lo)) { X[kept] = X[i]; idx[kept++] = idx[i]; }
+      if (mode == 1) {
+        // Newton on F(τ) = (Σ d₊²)^½ − 1 (a norm of d: convex, decreasing, nearly linear, so it takes
+        // fewer steps from the left than Σ d₊² − 1, and still never passes τ*); f, f' of the same root
+        const double norm = std::sqrt(s2);
+        f = norm - 1.0;
+        fp = norm > 0 ? -s1 / norm : 0.0;
+      } else {
+        f = s1 - 1.0;
+        fp = -static_cast<double>(kept);
       }
-      f += s1; fp = -static_cast<double>(k);
+      // the masked pass reads entries at or below τ almost for free; compacting them away costs a scalar pass
+      if (w.c > 256 && 2 * (w.c - kept) >= w.c) compact(w, tau);
+      kept = w.c;
     } else {
       // For α ≤ 2, Newton on F(τ) = (Σ d^e)^{1/e} − 1 instead of f = Σ d^e − 1: F is a norm of d, convex
       // and decreasing (so still monotone from the left), but nearly linear, which takes far fewer
@@ -420,7 +482,7 @@ double solve_tau(Cands& w, double alpha, int mode, double lo0, size_t n_cand) {
   // P (d^e at the last evaluated iterate) serves the output when the final τ is within 1e-12 of it
   if (w.has_P && !(std::fabs(tau - tau_eval) <= 1e-12)) w.has_P = false;
   // exact finish on the support for α = 1.5 and 2
-  if (mode == 1 || mode == 2) {
+  if ((mode == 1 || mode == 2) && !exact) {
     double k = 0, s1 = 0;
     for (size_t i = 0; i < w.c; ++i) if (X[i] > tau) { k += 1; s1 += X[i]; }
     if (k > 0) {
@@ -453,93 +515,347 @@ struct PackTable {
 constexpr PackTable kPack{};
 #endif
 
-// Collects (j, (α−1)(x_j − m)) for every x_j > thr into w (w.c of them).
-template <typename scalar_t>
-inline void collect_candidates(const scalar_t* x, int64_t n, scalar_t thr, double am1, double m, Cands& w) {
-  w.reserve(n);
-  double* X = w.X();
-  int64_t* idx = w.idx();
-  size_t c = 0;
+// ----------------------------------------------------------------------------- row passes
+// The max of x[0, n) raised into m; bad is set by a NaN or +inf. With `lanes`, the maxima of the vector lanes
+// (16 entries of x at distinct positions, −inf where a lane saw nothing) are stored there and their number
+// returned (0 where the pass is not vectorised).
+template <typename T>
+inline int seg_max(const T* x, int64_t n, T& m, bool& bad, T* lanes = nullptr) {
   int64_t j = 0;
-#if defined(__AVX2__)
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (n < (int64_t{1} << 31) - 8) {
-      // branch-free: each block of 8 is left-packed by a shuffle and stored whole (8 doubles, 8
-      // columns) at the end of the list, which then advances by the number of hits
-      const __m256 t = _mm256_set1_ps(thr);
-      const __m256d vm = _mm256_set1_pd(m), va = _mm256_set1_pd(am1);
-      __m256i jv = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-      const __m256i eight = _mm256_set1_epi32(8);
-      for (; j + 8 <= n; j += 8) {
-        const __m256 xv = _mm256_loadu_ps(x + j);
-        const unsigned mask = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(xv, t, _CMP_GT_OQ)));
-        const __m256i perm = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(kPack.v[mask])));
-        const __m256 xs = _mm256_permutevar8x32_ps(xv, perm);
-        const __m256i js = _mm256_permutevar8x32_epi32(jv, perm);
-        _mm256_storeu_pd(X + c, _mm256_mul_pd(va, _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(xs)), vm)));
-        _mm256_storeu_pd(X + c + 4, _mm256_mul_pd(va, _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(xs, 1)), vm)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + c), _mm256_cvtepi32_epi64(_mm256_castsi256_si128(js)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + c + 4), _mm256_cvtepi32_epi64(_mm256_extracti128_si256(js, 1)));
-        c += static_cast<size_t>(__builtin_popcount(mask));
-        jv = _mm256_add_epi32(jv, eight);
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 pinf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+    __m512 vm = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __mmask16 nb = 0;
+    for (; j < n; j += 16) {
+      const __mmask16 live = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+      const __m512 v = _mm512_maskz_loadu_ps(live, x + j);
+      nb |= _mm512_mask_cmp_ps_mask(live, v, v, _CMP_UNORD_Q) | _mm512_mask_cmp_ps_mask(live, v, pinf, _CMP_EQ_OQ);
+      vm = _mm512_mask_max_ps(vm, live, vm, v);
+    }
+    const float r = _mm512_reduce_max_ps(vm);
+    m = r > m ? r : m;
+    bad |= nb != 0;
+    if (lanes) { _mm512_storeu_ps(lanes, vm); return 16; }
+    return 0;
+  }
+#endif
+  for (; j < n; ++j) {
+    const T v = x[j];
+    bad |= (v != v) || v == std::numeric_limits<T>::infinity();
+    m = v > m ? v : m;
+  }
+  return 0;
+}
+
+// x_j ← x_j − slope·(dist0 − j): ALiBi for the keys of one tile row (dist0: the query position minus the key
+// of x[0]). The product is taken in T, as logits.add_bias_and_masks does.
+template <typename T>
+inline void add_alibi(T* x, int64_t n, T slope, int64_t dist0) {
+  const T d0 = static_cast<T>(dist0);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) x[j] -= slope * (d0 - static_cast<T>(j));
+}
+
+#if defined(__AVX512F__)
+// e^x for x ≤ 0 (a shifted logit), ≤ 2 ulp: x = n ln2 + r, |r| ≤ ln2/2, e^r by the Cephes polynomial, 2^n by
+// scalef. Results below the smallest normal float (x < −87.33) are flushed to 0: subnormal probabilities
+// change no sum visibly, but multiplying them (the p·v product) is many times slower.
+inline __m512 exp_nonpos_ps(__m512 x) {
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n));
+}
+#endif
+
+// x_j ← e^(x_j − m) · mul for j < n (x_j ≤ m); returns Σ e^(x_j − m) (before mul).
+template <typename T>
+inline double exp_shifted(T* x, int64_t n, T m, T mul = T(1)) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 vm = _mm512_set1_ps(m), vmul = _mm512_set1_ps(mul);
+    __m512 acc = _mm512_setzero_ps();
+    for (; j < n; j += 16) {
+      const __mmask16 live = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+      const __m512 e = exp_nonpos_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, x + j), vm));
+      acc = _mm512_mask_add_ps(acc, live, acc, e);
+      _mm512_mask_storeu_ps(x + j, live, _mm512_mul_ps(e, vmul));
+    }
+    return static_cast<double>(_mm512_reduce_add_ps(acc));
+  }
+#endif
+  double s = 0;
+  for (; j < n; ++j) {
+    const T e = x[j] - m < T(-87.33) ? T(0) : static_cast<T>(std::exp(static_cast<double>(x[j] - m)));
+    s += e;
+    x[j] = e * mul;
+  }
+  return s;
+}
+
+// Appends (x_j, j0 + j) for every x_j > thr, j < n, at position c of (ox, oj), which have room for c + n + 16
+// entries (whole vectors are stored); returns the new count. Order is kept.
+template <typename T>
+inline size_t collect_above(const T* x, int64_t n, T thr, int64_t j0, T* ox, int32_t* oj, size_t c) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 t = _mm512_set1_ps(thr);
+    __m512i jv = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(j0)),
+                                  _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    // branch-free: whether a block of 16 holds a candidate is close to a coin flip at the thresholds used
+    for (; j + 16 <= n; j += 16) {
+      const __m512 xv = _mm512_loadu_ps(x + j);
+      const __mmask16 hit = _mm512_cmp_ps_mask(xv, t, _CMP_GT_OQ);
+      _mm512_storeu_ps(ox + c, _mm512_maskz_compress_ps(hit, xv));
+      _mm512_storeu_si512(oj + c, _mm512_maskz_compress_epi32(hit, jv));
+      c += static_cast<size_t>(__builtin_popcount(hit));
+      jv = _mm512_add_epi32(jv, sixteen);
+    }
+    if (j < n) {
+      const __mmask16 live = static_cast<__mmask16>((1u << (n - j)) - 1);
+      const __m512 xv = _mm512_maskz_loadu_ps(live, x + j);
+      const __mmask16 hit = _mm512_mask_cmp_ps_mask(live, xv, t, _CMP_GT_OQ);
+      _mm512_storeu_ps(ox + c, _mm512_maskz_compress_ps(hit, xv));
+      _mm512_storeu_si512(oj + c, _mm512_maskz_compress_epi32(hit, jv));
+      c += static_cast<size_t>(__builtin_popcount(hit));
+    }
+    return c;
+  }
+#elif defined(__AVX2__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 t = _mm256_set1_ps(thr);
+    __m256i jv = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (; j + 8 <= n; j += 8) {
+      const __m256 xv = _mm256_loadu_ps(x + j);
+      const unsigned hit = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(xv, t, _CMP_GT_OQ)));
+      if (hit) {
+        const __m256i perm = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(kPack.v[hit])));
+        _mm256_storeu_ps(ox + c, _mm256_permutevar8x32_ps(xv, perm));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(oj + c), _mm256_permutevar8x32_epi32(jv, perm));
+        c += static_cast<size_t>(__builtin_popcount(hit));
       }
+      jv = _mm256_add_epi32(jv, eight);
     }
   }
 #endif
-  for (; j < n; ++j)
-    if (x[j] > thr) { X[c] = am1 * (static_cast<double>(x[j]) - m); idx[c] = j; ++c; }
-  w.c = c;
+  for (; j < n; ++j) {   // branch-free
+    ox[c] = x[j];
+    oj[c] = static_cast<int32_t>(j0 + j);
+    c += x[j] > thr;
+  }
+  return c;
 }
 
-// One row; m is its max (finite: NaN, +inf and all -inf rows are handled by the caller).
+// ----------------------------------------------------------------------------- row candidates
+// The candidates (forward) or the support (attention backward) of one row, collected segment by segment.
+template <typename T>
+struct RowList {
+  std::vector<T> x;          // logits (candidates) or probabilities (support)
+  std::vector<int32_t> j;    // their keys, increasing
+  size_t c = 0, budget = 0;
+  T m = 0, thr = 0;          // running max; collection threshold (x-space)
+  double l = 0;              // softmax: running Σ e^(x − m)
+  int64_t lo = 0, hi = 0;    // visible keys
+  void reset(size_t budget0) {
+    c = 0; budget = budget0; l = 0;
+    m = thr = -std::numeric_limits<T>::infinity();
+  }
+  void room(size_t extra) {
+    if (x.size() < c + extra + 16) {
+      const size_t n = std::max(2 * x.size(), c + extra + 16);
+      x.resize(n); j.resize(n);
+    }
+  }
+};
+
+// Moves a row's candidates into the solver's buffers as X = (α−1)(x − m) (those at or below −1, collected
+// before the max rose, are dropped by the solve's first pass).
+template <typename T>
+inline void load_candidates(const RowList<T>& rl, double am1, Cands& w) {
+  w.reserve(static_cast<int64_t>(rl.c));
+  double* X = w.X();
+  int64_t* idx = w.idx();
+  const double m = static_cast<double>(rl.m);
+#pragma omp simd
+  for (size_t i = 0; i < rl.c; ++i) {
+    X[i] = am1 * (static_cast<double>(rl.x[i]) - m);
+    idx[i] = rl.j[i];
+  }
+  w.c = rl.c;
+}
+
+// τ of the row's candidates, Newton from the row's threshold in X-space (max(−1, (α−1)(thr − m))). NaN when
+// that is no lower bound (Σ [X − τ]₊^e < 1 there): some threshold was above the row's τ, and entries below it
+// may be missing. Otherwise the candidates' τ is the row's τ: every entry left out is at or below the
+// threshold, hence below τ, and adds nothing.
+template <typename T>
+inline double solve_candidates(const RowList<T>& rl, double alpha, int mode, Cands& w) {
+  const double am1 = alpha - 1.0;
+  load_candidates(rl, am1, w);
+  if (w.c == 0) return std::numeric_limits<double>::quiet_NaN();
+  const double lo0 = std::max(-1.0, am1 * (static_cast<double>(rl.thr) - static_cast<double>(rl.m)));
+  return solve_tau(w, alpha, mode, lo0, w.c);
+}
+
+// A row's candidates are first pruned when they exceed this many, then whenever they have doubled: the pruned
+// threshold is close to the support's, so later segments add few candidates.
+constexpr size_t kFirstPrune = 64;
+
+// Raises the row's threshold to the τ of its current candidates (a lower bound of the row's τ: adding
+// entries only raises Σ [X − τ]₊^e) and drops the candidates at or below it. (X-space thresholds move
+// with the max; the x-space threshold t = m + τ/(α−1) does not: p_j = [(α−1)(x_j − t)]₊^e.)
+template <typename T>
+void prune_candidates(RowList<T>& rl, double alpha, int mode, Cands& w) {
+  const double tau = solve_candidates(rl, alpha, mode, w);
+  if (std::isfinite(tau)) {
+    const double t = static_cast<double>(rl.m) + tau / (alpha - 1.0);
+    const T thr = static_cast<T>(t - 1e-6 * (1.0 + std::fabs(t)));   // widened: the exact test is in double
+    if (thr > rl.thr) {
+      rl.thr = thr;
+      size_t kept = 0;
+      for (size_t i = 0; i < rl.c; ++i) {   // branch-free, order kept
+        const T v = rl.x[i];
+        const int32_t jj = rl.j[i];
+        rl.x[kept] = v; rl.j[kept] = jj; kept += v > thr;
+      }
+      rl.c = kept;
+    }
+  }
+  rl.budget = std::max(rl.budget, 2 * rl.c);
+}
+
+// The support at τ (solved on the candidates now in w) written over the row's list as (p, key); returns
+// 1/normaliser (1 for α = 1.5 and 2, exact on their support).
+template <typename T>
+double emit_support(RowList<T>& rl, double alpha, int mode, Cands& w, double tau) {
+  const size_t c = w.c;
+  const double* X = w.X();
+  const int64_t* idx = w.idx();
+  size_t s = 0;
+  double inv = 1.0;
+  rl.room(0);
+  if (mode == 1 || mode == 2) {
+    size_t i = 0;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {   // 8 at a time: d > 0 kept by a compress, in order
+      const __m512d vt = _mm512_set1_pd(tau);
+      for (; i + 8 <= c; i += 8) {
+        const __m512d d = _mm512_sub_pd(_mm512_loadu_pd(X + i), vt);
+        const __mmask8 pos = _mm512_cmp_pd_mask(d, _mm512_setzero_pd(), _CMP_GT_OQ);
+        if (!pos) continue;
+        const __m256 pv = _mm512_cvtpd_ps(mode == 1 ? _mm512_mul_pd(d, d) : d);
+        const __m256i jv = _mm512_cvtepi64_epi32(_mm512_loadu_si512(idx + i));
+        _mm256_storeu_ps(rl.x.data() + s, _mm256_maskz_compress_ps(pos, pv));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(rl.j.data() + s), _mm256_maskz_compress_epi32(pos, jv));
+        s += static_cast<size_t>(__builtin_popcount(pos));
+      }
+    }
+#endif
+    for (; i < c; ++i) {
+      const double d = X[i] - tau;
+      if (d > 0) { rl.x[s] = static_cast<T>(mode == 1 ? d * d : d); rl.j[s] = static_cast<int32_t>(idx[i]); ++s; }
+    }
+  } else if (w.has_P) {
+    // d^e from the last evaluation, ≤ 1e-12 away from the final τ (relative change ≤ e·1e-12/d, and
+    // the renormalisation removes its common part); entries at or below the final τ stay exact zeros
+    const double* P = w.P();
+    double sum = 0;
+    for (size_t i = 0; i < c; ++i) if (X[i] > tau) sum += P[i];
+    inv = sum > 0 ? 1.0 / sum : 0.0;
+    for (size_t i = 0; i < c; ++i)
+      if (X[i] > tau) { rl.x[s] = static_cast<T>(P[i] * inv); rl.j[s] = static_cast<int32_t>(idx[i]); ++s; }
+  } else {
+    const double sum = power_finish(w.X(), c, tau, 1.0 / (alpha - 1.0));   // X[i] ← [X[i] − τ]₊^e
+    inv = sum > 0 ? 1.0 / sum : 0.0;
+    for (size_t i = 0; i < c; ++i)
+      if (X[i] > 0) { rl.x[s] = static_cast<T>(X[i] * inv); rl.j[s] = static_cast<int32_t>(idx[i]); ++s; }
+  }
+  rl.c = s;
+  return inv;
+}
+
+// Rows are scanned in segments of this many entries, each read twice in a row (in L1 the second time).
+constexpr int64_t kSegment = 2048;
+
+// Collects x's candidates above rl.thr segment by segment, pruning as they grow.
+template <typename T>
+inline void collect_row(const T* x, int64_t n, double alpha, int mode, RowList<T>& rl, Cands& w) {
+  for (int64_t s = 0; s < n; s += kSegment) {
+    const int64_t len = std::min(kSegment, n - s);
+    rl.room(static_cast<size_t>(len));
+    rl.c = collect_above(x + s, len, rl.thr, s, rl.x.data(), rl.j.data(), rl.c);
+    if (rl.c > rl.budget && s + len < n) prune_candidates(rl, alpha, mode, w);   // (the last: the solve)
+  }
+}
+
+// τ of the row's lane maxima (from row_max): a part of the row, so a lower bound of the row's τ (X-space for
+// the max m), exact in double. For a Gaussian row of 512 entries it lifts the candidates' threshold from
+// m − 2 to about m − 1.1 (α = 1.5), a quarter of the candidates.
+template <typename T>
+double lane_bound(const T* lanes, int n_lanes, double alpha, int mode, double m, Cands& w) {
+  const double am1 = alpha - 1.0;
+  w.reserve(n_lanes);
+  size_t c = 0;
+  for (int i = 0; i < n_lanes; ++i) {
+    const double X = am1 * (static_cast<double>(lanes[i]) - m);
+    w.X()[c] = X; w.idx()[c] = i; c += X > -1.0;
+  }
+  w.c = c;
+  if (c == 0) return -1.0;
+  const double tau = solve_tau(w, alpha, mode, -1.0, c);
+  return std::isfinite(tau) ? std::max(-1.0, tau - 1e-9 * (1.0 + std::fabs(tau))) : -1.0;
+}
+
+// One row; m is its max (finite: NaN, +inf and all -inf rows are handled by the caller). The candidates are
+// the entries above a lower bound of τ — m − 1/(α−1) (τ ≥ −1), or for fp32 rows with α < 2 other than 1.5
+// the Jensen bound of group_bound (fp32 sums: checked, see solve_candidates) — pruned as they are collected,
+// then solved; the output is zeros and the support.
 template <typename scalar_t>
-void forward_row(const scalar_t* x, scalar_t* p, int64_t n, double alpha, double m, Cands& w) {
+void forward_row(const scalar_t* x, scalar_t* p, int64_t n, double alpha, double m, RowList<scalar_t>& rl, Cands& w,
+                 const scalar_t* lanes = nullptr, int n_lanes = 0) {
   // p may be x itself (in place): everything is read before the row is zeroed
   if (!std::isfinite(m)) { std::fill(p, p + n, scalar_t(0)); return; }   // all -inf: a zero row
   const int mode = row_mode(alpha);
   if (mode == 3) { softmax_row<scalar_t>(x, p, n, m); return; }
   const double am1 = alpha - 1.0;
-  // τ ≥ -1, so only X_j > -1 can be in the support; the float threshold is widened by a few ulps
-  // and the exact test is repeated in double inside the solve.
-  const double widen = 1e-6 * (1.0 + std::fabs(m));
-  const scalar_t thr = static_cast<scalar_t>(m - 1.0 / am1 - widen);
-  double tau;
-  double lo0 = -1.0;
+  double lo = -1.0;   // a lower bound of τ (X-space)
   if constexpr (std::is_same_v<scalar_t, float>)
-    if (mode != 2 && alpha <= 2.0 && n < (int64_t{1} << 31)) lo0 = group_bound(x, n, alpha, m);   // 1 < α < 2
-  if (lo0 > -1.0) {
-    collect_candidates<scalar_t>(x, n, static_cast<scalar_t>(m + lo0 / am1 - widen), am1, m, w);
-    // (n bounds the number of candidates X > −1: hi = −n^(1−α) is a valid upper bound)
-    tau = solve_tau(w, alpha, mode, lo0, static_cast<size_t>(n));
-    if (std::isnan(tau)) {   // the bound failed (fp32 sums): from −1 on all candidates
-      collect_candidates<scalar_t>(x, n, thr, am1, m, w);
-      tau = solve_tau(w, alpha, mode, -1.0, w.c);
-    }
-  } else {
-    collect_candidates<scalar_t>(x, n, thr, am1, m, w);
+    if (mode == 0 && alpha < 2.0 && n < (int64_t{1} << 31)) lo = group_bound(x, n, alpha, m);
+  if (n_lanes > 0 && lo == -1.0) lo = lane_bound(lanes, n_lanes, alpha, mode, m, w);
+  double tau;
+  for (;;) {
+    // (above the group bound the candidates are about the support: pruning them would cost a solve)
+    rl.reset(lo > -1.0 ? std::numeric_limits<size_t>::max() : kFirstPrune);
+    rl.m = static_cast<scalar_t>(m);
+    const double t = m + lo / am1;   // in x; widened by a few ulps (the exact test is in double)
+    rl.thr = static_cast<scalar_t>(t - 1e-6 * (1.0 + std::fabs(t)));
+    collect_row(x, n, alpha, mode, rl, w);
+    tau = solve_candidates(rl, alpha, mode, w);
+    if (!std::isnan(tau) || lo == -1.0) break;
+    lo = -1.0;   // the group bound failed (fp32 sums): from −1
+  }
+  if (std::isnan(tau)) {   // only by round-off at the −1 bound itself: solve from below it
+    load_candidates(rl, am1, w);
     tau = solve_tau(w, alpha, mode, -1.0, w.c);
   }
-  std::fill(p, p + n, scalar_t(0));   // after the solve: p may be x (in place), read again above
-  const int64_t c = static_cast<int64_t>(w.c);
-  double* X = w.X();
-  const int64_t* idx = w.idx();
-  if (mode == 1) {
-    for (int64_t i = 0; i < c; ++i) { double d = X[i] - tau; if (d > 0) p[idx[i]] = static_cast<scalar_t>(d * d); }
-  } else if (mode == 2) {
-    for (int64_t i = 0; i < c; ++i) { double d = X[i] - tau; if (d > 0) p[idx[i]] = static_cast<scalar_t>(d); }
-  } else if (w.has_P) {
-    // d^e from the last evaluation, ≤ 1e-12 away from the final τ (relative change ≤ e·1e-12/d, and
-    // the renormalisation removes its common part); entries at or below the final τ stay exact zeros
-    const double* P = w.P();
-    double s = 0;
-    for (int64_t i = 0; i < c; ++i) if (X[i] > tau) s += P[i];
-    const double inv = s > 0 ? 1.0 / s : 0.0;
-    for (int64_t i = 0; i < c; ++i) if (X[i] > tau) p[idx[i]] = static_cast<scalar_t>(P[i] * inv);
-  } else {
-    const double s = power_finish(X, static_cast<size_t>(c), tau, 1.0 / am1);
-    const double inv = s > 0 ? 1.0 / s : 0.0;
-    for (int64_t i = 0; i < c; ++i) if (X[i] > 0) p[idx[i]] = static_cast<scalar_t>(X[i] * inv);
-  }
+  emit_support(rl, alpha, mode, w, tau);
+  std::fill(p, p + n, scalar_t(0));   // after the solve: p may be x (in place), read above
+  for (size_t i = 0; i < rl.c; ++i) p[rl.j[i]] = rl.x[i];
 }
 
 template <typename scalar_t>
@@ -547,6 +863,31 @@ void backward_row(const scalar_t* p, const scalar_t* g, scalar_t* dz, int64_t n,
   const int mode = row_mode(alpha);
   using acc_t = double;
   acc_t su = 0, sug = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (mode != 0) {   // u = √p, [p > 0] or p, sixteen at a time (per-lane fp32 sums, added in double)
+      __m512 a_su = _mm512_setzero_ps(), a_sug = _mm512_setzero_ps();
+      for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 live = n - j >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+        const __m512 pv = _mm512_maskz_loadu_ps(live, p + j), gv = _mm512_maskz_loadu_ps(live, g + j);
+        const __m512 u = mode == 1 ? _mm512_sqrt_ps(pv)
+                       : mode == 2 ? _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(pv, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                                         _mm512_set1_ps(1.0f))
+                                   : pv;
+        a_su = _mm512_add_ps(a_su, u);
+        a_sug = _mm512_fmadd_ps(u, gv, a_sug);
+        _mm512_mask_storeu_ps(dz + j, live, u);
+      }
+      alignas(64) float b1[16], b2[16];
+      _mm512_store_ps(b1, a_su); _mm512_store_ps(b2, a_sug);
+      for (int l = 0; l < 16; ++l) { su += b1[l]; sug += b2[l]; }
+      const float q = static_cast<float>(su > 0 ? sug / su : 0.0);
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) dz[j] = dz[j] * (g[j] - q);
+      return;
+    }
+  }
+#endif
   if (mode == 1) {
     for (int64_t j = 0; j < n; ++j) { scalar_t u = std::sqrt(p[j]); dz[j] = u; su += u; sug += u * g[j]; }
   } else if (mode == 2) {
@@ -593,27 +934,14 @@ void backward_row(const scalar_t* p, const scalar_t* g, scalar_t* dz, int64_t n,
 
 // The max of x[0, n) and a problem code: 0 finite or −inf entries only, 1 a NaN, 2 a +inf (NaN wins).
 template <typename scalar_t>
-inline int row_max(const scalar_t* x, int64_t n, scalar_t& m) {
+inline int row_max(const scalar_t* x, int64_t n, scalar_t& m, scalar_t* lanes = nullptr, int* n_lanes = nullptr) {
   m = -std::numeric_limits<scalar_t>::infinity();
-  bool nan = false;
-  int64_t j = 0;
-#if defined(__AVX2__)
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    __m256 vmax = _mm256_set1_ps(m), vnan = _mm256_setzero_ps();
-    for (; j + 8 <= n; j += 8) {
-      const __m256 v = _mm256_loadu_ps(x + j);
-      vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-      vmax = _mm256_max_ps(vmax, v);
-    }
-    alignas(32) float buf[8];
-    _mm256_store_ps(buf, vmax);
-    for (float b : buf) m = b > m ? b : m;
-    nan = _mm256_movemask_ps(vnan) != 0;
-  }
-#endif
-  for (; j < n; ++j) { nan |= (x[j] != x[j]); m = x[j] > m ? x[j] : m; }
-  if (nan) return 1;
-  return m == std::numeric_limits<scalar_t>::infinity() ? 2 : 0;
+  bool bad = false;
+  const int L = seg_max(x, n, m, bad, lanes);
+  if (n_lanes) *n_lanes = L;
+  if (!bad) return 0;
+  for (int64_t j = 0; j < n; ++j) if (x[j] != x[j]) return 1;
+  return 2;
 }
 
 // x: (R, n) contiguous; alpha: (R,) float64 per-row α. Returns (p, code): code 0, or 1 if some row has a
@@ -622,6 +950,7 @@ std::tuple<torch::Tensor, int64_t> entmax_forward(torch::Tensor x, torch::Tensor
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "entmax kernel: x must be a contiguous 2-D tensor");
   TORCH_CHECK(alpha.dim() == 1 && alpha.size(0) == x.size(0) && alpha.scalar_type() == torch::kFloat64 &&
               alpha.is_contiguous(), "entmax kernel: alpha must be contiguous float64 of shape (rows,)");
+  TORCH_CHECK(x.size(1) < (int64_t{1} << 31) - 64, "entmax kernel: rows of at most 2^31 − 64 entries");
   auto p = torch::empty_like(x);
   const int64_t R = x.size(0), n = x.size(1);
   const double* a = alpha.data_ptr<double>();
@@ -631,14 +960,17 @@ std::tuple<torch::Tensor, int64_t> entmax_forward(torch::Tensor x, torch::Tensor
     scalar_t* pp = p.data_ptr<scalar_t>();
     at::parallel_for(0, R, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
       Cands w;
+      RowList<scalar_t> rl;
+      scalar_t lanes[16];
+      int n_lanes = 0;
       for (int64_t r = b; r < e; ++r) {
         scalar_t m;
-        if (const int code = row_max<scalar_t>(xp + r * n, n, m)) {
+        if (const int code = row_max<scalar_t>(xp + r * n, n, m, lanes, &n_lanes)) {
           if (code == 1) bad.store(1); else { int zero = 0; bad.compare_exchange_strong(zero, 2); }
           std::fill(pp + r * n, pp + (r + 1) * n, scalar_t(0));
           continue;
         }
-        forward_row<scalar_t>(xp + r * n, pp + r * n, n, a[r], static_cast<double>(m), w);
+        forward_row<scalar_t>(xp + r * n, pp + r * n, n, a[r], static_cast<double>(m), rl, w, lanes, n_lanes);
       }
     });
   });
@@ -716,6 +1048,7 @@ int64_t entmax_scores_forward(torch::Tensor z, torch::Tensor alpha, double scale
     scalar_t* zp = z.data_ptr<scalar_t>();
     at::parallel_for(0, G * n, std::max<int64_t>(1, 16384 / std::max<int64_t>(kend, 1)), [&](int64_t b, int64_t e) {
       Cands w;
+      RowList<scalar_t> rl;
       for (int64_t row = b; row < e; ++row) {
         const int64_t g = row / n, pos = first_pos + row % n;
         scalar_t* x = zp + row * kend;
@@ -727,7 +1060,7 @@ int64_t entmax_scores_forward(torch::Tensor z, torch::Tensor alpha, double scale
         transform_row<scalar_t>(x, limit, sc, slope, pos, m, nan);
         if (nan || m == std::numeric_limits<scalar_t>::infinity()) { bad.store(1); std::fill(x, x + kend, scalar_t(0)); continue; }
         // entmax over the visible prefix; the future part is zero
-        forward_row<scalar_t>(x, x, limit, a[g], static_cast<double>(m), w);
+        forward_row<scalar_t>(x, x, limit, a[g], static_cast<double>(m), rl, w);
         std::fill(x + limit, x + kend, scalar_t(0));
       }
     });
@@ -756,6 +1089,594 @@ void entmax_scores_backward(torch::Tensor p, torch::Tensor dp, torch::Tensor alp
   });
 }
 
+
+// ============================================================================= fused attention
+// Flash-style α-entmax attention (the fused_cpu backend). Work is split into blocks of query rows of one
+// (batch, head); a block walks over its visible keys in tiles of `key_tile` columns, and only one tile of
+// logits, S = scale·q kᵀ (block rows × key_tile, computed by BLAS), exists at a time: extra memory is
+// O(block rows × key_tile) for the logits plus the candidates below, never O(Nq × Nk).
+//
+//   α > 1, forward: each row keeps a running max m and a threshold below which no entry can be in the
+//     support: m − 1/(α−1) (τ ≥ −1 after shifting by the max and scaling by α−1), raised further when the
+//     row's candidates are pruned (the τ of any subset of a row is a lower bound of the row's τ: adding
+//     entries only raises Σ [X − τ]₊^e). A tile pass per row takes the max and collects the entries above
+//     the threshold (a vector compress); after the last tile the candidates are solved for τ exactly as
+//     in the mapping (solve_tau), and the output is Σ_support p_j v_j — gathered from the support only, so
+//     the p·v product costs O(support × D) instead of a second dense product.
+//   α = 1 (softmax), forward: the online softmax of flash attention (running max and sum, the tile's
+//     probabilities written over its logits, then p·v by BLAS).
+//   α > 1, backward: the tiles of S are recomputed; each row's probabilities follow from its saved (max, τ,
+//     1/normaliser) without a solve and are collected as a support list; then per support entry:
+//     dp = dout·v_j, u = p^{2−α}, ds = scale·u·(dp − Σu dp / Σu), dq += ds k_j, dk_j += ds q, dv_j += p dout.
+//   α = 1, backward: flash attention's, by BLAS on each tile (every key is in the support; dout·out per row
+//     replaces Σ p dp, so the forward's output is kept for softmax heads).
+//   Blocks of one (batch, head) run in order on one thread (they share dk, dv), heads in parallel.
+// Row statistics saved by the forward, (B, H, Nq, 3) float64: (m, τ, 1/normaliser); m = −inf marks a row
+// with no visible key (zero output). Softmax rows: (m, 0, 1/Σ e^(x−m)). Key ranges (key_lo, key_hi per
+// batch row) limit each row's keys with the causal mask; a block's tiles start at its first visible key.
+
+extern "C" {
+// BLAS as exported by torch's own library (its MKL or OpenBLAS, the LP64 interface: 32-bit integers); weak
+// symbols, so that a torch without them still loads this module and falls back to at::mm on the same buffers.
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+            const float*, const int*, const float*, float*, const int*) __attribute__((weak));
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*,
+            const int*, const double*, const int*, const double*, double*, const int*) __attribute__((weak));
+}
+
+template <typename T>
+inline bool blas_gemm(const char* ta, const char* tb, int m, int n, int k, T alpha, const T* a, int lda,
+                      const T* b, int ldb, T beta, T* c, int ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!sgemm_) return false;
+    sgemm_(ta, tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+  } else {
+    if (!dgemm_) return false;
+    dgemm_(ta, tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+  }
+  return true;
+}
+
+template <typename T>
+inline torch::Tensor blob(const T* p, at::IntArrayRef sizes, at::IntArrayRef strides) {
+  return torch::from_blob(const_cast<T*>(p), sizes, strides, torch::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
+}
+
+// S[r][j] = alpha · Σ_d Q[r][d] K[j][d] for r < R, j < n (rows of Q and K hold D values; S rows are lds apart)
+template <typename T>
+void gemm_scores(int64_t R, int64_t n, int64_t D, T alpha, const T* Q, const T* K, T* S, int64_t lds) {
+  if (R == 0 || n == 0) return;
+  // column-major BLAS: Sᵀ (n × R) = (K as D × n)ᵀ · (Q as D × R)
+  if (blas_gemm<T>("T", "N", static_cast<int>(n), static_cast<int>(R), static_cast<int>(D), alpha, K,
+                   static_cast<int>(D), Q, static_cast<int>(D), T(0), S, static_cast<int>(lds))) return;
+  auto s = blob(S, {R, n}, {lds, 1});
+  at::mm_out(s, blob(Q, {R, D}, {D, 1}), blob(K, {n, D}, {D, 1}).t());
+  s.mul_(alpha);
+}
+
+// O[r][d] = beta · O[r][d] + Σ_j P[r][j] V[j][d] for r < R, j < n (P rows are ldp apart; O, V rows hold D)
+template <typename T>
+void gemm_accumulate(int64_t R, int64_t n, int64_t D, const T* P, int64_t ldp, const T* V, T beta, T* O) {
+  if (R == 0 || n == 0) return;
+  // column-major BLAS: Oᵀ (D × R) = (V as D × n) · (P as n × R)
+  if (blas_gemm<T>("N", "N", static_cast<int>(D), static_cast<int>(R), static_cast<int>(n), T(1), V,
+                   static_cast<int>(D), P, static_cast<int>(ldp), beta, O, static_cast<int>(D))) return;
+  blob(O, {R, D}, {D, 1}).addmm_(blob(P, {R, n}, {ldp, 1}), blob(V, {n, D}, {D, 1}), beta, 1);
+}
+
+// Subnormal floats flushed to zero while it lives (this thread's MXCSR, restored after). The online softmax
+// rescales its accumulators by e^(m_old − m_new) and long ALiBi rows produce probabilities near the bottom of
+// the float range: as subnormals they would slow every later product many times over (the p·v product
+// ran at half speed at N = 4096), while their share of a row summing to 1 is below 1e-37.
+struct FlushSubnormals {
+#if defined(__SSE2__)
+  unsigned saved;
+  FlushSubnormals() : saved(_mm_getcsr()) { _mm_setcsr(saved | 0x8040u); }   // FTZ | DAZ
+  ~FlushSubnormals() { _mm_setcsr(saved); }
+#endif
+};
+
+// ----------------------------------------------------------------------------- per-entry vector work
+// Dense vectors of the head dimension; DS > 0 fixes it at compile time (the accumulators then live in
+// registers), DS = 0 reads it at run time.
+template <typename T, int DS>
+struct HeadVec {
+  static inline int64_t dim(int64_t D) { return DS > 0 ? DS : D; }
+  // out = Σ_i p_i V[j_i]
+  static void combine(const T* p, const int32_t* js, size_t s, const T* V, int64_t D_, T* out) {
+    const int64_t D = dim(D_);
+    if constexpr (DS > 0) {
+      T acc[DS] = {};
+      for (size_t i = 0; i < s; ++i) {
+        const T* vr = V + static_cast<int64_t>(js[i]) * DS;
+        const T pi = p[i];
+#pragma omp simd
+        for (int d = 0; d < DS; ++d) acc[d] += pi * vr[d];
+      }
+      for (int d = 0; d < DS; ++d) out[d] = acc[d];
+    } else {
+      std::fill(out, out + D, T(0));
+      for (size_t i = 0; i < s; ++i) axpy(p[i], V + static_cast<int64_t>(js[i]) * D, out, D);
+    }
+  }
+  static inline T dot(const T* a, const T* b, int64_t D_) {
+    const int64_t D = dim(D_);
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t d = 0; d < D; ++d) s += a[d] * b[d];
+    return s;
+  }
+  static inline void axpy(T a, const T* __restrict x, T* __restrict y, int64_t D_) {
+    const int64_t D = dim(D_);
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) y[d] += a * x[d];
+  }
+};
+
+// ----------------------------------------------------------------------------- geometry
+struct AttnShape {
+  int64_t B, H, Nq, Nk, D, first_pos;
+  bool causal;
+  const int64_t* key_lo;   // (B,) or null: batch row b sees keys key_lo[b] ≤ j < key_hi[b] (and causal)
+  const int64_t* key_hi;
+  const double* alpha;     // (H,)
+  const double* slopes;    // (H,) or null
+  double scale;
+  int64_t rows, tile;      // query rows per block, keys per tile
+
+  // visible keys [lo, hi) of query row i of batch row b (empty: lo = hi)
+  inline void range(int64_t b, int64_t i, int64_t& lo, int64_t& hi) const {
+    lo = key_lo ? std::max<int64_t>(0, key_lo[b]) : 0;
+    hi = key_hi ? std::min<int64_t>(Nk, key_hi[b]) : Nk;
+    if (causal) hi = std::min(hi, first_pos + i + 1);
+    if (hi < lo) hi = lo;
+  }
+  int64_t blocks() const { return (Nq + rows - 1) / rows; }
+};
+
+// ----------------------------------------------------------------------------- forward
+// Whether τ_g (X-space, for the max m) is a lower bound of τ, judged on candidates x[c0, c1) that hold every
+// entry of some part of the row above it: Σ [(α−1)(x − m) − τ_g]₊^e ≥ 1 over them (a part of the row
+// bounds the whole).
+template <typename T>
+bool bound_holds(const T* x, size_t c0, size_t c1, double m, double tau_g, double alpha) {
+  const double am1 = alpha - 1.0, e = 1.0 / am1;
+  double f = 0;
+  for (size_t i = c0; i < c1; ++i) {
+    const double d = am1 * (static_cast<double>(x[i]) - m) - tau_g;
+    if (d > 0) f += e == 2.0 ? d * d : pow_sd(d, e);
+  }
+  return f >= 1.0;
+}
+
+template <typename T, int DS>
+void forward_block(const AttnShape& g, int64_t b, int64_t h, int64_t blk, const T* q, const T* k, const T* v,
+                   T* out, double* stats, std::vector<T>& S, std::vector<T>& acc, std::vector<RowList<T>>& rows,
+                   Cands& w, std::atomic<int>& bad) {
+  const int64_t D = g.D, Kt = g.tile;
+  const int64_t r0 = blk * g.rows, r1 = std::min(g.Nq, r0 + g.rows), R = r1 - r0;
+  const int64_t bh = b * g.H + h;
+  const T* Q = q + (bh * g.Nq + r0) * D;
+  const T* K = k + bh * g.Nk * D;
+  const T* V = v + bh * g.Nk * D;
+  T* O = out + (bh * g.Nq + r0) * D;
+  double* st = stats + (bh * g.Nq + r0) * 3;
+  const double alpha = g.alpha[h];
+  const int mode = row_mode(alpha);
+  const bool soft = mode == 3;
+  const T slope = g.slopes ? static_cast<T>(g.slopes[h]) : T(0);
+  int64_t blo = g.Nk, bhi = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    RowList<T>& rl = rows[r];
+    rl.reset(kFirstPrune);
+    g.range(b, r0 + r, rl.lo, rl.hi);
+    if (rl.lo < rl.hi) { blo = std::min(blo, rl.lo); bhi = std::max(bhi, rl.hi); }
+  }
+  if (soft) std::fill(acc.begin(), acc.begin() + R * D, T(0));
+  const double inv_am1 = soft ? 0.0 : 1.0 / (alpha - 1.0);
+  bool row_bad = false;
+  for (int64_t j0 = blo; j0 < bhi; j0 += Kt) {
+    const int64_t n = std::min(Kt, bhi - j0);
+    gemm_scores<T>(R, n, D, static_cast<T>(g.scale), Q, K + j0 * D, S.data(), Kt);
+    for (int64_t r = 0; r < R; ++r) {
+      RowList<T>& rl = rows[r];
+      T* x = S.data() + r * Kt;
+      const int64_t a = std::max(j0, rl.lo), e = std::min(j0 + n, rl.hi);
+      if (a >= e) {
+        if (soft) std::fill(x, x + n, T(0));
+        continue;
+      }
+      T* xs = x + (a - j0);
+      const int64_t len = e - a;
+      if (slope != T(0)) add_alibi(xs, len, slope, (g.first_pos + r0 + r) - a);
+      T mx = -std::numeric_limits<T>::infinity();
+      seg_max(xs, len, mx, row_bad);
+      if (soft) {
+        // online softmax: rescale what came before to the new max, then this tile's e^(x − m)
+        if (mx > rl.m) {
+          if (rl.m != -std::numeric_limits<T>::infinity()) {
+            const T f = static_cast<T>(std::exp(static_cast<double>(rl.m) - static_cast<double>(mx)));
+            rl.l *= f;
+            T* ar = acc.data() + r * D;
+            for (int64_t d = 0; d < D; ++d) ar[d] *= f;
+          }
+          rl.m = mx;
+        }
+        std::fill(x, xs, T(0));
+        std::fill(xs + len, x + n, T(0));
+        if (rl.m == -std::numeric_limits<T>::infinity()) { std::fill(xs, xs + len, T(0)); continue; }
+        rl.l += exp_shifted(xs, len, rl.m);
+      } else {
+        const auto widened = [](double t) { return static_cast<T>(t - 1e-6 * (1.0 + std::fabs(t))); };
+        rl.room(static_cast<size_t>(len));
+        bool collected = false;
+        if (mx > rl.m) {
+          if constexpr (std::is_same_v<T, float>) {
+            // a row's first tile, 1 < α < 2: the Jensen bound of its entries (group_bound), far above −1
+            // where the support is small; fp32 sums, so checked on the entries it keeps before it is used
+            if (rl.m == -std::numeric_limits<T>::infinity() && alpha < 2.0) {
+              const double tg = group_bound(xs, len, alpha, static_cast<double>(mx));
+              if (tg > -1.0) {
+                const T thr = widened(static_cast<double>(mx) + tg * inv_am1);
+                const size_t c1 = collect_above(xs, len, thr, a, rl.x.data(), rl.j.data(), rl.c);
+                if (bound_holds(rl.x.data(), rl.c, c1, static_cast<double>(mx), tg, alpha)) {
+                  rl.thr = thr;
+                  rl.c = c1;
+                  collected = true;
+                }
+              }
+            }
+          }
+          rl.m = mx;
+          rl.thr = std::max(rl.thr, widened(static_cast<double>(mx) - inv_am1));   // τ ≥ −1
+        }
+        if (!collected) rl.c = collect_above(xs, len, rl.thr, a, rl.x.data(), rl.j.data(), rl.c);
+        if (rl.c > rl.budget) prune_candidates(rl, alpha, mode, w);
+      }
+    }
+    if (soft) gemm_accumulate<T>(R, n, D, S.data(), Kt, V + j0 * D, T(1), acc.data());
+  }
+  if (row_bad) bad.store(1);
+  for (int64_t r = 0; r < R; ++r) {
+    RowList<T>& rl = rows[r];
+    T* o = O + r * D;
+    double* s3 = st + 3 * r;
+    if (rl.lo >= rl.hi || rl.m == -std::numeric_limits<T>::infinity() || row_bad) {
+      std::fill(o, o + D, T(0));
+      s3[0] = -std::numeric_limits<double>::infinity(); s3[1] = 0; s3[2] = 0;
+      continue;
+    }
+    s3[0] = static_cast<double>(rl.m);
+    if (soft) {
+      const double inv = 1.0 / rl.l;   // l ≥ 1: the max contributes e^0
+      const T* ar = acc.data() + r * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(ar[d] * inv);
+      s3[1] = 0; s3[2] = inv;
+    } else {
+      double tau = solve_candidates(rl, alpha, mode, w);
+      if (std::isnan(tau)) {   // only by round-off at a bound (every threshold here is checked): from −1
+        load_candidates(rl, alpha - 1.0, w);
+        tau = solve_tau(w, alpha, mode, -1.0, w.c);
+      }
+      const double inv = emit_support(rl, alpha, mode, w, tau);
+      HeadVec<T, DS>::combine(rl.x.data(), rl.j.data(), rl.c, V, D, o);
+      s3[1] = tau; s3[2] = inv;
+    }
+  }
+}
+
+template <typename T, int DS>
+void forward_all(const AttnShape& g, const T* q, const T* k, const T* v, T* out, double* stats, std::atomic<int>& bad) {
+  const int64_t nb = g.blocks(), total = g.B * g.H * nb;
+  at::parallel_for(0, total, 1, [&](int64_t first, int64_t last) {
+    const FlushSubnormals flush;
+    std::vector<T> S(static_cast<size_t>(g.rows * g.tile)), acc(static_cast<size_t>(g.rows * g.D));
+    std::vector<RowList<T>> rows(static_cast<size_t>(g.rows));
+    Cands w;
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t bh = t / nb, i = t % nb;
+      // blocks of a head alternate from both ends (0, nb−1, 1, nb−2, …): under a causal mask block costs
+      // grow with their index, so any contiguous range of tasks (one thread's share) is balanced
+      const int64_t blk = (i % 2 == 0) ? i / 2 : nb - 1 - i / 2;
+      forward_block<T, DS>(g, bh / g.H, bh % g.H, blk, q, k, v, out, stats, S, acc, rows, w, bad);
+    }
+  });
+}
+
+// ----------------------------------------------------------------------------- backward
+// x_i ← x_i^e · mul for i < n (x_i > 0), four at a time where vectorised powers exist.
+inline void pow_scaled(double* x, size_t n, double e, double mul) {
+  size_t i = 0;
+#ifdef LONGSPARSE_VEC_POW
+  const __m256d ve = _mm256_set1_pd(e), vm = _mm256_set1_pd(mul), tiny = _mm256_set1_pd(kTinyD);
+  for (; i + 4 <= n; i += 4)
+    _mm256_storeu_pd(x + i, _mm256_mul_pd(pow_pd(_mm256_max_pd(_mm256_loadu_pd(x + i), tiny), ve), vm));
+#endif
+  for (; i < n; ++i) x[i] = pow_sd(std::max(x[i], kTinyD), e) * mul;
+}
+
+// u_i = p_i^(2−α) for the support entries p[0, s) (all > 0)
+template <typename T>
+inline void support_weights(const T* p, size_t s, int mode, double alpha, T* u, std::vector<double>& scratch) {
+  if (mode == 1) { for (size_t i = 0; i < s; ++i) u[i] = std::sqrt(p[i]); return; }
+  if (mode == 2) { std::fill(u, u + s, T(1)); return; }
+  if (mode == 3) { std::copy(p, p + s, u); return; }
+  if (scratch.size() < s) scratch.resize(s);
+  for (size_t i = 0; i < s; ++i) scratch[i] = static_cast<double>(p[i]);
+  pow_scaled(scratch.data(), s, 2.0 - alpha, 1.0);
+  for (size_t i = 0; i < s; ++i) u[i] = static_cast<T>(scratch[i]);
+}
+
+// C[j][d] += Σ_r A[r][j] B[r][d] for j < n, d < D, r < R (A rows are lda apart; B, C rows hold D)
+template <typename T>
+void gemm_transposed_accumulate(int64_t R, int64_t n, int64_t D, const T* A, int64_t lda, const T* B, T* C) {
+  if (R == 0 || n == 0) return;
+  // column-major BLAS: Cᵀ (D × n) += (B as D × R) · (A as n × R)ᵀ
+  if (blas_gemm<T>("N", "T", static_cast<int>(D), static_cast<int>(n), static_cast<int>(R), T(1), B,
+                   static_cast<int>(D), A, static_cast<int>(lda), T(1), C, static_cast<int>(D))) return;
+  blob(C, {n, D}, {D, 1}).addmm_(blob(A, {R, n}, {lda, 1}).t(), blob(B, {R, D}, {D, 1}));
+}
+
+template <typename T>
+struct BackwardWork {
+  std::vector<T> S, dS, tmp;
+  std::vector<double> dbuf;
+  std::vector<RowList<T>> rows;
+  explicit BackwardWork(const AttnShape& g)
+      : S(static_cast<size_t>(g.rows * g.tile)), rows(static_cast<size_t>(g.rows)) {}
+};
+
+// Softmax rows (α = 1), every key in the support: the flash-attention backward by BLAS on each tile,
+// dS = scale · p ⊙ (dp − dout·out) with dp = dout vᵀ; dq += dS k, dk += dSᵀ q, dv += pᵀ dout.
+template <typename T>
+void backward_softmax_block(const AttnShape& g, int64_t b, int64_t r0, int64_t R, const T* Q, const T* K, const T* V,
+                            const T* dO, const T* O, const double* st, T slope, T* dQ, T* dK, T* dV,
+                            BackwardWork<T>& wk) {
+  const int64_t D = g.D, Kt = g.tile;
+  if (wk.dS.size() < wk.S.size()) wk.dS.resize(wk.S.size());
+  if (wk.tmp.size() < static_cast<size_t>(R)) wk.tmp.resize(static_cast<size_t>(R));
+  T* delta = wk.tmp.data();   // dout·out per row: Σ_j p_j dp_j
+  int64_t blo = g.Nk, bhi = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    RowList<T>& rl = wk.rows[r];
+    g.range(b, r0 + r, rl.lo, rl.hi);
+    if (st[3 * r] == -std::numeric_limits<double>::infinity()) rl.hi = rl.lo;
+    if (rl.lo < rl.hi) { blo = std::min(blo, rl.lo); bhi = std::max(bhi, rl.hi); }
+    delta[r] = HeadVec<T, 0>::dot(dO + r * D, O + r * D, D);
+  }
+  std::fill(dQ, dQ + R * D, T(0));
+  const T sc = static_cast<T>(g.scale);
+  for (int64_t j0 = blo; j0 < bhi; j0 += Kt) {
+    const int64_t n = std::min(Kt, bhi - j0);
+    T* P = wk.S.data();
+    T* dS = wk.dS.data();
+    gemm_scores<T>(R, n, D, sc, Q, K + j0 * D, P, Kt);
+    for (int64_t r = 0; r < R; ++r) {
+      const RowList<T>& rl = wk.rows[r];
+      T* x = P + r * Kt;
+      const int64_t a = std::max(j0, rl.lo), end = std::min(j0 + n, rl.hi);
+      if (a >= end) { std::fill(x, x + n, T(0)); continue; }
+      T* xs = x + (a - j0);
+      if (slope != T(0)) add_alibi(xs, end - a, slope, (g.first_pos + r0 + r) - a);
+      exp_shifted(xs, end - a, static_cast<T>(st[3 * r]), static_cast<T>(st[3 * r + 2]));
+      std::fill(x, xs, T(0));
+      std::fill(x + (end - j0), x + n, T(0));
+    }
+    gemm_scores<T>(R, n, D, T(1), dO, V + j0 * D, dS, Kt);   // dp = dout vᵀ
+    for (int64_t r = 0; r < R; ++r) {
+      const T* p = P + r * Kt;
+      T* ds = dS + r * Kt;
+      const T dr = delta[r];
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) ds[j] = sc * p[j] * (ds[j] - dr);
+    }
+    gemm_accumulate<T>(R, n, D, dS, Kt, K + j0 * D, T(1), dQ);
+    gemm_transposed_accumulate<T>(R, n, D, dS, Kt, Q, dK + j0 * D);
+    gemm_transposed_accumulate<T>(R, n, D, P, Kt, dO, dV + j0 * D);
+  }
+}
+
+// α > 1 rows: each row's support from its statistics, then the per-entry products (see the section comment).
+template <typename T, int DS>
+void backward_entmax_block(const AttnShape& g, int64_t b, int64_t r0, int64_t R, const T* Q, const T* K,
+                           const T* V, const T* dO, const double* st, double alpha, T slope, T* dQ, T* dK, T* dV,
+                           BackwardWork<T>& wk) {
+  using HV = HeadVec<T, DS>;
+  const int64_t D = g.D, Kt = g.tile;
+  const int mode = row_mode(alpha);
+  const double am1 = alpha - 1.0, e = 1.0 / am1;
+  const T sc = static_cast<T>(g.scale);
+  std::vector<double>& dbuf = wk.dbuf;
+  int64_t blo = g.Nk, bhi = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    RowList<T>& rl = wk.rows[r];
+    rl.reset(0);
+    g.range(b, r0 + r, rl.lo, rl.hi);
+    if (st[3 * r] == -std::numeric_limits<double>::infinity()) rl.hi = rl.lo;   // zero row: no support
+    if (rl.lo < rl.hi) {
+      blo = std::min(blo, rl.lo); bhi = std::max(bhi, rl.hi);
+      const double t = st[3 * r] + st[3 * r + 1] / am1;   // the support's threshold in x, widened
+      rl.thr = static_cast<T>(t - 1e-6 * (1.0 + std::fabs(t)));
+    }
+  }
+  for (int64_t j0 = blo; j0 < bhi; j0 += Kt) {
+    const int64_t n = std::min(Kt, bhi - j0);
+    gemm_scores<T>(R, n, D, sc, Q, K + j0 * D, wk.S.data(), Kt);
+    for (int64_t r = 0; r < R; ++r) {
+      RowList<T>& rl = wk.rows[r];
+      const int64_t a = std::max(j0, rl.lo), end = std::min(j0 + n, rl.hi);
+      if (a >= end) continue;
+      T* xs = wk.S.data() + r * Kt + (a - j0);
+      const int64_t len = end - a;
+      if (slope != T(0)) add_alibi(xs, len, slope, (g.first_pos + r0 + r) - a);
+      const double m = st[3 * r], tau = st[3 * r + 1], inv = st[3 * r + 2];
+      rl.room(static_cast<size_t>(len));
+      const size_t c0 = rl.c;
+      const size_t c1 = collect_above(xs, len, rl.thr, a, rl.x.data(), rl.j.data(), c0);
+      // the exact test d = (α−1)(x − m) − τ > 0 and p, as the forward's emit_support
+      if (dbuf.size() < c1 - c0 + 4) dbuf.resize(c1 - c0 + 4);
+      size_t s = 0;
+      for (size_t i = c0; i < c1; ++i) {
+        const double d = am1 * (static_cast<double>(rl.x[i]) - m) - tau;
+        dbuf[s] = d; rl.j[c0 + s] = rl.j[i]; s += d > 0;
+      }
+      if (mode == 0) pow_scaled(dbuf.data(), s, e, inv);
+      for (size_t i = 0; i < s; ++i) rl.x[c0 + i] = static_cast<T>(mode == 1 ? dbuf[i] * dbuf[i] : dbuf[i]);
+      rl.c = c0 + s;
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    RowList<T>& rl = wk.rows[r];
+    const T* qr = Q + r * D;
+    const T* gr = dO + r * D;
+    T* dqr = dQ + r * D;
+    std::fill(dqr, dqr + D, T(0));
+    const size_t s = rl.c;
+    if (s == 0) continue;
+    if (wk.tmp.size() < 2 * s) wk.tmp.resize(2 * s);
+    T* dp = wk.tmp.data();
+    T* u = wk.tmp.data() + s;
+    support_weights(rl.x.data(), s, mode, alpha, u, dbuf);
+    double su = 0, sud = 0;
+    for (size_t i = 0; i < s; ++i) {
+      dp[i] = HV::dot(gr, V + static_cast<int64_t>(rl.j[i]) * D, D);
+      su += u[i];
+      sud += static_cast<double>(u[i]) * dp[i];
+    }
+    const T qbar = static_cast<T>(su > 0 ? sud / su : 0.0);
+    for (size_t i = 0; i < s; ++i) {
+      const int64_t jj = rl.j[i];
+      const T ds = sc * u[i] * (dp[i] - qbar);
+      HV::axpy(ds, K + jj * D, dqr, D);
+      HV::axpy(ds, qr, dK + jj * D, D);
+      HV::axpy(rl.x[i], gr, dV + jj * D, D);
+    }
+  }
+}
+
+template <typename T, int DS>
+void backward_all(const AttnShape& g, const T* q, const T* k, const T* v, const T* dout, const T* out,
+                  const double* stats, T* dq, T* dk, T* dv) {
+  at::parallel_for(0, g.B * g.H, 1, [&](int64_t first, int64_t last) {
+    const FlushSubnormals flush;
+    BackwardWork<T> wk(g);
+    for (int64_t t = first; t < last; ++t) {   // one (batch, head): its blocks share dk, dv
+      const int64_t b = t / g.H, h = t % g.H, D = g.D;
+      const double alpha = g.alpha[h];
+      const T slope = g.slopes ? static_cast<T>(g.slopes[h]) : T(0);
+      const T* K = k + t * g.Nk * D;
+      const T* V = v + t * g.Nk * D;
+      for (int64_t blk = 0; blk < g.blocks(); ++blk) {
+        const int64_t r0 = blk * g.rows, R = std::min(g.Nq, r0 + g.rows) - r0, row = t * g.Nq + r0;
+        if (alpha == 1.0)
+          backward_softmax_block<T>(g, b, r0, R, q + row * D, K, V, dout + row * D, out + row * D, stats + row * 3,
+                                    slope, dq + row * D, dk + t * g.Nk * D, dv + t * g.Nk * D, wk);
+        else
+          backward_entmax_block<T, DS>(g, b, r0, R, q + row * D, K, V, dout + row * D, stats + row * 3, alpha,
+                                       slope, dq + row * D, dk + t * g.Nk * D, dv + t * g.Nk * D, wk);
+      }
+    }
+  });
+}
+
+AttnShape attn_shape(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& alpha,
+                     double scale, bool causal, const torch::Tensor& slopes, const torch::Tensor& key_lo,
+                     const torch::Tensor& key_hi, int64_t block_rows, int64_t key_tile) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.is_contiguous() && k.is_contiguous() &&
+              v.is_contiguous(), "attention kernel: q, k, v must be contiguous (B, H, N, D) tensors");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+              "attention kernel: k and v must be (B, H, Nk, D) with q's B, H and D");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "attention kernel: q, k, v dtypes differ");
+  TORCH_CHECK(q.size(2) <= k.size(2), "attention kernel: more queries than keys");
+  TORCH_CHECK(k.size(2) < (int64_t{1} << 31) - 64, "attention kernel: at most 2^31 − 64 keys");
+  const int64_t B = q.size(0), H = q.size(1);
+  TORCH_CHECK(alpha.dim() == 1 && alpha.size(0) == H && alpha.scalar_type() == torch::kFloat64 && alpha.is_contiguous(),
+              "attention kernel: alpha must be contiguous float64 of shape (H,)");
+  TORCH_CHECK(slopes.numel() == 0 || (slopes.dim() == 1 && slopes.size(0) == H &&
+              slopes.scalar_type() == torch::kFloat64 && slopes.is_contiguous()),
+              "attention kernel: slopes must be empty or contiguous float64 of shape (H,)");
+  for (const auto* t : {&key_lo, &key_hi})
+    TORCH_CHECK(t->numel() == 0 || (t->dim() == 1 && t->size(0) == B && t->scalar_type() == torch::kInt64 &&
+                t->is_contiguous()), "attention kernel: key ranges must be empty or contiguous int64 of shape (B,)");
+  TORCH_CHECK(block_rows >= 1 && key_tile >= 1, "attention kernel: block_rows and key_tile must be >= 1");
+  AttnShape g;
+  g.B = B; g.H = H; g.Nq = q.size(2); g.Nk = k.size(2); g.D = q.size(3); g.first_pos = g.Nk - g.Nq;
+  g.causal = causal;
+  g.key_lo = key_lo.numel() ? key_lo.data_ptr<int64_t>() : nullptr;
+  g.key_hi = key_hi.numel() ? key_hi.data_ptr<int64_t>() : nullptr;
+  g.alpha = alpha.data_ptr<double>();
+  g.slopes = slopes.numel() ? slopes.data_ptr<double>() : nullptr;
+  g.scale = scale;
+  g.rows = std::min(block_rows, std::max<int64_t>(g.Nq, 1));
+  g.tile = key_tile;
+  return g;
+}
+
+// The head dimension as a compile-time constant where it is a common one.
+template <typename F>
+inline void with_head_dim(int64_t D, F&& f) {
+  switch (D) {
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    case 32: f(std::integral_constant<int, 32>{}); break;
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    default: f(std::integral_constant<int, 0>{});
+  }
+}
+
+// q (already multiplied by its q-scales), k, v: contiguous (B, H, ·, D) of one floating dtype (k, v with H
+// heads); alpha (H,) float64 (1: softmax); slopes (H,) float64 or empty; key_lo, key_hi (B,) int64 or empty.
+// Returns (out (B, H, Nq, D), row statistics (B, H, Nq, 3) float64, code): code 1 when a logit was NaN or
+// +inf (those blocks' rows are zeros; the caller raises).
+std::tuple<torch::Tensor, torch::Tensor, int64_t> attention_forward(
+    torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor alpha, double scale, bool causal,
+    torch::Tensor slopes, torch::Tensor key_lo, torch::Tensor key_hi, int64_t block_rows, int64_t key_tile) {
+  const AttnShape g = attn_shape(q, k, v, alpha, scale, causal, slopes, key_lo, key_hi, block_rows, key_tile);
+  auto out = torch::empty_like(q);
+  auto stats = torch::empty({g.B, g.H, g.Nq, 3}, q.options().dtype(torch::kFloat64));
+  std::atomic<int> bad{0};
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_forward", [&] {
+    with_head_dim(g.D, [&](auto ds) {
+      forward_all<scalar_t, decltype(ds)::value>(g, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+                                                 v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                                                 stats.data_ptr<double>(), bad);
+    });
+  });
+  return {out, stats, static_cast<int64_t>(bad.load())};
+}
+
+// The gradients (of q as given, i.e. of the q-scaled q; of k; of v) from dout (B, H, Nq, D), the forward's
+// output `out` (read for softmax heads only: empty when α > 1 on every head) and its row statistics; the
+// other arguments as attention_forward's.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attention_backward(
+    torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor dout, torch::Tensor out, torch::Tensor stats,
+    torch::Tensor alpha, double scale, bool causal, torch::Tensor slopes, torch::Tensor key_lo, torch::Tensor key_hi,
+    int64_t block_rows, int64_t key_tile) {
+  const AttnShape g = attn_shape(q, k, v, alpha, scale, causal, slopes, key_lo, key_hi, block_rows, key_tile);
+  TORCH_CHECK(dout.sizes() == q.sizes() && dout.scalar_type() == q.scalar_type() && dout.is_contiguous(),
+              "attention kernel: dout must be contiguous, of q's shape and dtype");
+  TORCH_CHECK(stats.dim() == 4 && stats.size(0) == g.B && stats.size(1) == g.H && stats.size(2) == g.Nq &&
+              stats.size(3) == 3 && stats.scalar_type() == torch::kFloat64 && stats.is_contiguous(),
+              "attention kernel: stats must be the forward's (B, H, Nq, 3) float64 row statistics");
+  const bool softmax_head = (alpha == 1.0).any().item<bool>();
+  TORCH_CHECK(!softmax_head || (out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.is_contiguous()),
+              "attention kernel: out (the forward's output) is needed for softmax heads");
+  auto dq = torch::empty_like(q);
+  auto dk = torch::zeros_like(k);
+  auto dv = torch::zeros_like(v);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_backward", [&] {
+    with_head_dim(g.D, [&](auto ds) {
+      backward_all<scalar_t, decltype(ds)::value>(g, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+                                                  v.data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(),
+                                                  softmax_head ? out.data_ptr<scalar_t>() : nullptr,
+                                                  stats.data_ptr<double>(), dq.data_ptr<scalar_t>(),
+                                                  dk.data_ptr<scalar_t>(), dv.data_ptr<scalar_t>());
+    });
+  });
+  return {dq, dk, dv};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -763,4 +1684,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("entmax_backward", &entmax_backward, "α-entmax backward over rows");
   m.def("entmax_scores_forward", &entmax_scores_forward, "scale + ALiBi + causal mask + α-entmax, in place");
   m.def("entmax_scores_backward", &entmax_scores_backward, "α-entmax backward on attention scores, in place");
+  m.def("attention_forward", &attention_forward, "flash-style α-entmax attention: output and row statistics");
+  m.def("attention_backward", &attention_backward, "gradients of attention_forward (q, k, v)");
 }

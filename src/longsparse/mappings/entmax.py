@@ -2,7 +2,7 @@
 
 One threshold solver serves every α > 1 (α = 1 is softmax):
 
-* rows are shifted by their max and scaled by (α−1), so τ lies in [−1, −n^{1−α}] (SPEC §1);
+* rows are shifted by their max and scaled by (α−1), so τ lies in [−1, −n^{1−α}] (docs/method.md §1);
 * a bracketed Newton iteration from τ₀ = −1 (monotone, no overshoot for 1 < α ≤ 2; for α > 2 a
   step leaving the bracket is replaced by bisection) runs until τ stops moving;
 * α = 1.5 and α = 2 then finish in closed form on the found support (exact), other α renormalise

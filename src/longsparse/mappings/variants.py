@@ -1,4 +1,4 @@
-"""Softmax variants that transform the logits of a row before a softmax (SPEC §2): top-k and the adaptive
+"""Softmax variants that transform the logits of a row before a softmax (docs/method.md §2): top-k and the adaptive
 temperature of Veličković et al. (2024). Both choose something per row without a gradient (the kept set,
 the temperature θ) and are softmax on what remains, so ∂L/∂z is the softmax Jacobian (× θ)."""
 from __future__ import annotations

@@ -3,7 +3,7 @@ introspection hook (see longsparse.nn.introspect.capture)."""
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -16,12 +16,55 @@ from longsparse.nn.positions import RoPE, position_setup
 from longsparse.nn.scalers import ASEntmaxScaler, SSMaxScaler, StaticASEntmaxScaler
 
 
+class KeyPadding(NamedTuple):
+    """Which keys (cached and new) of each batch row are real, in the form attention takes cheapest.
+
+    mask (B, Nk) bool, True = real key: what the shape check and introspection read. When every row's real
+    keys are one run (pads only before and / or after them) the run goes to attention as key ranges,
+    key_start / key_end (B,) long (None: 0 / Nk), which the fused kernels take natively; otherwise as the
+    dense (B, 1, 1, Nk) mask. Build it with `key_padding`."""
+    mask: Tensor
+    key_start: Optional[Tensor]
+    key_end: Optional[Tensor]
+    one_run: bool
+
+    def attention_kwargs(self) -> dict:
+        if self.one_run:
+            return {"key_start": self.key_start, "key_end": self.key_end}
+        return {"attn_mask": self.mask[:, None, None, :]}
+
+
+def key_padding(key_mask: Tensor, *, trailing_pads_unseen: bool = False) -> Optional[KeyPadding]:
+    """The `KeyPadding` of a (B, Nk) bool key mask; None when every key is real.
+
+    trailing_pads_unseen: the pads after a row's last real key change no output that anything reads (causal
+    attention without a cache: only the outputs at those pad positions see them), so key_end is left out and
+    a right-padded batch reaches attention with no key restriction at all."""
+    nk = key_mask.shape[1]
+    real = key_mask.long()
+    start = real.argmax(1)                 # the first real key (0 for a row without any)
+    end = start + real.sum(1)
+    j = torch.arange(nk, device=key_mask.device)
+    one_run = (((j >= start[:, None]) & (j < end[:, None])) == key_mask).all()
+    flags = torch.stack((key_mask.all(), one_run, (start > 0).any(), (end < nk).any()))
+    all_real, one_run, left, right = flags.tolist()          # one host sync
+    if all_real:
+        return None
+    if not one_run:
+        return KeyPadding(key_mask, None, None, one_run=False)
+    key_start = start if left else None
+    key_end = end if right and not trailing_pads_unseen else None
+    if key_start is None and key_end is None:
+        return None
+    return KeyPadding(key_mask, key_start, key_end, one_run=True)
+
+
 class LayerCache:
     """Keys (RoPE already applied) and values of one layer: (B, H, N, Dh) each.
 
     Stored in buffers with spare room that double when full, so a decoding step writes one row instead of
     copying the whole cache (``torch.cat`` per step made long greedy generation quadratic in copies; at
-    ~4,100 cached tokens a step takes 0.62-0.74x the concatenating time: docs/results/trials/decode_speed.py). Under autograd it concatenates, so no graph sees a buffer
+    ~4,100 cached tokens a step takes 0.62-0.74x the concatenating time). Under autograd it concatenates, so no graph sees a buffer
     that a later step writes into."""
 
     def __init__(self):
@@ -59,9 +102,9 @@ class LayerCache:
 class Attention(nn.Module):
     """MHA: q, k, v, o projections without bias, attention scale 1/√head_dim.
 
-    ``forward(h, positions, key_mask=None, cache=None, n_query=None)``:
+    ``forward(h, positions, padding=None, cache=None, n_query=None)``:
       h (B, N, d_model) the normalised layer input; positions (B, N) absolute positions of these
-      tokens; key_mask (B, N_cache + N) bool, True = real token (None = all real); cache a
+      tokens; padding a `KeyPadding` of the N_cache + N keys (None = all real); cache a
       LayerCache extended in place; n_query: compute only the last n_query query rows (exact:
       keys/values still come from all N tokens). Returns (B, n_query or N, d_model).
     """
@@ -124,7 +167,7 @@ class Attention(nn.Module):
         B, N, _ = x.shape
         return x.view(B, N, self.n_heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, h: Tensor, positions: Tensor, key_mask: Optional[Tensor] = None,
+    def forward(self, h: Tensor, positions: Tensor, padding: Optional[KeyPadding] = None,
                 cache: Optional[LayerCache] = None, n_query: Optional[int] = None) -> Tensor:
         B, N, _ = h.shape
         nq = N if n_query is None else n_query
@@ -137,16 +180,17 @@ class Attention(nn.Module):
             k = self.rope(k, positions)
         if cache is not None:
             k, v = cache.append(k, v)
-        attn_mask = None
-        if key_mask is not None:
-            if key_mask.shape != (B, k.shape[2]):
-                raise ValueError(f"key_mask must have shape {(B, k.shape[2])}, got {tuple(key_mask.shape)}")
-            if not bool(key_mask.all()):
-                attn_mask = key_mask[:, None, None, :]
+        keys = {}
+        if padding is not None:
+            if padding.mask.shape != (B, k.shape[2]):
+                raise ValueError(f"the key padding mask must have shape {(B, k.shape[2])}, got "
+                                 f"{tuple(padding.mask.shape)}")
+            keys = padding.attention_kwargs()
         q_scale = self.scaler(hq, pq) if self.scaler is not None else None
         out = attention(q, k, v, is_causal=True, scale=self.scale, alibi_slopes=self.alibi_slopes,
-                        q_scale=q_scale, attn_mask=attn_mask, chunk_size=self.cfg.attn_chunk_size,
-                        backend=self.cfg.attn_backend, **self.mapping_kwargs())
+                        q_scale=q_scale, chunk_size=self.cfg.attn_chunk_size, backend=self.cfg.attn_backend,
+                        **keys, **self.mapping_kwargs())
         if self._capture is not None:
-            self._capture.record(self, q=q, k=k, q_scale=q_scale, attn_mask=attn_mask)
+            self._capture.record(self, q=q, k=k, q_scale=q_scale,
+                                 attn_mask=None if padding is None else padding.mask[:, None, None, :])
         return self.o_proj(out.transpose(1, 2).reshape(B, nq, self.n_heads * self.head_dim))

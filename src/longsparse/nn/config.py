@@ -16,7 +16,7 @@ ASENTMAX_SCALERS = ("adaptive", "static")
 
 @dataclass
 class ModelConfig:
-    """Gemma-2-style decoder (SPEC §4).
+    """Gemma-2-style decoder (docs/method.md §4).
 
     method: softmax | ssmax | adatemp | topk | entmax | sparsemax | asentmax.
     positions: nope | rope | alibi | nape.

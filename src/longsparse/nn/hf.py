@@ -8,7 +8,7 @@ The papers' configuration on a Llama / Gemma-2-style decoder is one call:
     model = from_pretrained(folder)                          # settings and scaler weights come back
 
 ``apply_papers_config`` turns the model's attention into α-entmax (``method="entmax"``) or ASEntmax
-(``method="asentmax"``) through transformers' AttentionInterface, and its positions into NAPE (SPEC §3:
+(``method="asentmax"``) through transformers' AttentionInterface, and its positions into NAPE (docs/method.md §3:
 ALiBi with slopes 1/h on the first H/2 heads, NoPE on the rest, the rotary embedding removed), NoPE,
 ALiBi, or the model's own RoPE. The ASEntmax scalers (``longsparse.nn.scalers.ASEntmaxScaler``) sit on
 the heads that ``longsparse.nn.positions.position_setup`` marks scalable (under NAPE the NoPE heads) as
@@ -343,7 +343,7 @@ def apply_papers_config(model: nn.Module, method: str = "asentmax", positions: s
     positions: "nape" (ALiBi with slopes 1/h on the first H/2 heads — ``nape_variant="geometric"``:
     2^−(h−1) — NoPE on the rest), "nope", "alibi" (standard slopes) or "rope" (the model's own).
     Every choice but "rope" removes the rotary embedding. alpha: float ≥ 1 or one per query head.
-    init / delta / gamma_range: the ASEntmax scaler (SPEC §2); it scales the NoPE heads under NAPE,
+    init / delta / gamma_range: the ASEntmax scaler (docs/method.md §2); it scales the NoPE heads under NAPE,
     all heads otherwise. full_attention: turn sliding-window layers into full attention (the papers'
     models have none, and a window would cap how far the NoPE heads reach).
     Attention-logit soft-capping (Gemma-2) is switched off: the papers' models have none and

@@ -1,4 +1,4 @@
-"""Gemma-2-style decoder (SPEC §4) with KV-cache greedy generation.
+"""Gemma-2-style decoder (docs/method.md §4) with KV-cache greedy generation.
 
 Block:  x ← x + norm(attn(norm(x)));  x ← x + norm(GeGLU(norm(x)))   ("sandwich" RMSNorms)
 Model:  embeddings × √d_model → blocks → RMSNorm → untied output head. No dropout.
@@ -10,6 +10,12 @@ computes exactly what the same row would without padding: RoPE angles and SSMax/
 these positions, ALiBi uses the key-index distance i − j, which equals the real-token distance
 because pads only precede the real tokens. Right padding (training batches) is fine as well since
 attention is causal; pads *between* real tokens are not supported.
+
+Padding reaches attention as key ranges whenever each row's real keys are one run (`key_padding`):
+left-padded prompts as ``key_start``, right-padded rows with a cache as ``key_end``, and right-padded rows
+without a cache not at all (no real token sees a pad that follows it). The fused backends (triton on CUDA)
+take key ranges natively; only a mask with pads between real keys (right-padded prompts decoded further
+with a cache) goes as a dense (B, 1, 1, Nk) mask.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longsparse.nn.attention import Attention, LayerCache
+from longsparse.nn.attention import Attention, KeyPadding, LayerCache, key_padding
 from longsparse.nn.config import ModelConfig
 from longsparse.nn.scalers import ASEntmaxScaler
 
@@ -51,18 +57,21 @@ class GeGLU(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    """``attn``: the token-mixing module, ``Attention(cfg, layer_idx)`` unless given (longsparse.hsa passes its
+    sliding-window and chunk-encoder attention and keeps this sandwich)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, attn: Optional[nn.Module] = None):
         super().__init__()
         self.pre_attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, layer_idx)
+        self.attn = Attention(cfg, layer_idx) if attn is None else attn
         self.post_attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.pre_mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = GeGLU(cfg.d_model, cfg.d_ff)
         self.post_mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
 
-    def forward(self, x: Tensor, positions: Tensor, key_mask: Optional[Tensor] = None,
+    def forward(self, x: Tensor, positions: Tensor, padding: Optional[KeyPadding] = None,
                 cache: Optional[LayerCache] = None, n_query: Optional[int] = None) -> Tensor:
-        a = self.attn(self.pre_attn_norm(x), positions, key_mask, cache, n_query)
+        a = self.attn(self.pre_attn_norm(x), positions, padding, cache, n_query)
         if n_query is not None and n_query != x.shape[1]:
             x = x[:, x.shape[1] - n_query:]
         x = x + self.post_attn_norm(a)
@@ -149,17 +158,17 @@ class Transformer(nn.Module):
                 key_mask = torch.cat((cache.key_mask, new_mask), dim=1)
             cache.key_mask = key_mask
             cache.next_pos = base + new_mask.long().sum(1)
-        km = None if bool(key_mask.all()) else key_mask
-        if km is not None and cache is None and not bool((km[:, 1:] & ~km[:, :-1]).any()):
-            # Right padding without a cache: under causal attention no real token sees a pad that follows every
-            # real token, so the mask changes only the outputs at pad positions, which no loss or prediction
-            # reads. Leaving it out keeps the call mask-free, which the fused backends (fused_cpu, triton) need.
-            km = None
+        # No mask and no cache: every key is real, with nothing to check (no graph break under torch.compile).
+        # Without a cache, pads after a row's real tokens are seen only by the outputs at those pad positions,
+        # which no loss or prediction reads: a right-padded training batch reaches attention unrestricted, as
+        # the fused backends (fused_cpu, triton) take it. With a cache, later queries would see them.
+        padding = (None if attention_mask is None and cache is None
+                   else key_padding(key_mask, trailing_pads_unseen=cache is None))
         x = self.embed(input_ids) * self.embed_scale
         L = len(self.blocks)
         for i, block in enumerate(self.blocks):
             nq = 1 if (logits_for == "last" and i == L - 1) else None
-            x = block(x, position_ids, km, None if cache is None else cache.layers[i], nq)
+            x = block(x, position_ids, padding, None if cache is None else cache.layers[i], nq)
         if logits_for == "last" and x.shape[1] != 1:
             x = x[:, -1:]
         return self.lm_head(self.final_norm(x))

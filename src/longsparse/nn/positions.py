@@ -6,7 +6,7 @@
   keys are rotated once when they enter the KV cache and cached decoding equals the full forward.
 * ALiBi adds −m_h·(i − j) to the logits (the slopes are passed to ``longsparse.attention``). The
   standard slopes are m_h = 2^{−8h/H}, h = 1…H (Press et al., 2022).
-* NAPE (SPEC §3): the first H/2 heads ALiBi with m_h = 1/h (h = 1…H/2; variant "geometric":
+* NAPE (docs/method.md §3): the first H/2 heads ALiBi with m_h = 1/h (h = 1…H/2; variant "geometric":
   2^{−(h−1)}), the other H/2 heads NoPE.
 
 ``position_setup`` returns the per-head slopes (zeros for NoPE heads, or None when no head uses

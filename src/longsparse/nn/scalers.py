@@ -11,7 +11,7 @@ before it in its row):
 
 Only the heads in ``scalable`` are scaled (under NAPE the NoPE heads); the others get scale 1.
 
-ASEntmax initialisations (SPEC §2): "reference" — weights N(0, 0.02), zero biases (scale at step 0
+ASEntmax initialisations (docs/method.md §2): "reference" — weights N(0, 0.02), zero biases (scale at step 0
 anywhere from ~1 to ~20); "scale_aware" — zero weights, b_β = softplus⁻¹(0.05), b_γ = 0, so the
 scale starts at ≈ 1.05 everywhere. The default is "scale_aware" (the reference init was reported to
 leave MQMTAR stuck on its plateau).
@@ -98,8 +98,13 @@ class ASEntmaxScaler(_Scaler):
 
     def forward(self, h: Tensor, positions: Tensor) -> Tensor:
         """h (B, Nq, d_model) normalised layer input, positions (B, Nq) → (B, H, Nq)."""
-        beta = F.softplus(self.beta_proj(h))                                   # (B, Nq, Hs)
-        gamma = self.gamma_range * torch.tanh(self.gamma_proj(h))
+        # both projections as one product: one pass over h forward and one (B, Nq, d_model) gradient backward
+        # instead of two and their sum (the two Linear modules stay: checkpoints keep their parameter names)
+        weight = torch.cat((self.beta_proj.weight, self.gamma_proj.weight))
+        bias = torch.cat((self.beta_proj.bias, self.gamma_proj.bias))
+        beta_in, gamma_in = F.linear(h, weight, bias).split(self.n_scaled, dim=-1)   # (B, Nq, Hs) each
+        beta = F.softplus(beta_in)
+        gamma = self.gamma_range * torch.tanh(gamma_in)
         lp = log_position(positions, h.dtype).unsqueeze(-1)                    # (B, Nq, 1)
         s = self.delta + beta * lp.pow(gamma)
         return self._expand(s.transpose(1, 2))

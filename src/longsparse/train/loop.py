@@ -114,6 +114,39 @@ def _rows(batch: Batch, lo: int, hi: int) -> Batch:
                  batch.target[lo:hi], batch.target_len[lo:hi], batch.length[lo:hi], batch.kind)
 
 
+# ---- one update ---------------------------------------------------------------------------------------------
+def build_model_and_optimizer(cfg: Mapping, task, device: torch.device):
+    """(model, AdamW) of a resolved run config: the model initialised under ``torch.manual_seed(train.seed)``."""
+    tr = cfg["train"]
+    torch.manual_seed(tr["seed"])
+    model = build_model(cfg["model"], task.vocab_size).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], betas=tuple(tr["betas"]),
+                            weight_decay=tr["weight_decay"])
+    return model, opt
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, *, n_target: int, lr: float,
+               grad_clip: float, autocast, dist: Optional[Dist] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One AdamW update on ``batch`` (this rank's rows; input_ids / labels (B, N)): the cross-entropy summed over
+    its target tokens, divided by ``n_target`` (the global batch's count, so that ranks sum to the global mean),
+    backward under ``autocast`` for the forward, gradients summed over the ranks of ``dist``, norm clipped to
+    ``grad_clip``, the step at learning rate ``lr``, gradients cleared. Returns (the loss sum, detached; the
+    gradient norm before clipping). `longsparse bench train-step` times exactly this."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    with autocast:
+        logits = model(batch.input_ids)
+    loss_sum = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX,
+                               reduction="sum")
+    (loss_sum / max(1, n_target)).backward()
+    if dist is not None:
+        _sum_grads(model, dist)
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss_sum.detach(), gnorm
+
+
 # ---- logging ----------------------------------------------------------------------------------------------
 class _Log:
     def __init__(self, out: Optional[Path], main: bool, printer: Optional[Callable[[str], None]]):
@@ -227,10 +260,7 @@ def _train(cfg, tr, d: Dist, dev: torch.device, out: Optional[Path], mode, print
                 + ", ".join(str(p.relative_to(out)) for p in stale))
     d.barrier()
 
-    torch.manual_seed(tr["seed"])
-    model = build_model(cfg["model"], task.vocab_size).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], betas=tuple(tr["betas"]),
-                            weight_decay=tr["weight_decay"])
+    model, opt = build_model_and_optimizer(cfg, task, dev)
     data_rng = task.rng(tr["seed"], "train")
     step, best, first_loss, last_loss = 0, None, None, None
     loss_acc, n_acc = 0.0, 0          # loss sum / count of the steps since the last logged record
@@ -283,6 +313,7 @@ def _train(cfg, tr, d: Dist, dev: torch.device, out: Optional[Path], mode, print
         nonlocal best
         res = {}
         if d.main:
+            t_val = time.perf_counter()
             for L in tr["val_lengths"]:
                 r = score_length(model, task, L, tr["val_samples"], seed=tr["seed"], split="validation",
                                  autocast_dtype=torch.bfloat16 if tr["bf16"] else None)
@@ -290,7 +321,7 @@ def _train(cfg, tr, d: Dist, dev: torch.device, out: Optional[Path], mode, print
             mean_em = sum(v["exact_match"] for v in res.values()) / len(res)
             mean_tok = sum(v["token_accuracy"] for v in res.values()) / len(res)
             rec = {"step": step, "val": res, "val_mean_exact_match": mean_em, "val_mean_token_accuracy": mean_tok,
-                   "time": now()}
+                   "seconds": round(time.perf_counter() - t_val, 3), "time": now()}
             history.append(rec)
             log.metrics(rec)
             log(f"step {step:>6}  val exact match " + "  ".join(f"L={k}: {v['exact_match']:.3f}"
@@ -318,20 +349,11 @@ def _train(cfg, tr, d: Dist, dev: torch.device, out: Optional[Path], mode, print
         n_global = int((gbatch.labels != IGNORE_INDEX).sum())
         b = _rows(gbatch, lo_row, lo_row + per_rank).to(dev)
         lr = lr_at(step, tr)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        with autocast:
-            logits = model(b.input_ids)
-        loss_sum = F.cross_entropy(logits.float().flatten(0, 1), b.labels.flatten(), ignore_index=IGNORE_INDEX,
-                                   reduction="sum")
-        (loss_sum / max(1, n_global)).backward()
-        _sum_grads(model, d)
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"])
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss_sum, gnorm = train_step(model, opt, b, n_target=n_global, lr=lr, grad_clip=tr["grad_clip"],
+                                     autocast=autocast, dist=d)
         step += 1
         tok_count += int(gbatch.attention_mask.sum())
-        ls_ = d.all_reduce_(loss_sum.detach().reshape(1).clone())
+        ls_ = d.all_reduce_(loss_sum.reshape(1).clone())
         loss_acc += float(ls_) / max(1, n_global)
         n_acc += 1
         if bar is not None:
