@@ -1,5 +1,5 @@
-"""HSA through the shared pipeline: config resolution ([hsa] table, --set model.X), training with the shared loop,
-checkpoints + exact resume, `longsparse eval` through the fast path with needle diagnostics."""
+"""HSA through the shared pipeline: config resolution (arch hsa: the [hsa] table, --set model.X), training with the
+shared loop, checkpoints + exact resume, `longsparse eval` through the fast path with needle diagnostics."""
 import json
 
 import pytest
@@ -18,13 +18,14 @@ TINY = ["model.d_model=32", "model.n_heads=2", "model.d_ff=32", "model.n_lower=1
 
 
 def tiny(steps=4, extra=()):
-    return build_config("passkey", preset="cpu", method="hsa", steps=steps, sets=[*TINY, *extra])
+    return build_config("passkey", preset="cpu", arch="hsa", steps=steps, sets=[*TINY, *extra])
 
 
 def test_hsa_config_resolution():
     cfg = tiny(extra=["model.fusion=standard", "model.landmark=mean", "model.encoder_layers=0"])
     m = cfg["model"]
-    assert m["method"] == "hsa" and m["positions"] == "hsa" and m["fusion"] == "standard"
+    assert m["arch"] == "hsa" and m["fusion"] == "standard"
+    assert (m["method"], m["positions"]) == ("softmax", "rope")    # the token attention of [B] by default
     assert "n_layers" not in m                      # the Transformer's [model] table is not used
     label = run_label(cfg)          # hsa + the switches that differ from HSAConfig's defaults
     assert label.startswith("hsa[") and "landmark=mean" in label and "fusion=standard" in label
@@ -36,7 +37,11 @@ def test_hsa_config_resolution():
         tiny(extra=["model.n_layers=3"])
     # the same preset still builds the baselines
     base = build_config("passkey", preset="cpu", method="softmax", steps=2)
-    assert base["model"]["method"] == "softmax" and "n_layers" in base["model"]
+    assert base["model"]["method"] == "softmax" and "n_layers" in base["model"] and "arch" not in base["model"]
+    # method and positions are the token attention of HSA too: the preset's per-method table applies
+    asn = build_config("passkey", preset="cpu", arch="hsa", method="asentmax", steps=2, sets=TINY)
+    assert (asn["model"]["method"], asn["model"]["positions"]) == ("asentmax", "nape")
+    assert run_label(asn).startswith("hsa[method=asentmax,positions=nape")
 
 
 def test_hsa_trains_and_evaluates_with_diagnostics(tmp_path):
@@ -53,7 +58,7 @@ def test_hsa_trains_and_evaluates_with_diagnostics(tmp_path):
 
     path, _ = evaluate_run(run, [48, 96], samples=3, checkpoint="last", printer=None)
     saved = json.loads(path.read_text())
-    assert saved["label"].startswith("hsa") and saved["method"] == "hsa"
+    assert saved["label"].startswith("hsa") and (saved["arch"], saved["method"]) == ("hsa", "softmax")
     for r in saved["results"]:
         nd = r["needles"]
         assert nd["n"] == 3 and 0 <= nd["recall_at_k"] <= 1 and nd["mean_rank"] >= 1

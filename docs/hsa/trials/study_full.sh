@@ -14,8 +14,8 @@ while :; do
   if [ "${line:0:1}" = "!" ]; then echo "[$(date +%T)] run: ${line:1}"; bash -c "${line:1}" < /dev/null; continue; fi
   IFS='|' read -r name ev args <<< "$line"
   if [ ! -f "$R/$name.train.done" ]; then
-    echo "[$(date +%T)] train $name: longsparse train --task passkey --method hsa --preset cpu_full --out runs/hsa_full/$name $args"
-    /usr/bin/time -f "train wall %e s" longsparse train --task passkey --method hsa --preset cpu_full \
+    echo "[$(date +%T)] train $name: longsparse train --task passkey --arch hsa --preset cpu_full --out runs/hsa_full/$name $args"
+    /usr/bin/time -f "train wall %e s" longsparse train --task passkey --arch hsa --preset cpu_full \
         --out runs/hsa_full/$name $args < /dev/null > $R/$name.train.log 2>&1 && touch $R/$name.train.done
     tail -4 $R/$name.train.log
   fi

@@ -2,17 +2,19 @@
 
 Result file (``format = "longsparse-eval"``, version 1)::
 
-    {"format", "version", "run", "run_name", "label" ("method/positions"), "task", "task_preset", "method",
-     "positions", "checkpoint" ("best"|"last"), "checkpoint_step", "train_lengths", "samples", "seed",
+    {"format", "version", "run", "run_name", "label" ("method/positions"; see train.run_label), "task",
+     "task_preset", "arch", "method", "positions", "checkpoint" ("best"|"last"), "checkpoint_step",
+     "train_lengths", "samples", "seed",
      "results": [{"length", "ratio" (length / max training length), "n", "n_exact", "exact_match",
                   "exact_match_ci" [lo, hi] (95% Wilson), "n_tokens", "n_correct_tokens", "token_accuracy",
                   "token_accuracy_ci", "batch_size", "seconds", "seed", "split"}, ...],
      "config", "env", "created", "command"}
 
-HSA runs (method ``hsa``) decode through the model's exact long-context fast path (``HSAModel.generate``), and on
-tasks with needles (``task.needle_positions``: the RULER-style tasks) each result also has ``"needles"``: the
-retrieval diagnostics of the same examples (``longsparse.hsa.score_needles``: recall@k, full recall, mean rank
-and weight of the needle's chunk, exact match given recall / given a miss).
+Every model decodes through its own ``generate`` (HSA: its exact long-context fast path). For an architecture
+with a needle scorer (``longsparse.models``: HSA's ``longsparse.hsa.score_needles``: recall@k, full recall, mean
+rank and weight of the needle's chunk, exact match given recall / given a miss), each result on a task with
+needles (``task.needle_positions``: the RULER-style tasks) also has ``"needles"``: its retrieval diagnostics of
+the same examples.
 
 Every call writes a new file (``eval-<time>[-k].json``, created exclusively); earlier results are never touched.
 The file appears with the first length's results and is replaced atomically after each further length
@@ -33,8 +35,9 @@ import torch
 from longsparse.evaluate.core import check_batch_tokens, score_length
 from longsparse.evaluate.memory import check_lengths_fit
 from longsparse.io import atomic_write_text, write_new
+from longsparse.models import DEFAULT_ARCH, config_section, get_architecture
 from longsparse.nn import load_checkpoint
-from longsparse.train.config import HSA_METHOD, make_task, run_label
+from longsparse.train.config import make_task, run_label
 from longsparse.train.rundir import RunDirError, checkpoint_path, environment, normalise, now, read_config
 
 FORMAT, VERSION = "longsparse-eval", 1
@@ -98,10 +101,8 @@ def load_run_model(run: str | Path, which: str = "best", device: str | torch.dev
                              "; has the run been trained?"))
     model, extra = load_checkpoint(str(path), map_location=device)
     stored = dict(cfg["model"])
-    have = model.cfg.to_dict()
+    have = config_section(model.cfg)
     have.pop("vocab_size")
-    if stored.get("method") == HSA_METHOD:
-        have.update(method=HSA_METHOD, positions=stored.get("positions"))
     if normalise(have) != normalise(stored):
         raise RunDirError(f"{path}: the checkpoint's model config does not match {run}/config.json")
     return model, cfg, extra
@@ -140,13 +141,14 @@ def evaluate_run(run: str | Path, lengths, *, samples: int = 100, checkpoint: st
     train_hi = cfg["train"]["train_lengths"][1]
     res = {"format": FORMAT, "version": VERSION, "run": str(run.resolve()), "run_name": run.name,
            "label": run_label(cfg), "task": cfg["task"]["name"],
-           "task_preset": cfg["task"].get("preset"), "method": cfg["model"]["method"],
+           "task_preset": cfg["task"].get("preset"), "arch": cfg["model"].get("arch", DEFAULT_ARCH),
+           "method": cfg["model"]["method"],
            "positions": cfg["model"]["positions"], "checkpoint": checkpoint,
            "checkpoint_step": extra.get("step"), "train_lengths": cfg["train"]["train_lengths"], "samples": samples,
            "seed": seed, "results": [], "config": cfg, "env": environment(1, str(dev)), "created": now(),
            "command": sys.argv}
     path = None
-    needles = cfg["model"]["method"] == HSA_METHOD and hasattr(task, "needle_positions")
+    score_needles = get_architecture(res["arch"]).needle_scorer if hasattr(task, "needle_positions") else None
     for L in lengths:
         r = score_length(model, task, L, samples, seed=seed, split="test", batch_tokens=batch_tokens,
                          autocast_dtype=torch.bfloat16 if bf16 else None, progress=progress)
@@ -156,9 +158,7 @@ def evaluate_run(run: str | Path, lengths, *, samples: int = 100, checkpoint: st
             printer(f"{res['label']:<18} L={L:>6} ({r['ratio']:g}x)  exact match {100 * r['exact_match']:5.1f}% "
                     f"[{100 * lo:.1f}, {100 * hi:.1f}]  token acc {100 * r['token_accuracy']:5.1f}%  "
                     f"n={r['n']}  bs={r['batch_size']}  {r['seconds']:.1f}s")
-        if needles:
-            from longsparse.hsa import score_needles
-
+        if score_needles is not None:
             r["needles"] = nd = score_needles(model, task, L, samples, seed=seed, split="test",
                                               batch_size=r["batch_size"])
             if printer:

@@ -1,10 +1,13 @@
-"""HSAConfig: every knob of the hierarchical sparse attention model (SPEC §8), validated, and
-round-trippable as a plain dict."""
+"""HSAConfig: every knob of the hierarchical sparse attention model (docs/method.md §8), validated, and
+round-trippable as a plain dict. The token-attention fields (method, positions, α, scalers, backend) are those
+of ``longsparse.nn.ModelConfig`` and are validated by it (``attention_config``)."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
+
+from longsparse.nn.config import ModelConfig, strict_from_dict
 
 LANDMARKS = ("encoder_cls", "encoder_mean", "mean")
 FUSIONS = ("bypass", "standard")
@@ -17,7 +20,7 @@ HSA_IMPLS = ("dense", "gather")
 
 @dataclass
 class HSAConfig:
-    """Hierarchical sparse attention decoder (SPEC §8, paper [B]); defaults = the CPU scale of SPEC §8.
+    """Hierarchical sparse attention decoder (docs/method.md §8, paper [B]); defaults = the CPU scale of docs/method.md §8.
 
     Layout: ``n_lower`` sliding-window (RoPE, softmax) layers → chunk memory (``encoder_layers``
     bidirectional layers over each chunk of ``chunk_size`` tokens + a learned CLS) → ``n_upper`` layers
@@ -36,6 +39,14 @@ class HSAConfig:
       retrieval, no chunk memory, so nothing beyond the (n_lower + n_upper)·(window − 1) receptive field is
       read; needs ``hsa_local``; landmark/encoder/selection fields are then unused).
     hsa_positions: nope (paper) | rope (absolute positions inside retrieved chunks).
+    method, positions, alpha, learn_alpha, max_alpha, adatemp_order, nape_slopes, asentmax_*, ssmax_init,
+      attn_chunk_size, attn_backend: the token attention of every layer, as in ``longsparse.nn.ModelConfig``
+      (one ``longsparse.nn.Attention`` per layer, calling ``longsparse.attention``): ``method`` (mapping + length
+      scaler) in the sliding windows, the chunk encoder and inside retrieved chunks; ``positions`` in the
+      sliding windows and the chunk encoder (inside retrieved chunks: ``hsa_positions``). ``attn_topk`` is
+      ModelConfig's ``topk`` (the k of the top-k mapping; ``topk`` here counts retrieved chunks). Defaults:
+      softmax and RoPE, the model of [B]. Length scalers (ssmax, asentmax) see each query as attending to the
+      keys it has: min(t + 1, window) in a sliding window, S + 1 in the chunk encoder, S in a retrieved chunk.
     length_scale: ASEntmax-style multiplier log(n_visible + 1)^γ of the retrieval query: none | fixed γ =
       ``length_gamma`` | learned γ (one per HSA layer, initialised at ``length_gamma``).
     gumbel_noise: scale of Gumbel noise added to retrieval scores *for the discrete selection only*
@@ -53,7 +64,7 @@ class HSAConfig:
       A post-norm fixes a branch's output RMS to its gain whatever the weights' init, while the token
       embeddings start at RMS init_std·√d (0.16 at d = 64): with gain 1 every such block overwrites the
       token identity with a near-uniform window/chunk average, the chunk keys/values lose the value tokens
-      and the model never leaves chance (docs/hsa/trials/NOTES_branch_gain.md). Small gains start these
+      and the model never leaves chance (docs/reports/2026-11-21-hsa-recipe-search.md). Small gains start these
       blocks near identity (as LayerScale / ReZero do); they are trained.
     """
     vocab_size: int
@@ -87,6 +98,21 @@ class HSAConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     branch_gain: float = 0.01
+    method: str = "softmax"
+    positions: str = "rope"
+    alpha: float = 1.5
+    learn_alpha: bool = False
+    max_alpha: float = 2.0
+    attn_topk: int = 32
+    adatemp_order: str = "original"
+    nape_slopes: str = "harmonic"
+    asentmax_init: str = "scale_aware"
+    asentmax_scaler: str = "adaptive"
+    asentmax_delta: float = 1.0
+    asentmax_gamma_range: float = 2.0
+    ssmax_init: float = 1.0
+    attn_chunk_size: Optional[int] = None
+    attn_backend: str = "auto"
 
     def __post_init__(self):
         if self.head_dim is None and isinstance(self.n_heads, int) and self.n_heads > 0:
@@ -131,8 +157,6 @@ class HSAConfig:
         if self.landmark in ("encoder_cls", "encoder_mean") and self.encoder_layers == 0:
             raise ValueError(f"landmark={self.landmark!r} needs encoder_layers >= 1 (use landmark='mean' "
                              f"without an encoder)")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even (RoPE), got {self.head_dim}")
         if not self.entmax_alpha > 1:
             raise ValueError(f"entmax_alpha must be > 1, got {self.entmax_alpha}")
         if self.entmax_cap is not None:
@@ -146,17 +170,33 @@ class HSAConfig:
                              "uncapped entmax has none — set entmax_cap or gumbel_noise=0")
         if not self.length_gamma >= 0:
             raise ValueError(f"length_gamma must be >= 0, got {self.length_gamma}")
-        if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
-            raise ValueError("rope_theta, norm_eps and init_std must be > 0")
+        if self.hsa_positions == "rope" and self.head_dim % 2:
+            raise ValueError(f"hsa_positions='rope' needs an even head_dim, got {self.head_dim}")
+        for positions in dict.fromkeys((self.positions, self.hsa_positions)):   # ModelConfig's rules
+            self.attention_config(positions)
         if isinstance(self.branch_gain, bool) or not isinstance(self.branch_gain, (int, float)) \
                 or not self.branch_gain >= 0:
             raise ValueError(f"branch_gain must be a number >= 0, got {self.branch_gain!r}")
+
+    def attention_config(self, positions: Optional[str] = None) -> ModelConfig:
+        """The ``ModelConfig`` of this model's ``longsparse.nn.Attention`` layers with the given positions
+        (default ``positions``; the attention inside retrieved chunks uses ``hsa_positions``). Its ``n_layers``
+        is unused (1)."""
+        return ModelConfig(
+            vocab_size=self.vocab_size, d_model=self.d_model, n_layers=1, n_heads=self.n_heads, head_dim=self.head_dim,
+            d_ff=self.d_ff, method=self.method, positions=self.positions if positions is None else positions,
+            alpha=self.alpha, learn_alpha=self.learn_alpha, max_alpha=self.max_alpha, topk=self.attn_topk,
+            adatemp_order=self.adatemp_order, rope_theta=self.rope_theta, nape_slopes=self.nape_slopes,
+            asentmax_init=self.asentmax_init, asentmax_scaler=self.asentmax_scaler,
+            asentmax_delta=self.asentmax_delta, asentmax_gamma_range=self.asentmax_gamma_range,
+            ssmax_init=self.ssmax_init, norm_eps=self.norm_eps, init_std=self.init_std,
+            attn_chunk_size=self.attn_chunk_size, attn_backend=self.attn_backend)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "HSAConfig":
-        from longsparse.nn.config import strict_from_dict
-
+        """Strict: unknown fields raise. Dicts written before the token-attention fields existed get their
+        defaults (softmax, RoPE): the model they described."""
         return strict_from_dict(cls, d)

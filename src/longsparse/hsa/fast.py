@@ -1,4 +1,4 @@
-"""Exact, memory-bounded evaluation of an HSAModel at extreme lengths (SPEC §8).
+"""Exact, memory-bounded evaluation of an HSAModel at extreme lengths (docs/method.md §8).
 
 Why it is exact. Every lower layer is a sliding-window layer (window W), so the mid-depth state at
 position p depends only on tokens p − n_lower·(W−1) … p: a span [a, b) of mid states is computed
@@ -29,16 +29,14 @@ from longsparse.hsa.model import ChunkMemory, HSAModel
 
 
 class _LazyMemory(ChunkMemory):
+    """All landmarks; token states recomputed (and cached) by the evaluator for the chunks asked for."""
+
     def __init__(self, landmarks: Tensor, ev: "HSAFastEvaluator"):
         super().__init__(landmarks, None)
         self.ev = ev
 
-    def gather(self, idx: Tensor) -> Tensor:
-        uniq = torch.unique(idx)                         # sorted
-        table = self.ev.chunk_tokens(uniq.tolist())      # (B, U, S, d)
-        pos = torch.searchsorted(uniq, idx)
-        b = torch.arange(idx.shape[0], device=idx.device)[:, None, None]
-        return table[b, pos]
+    def chunk_tokens(self, chunk_ids: Tensor) -> Tensor:
+        return self.ev.chunk_tokens(chunk_ids.tolist())
 
 
 class HSAFastEvaluator:

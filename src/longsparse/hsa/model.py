@@ -1,4 +1,4 @@
-"""The HSA decoder (SPEC §8, paper [B]).
+"""The HSA decoder (docs/method.md §8, paper [B]).
 
     tokens → embed·√d → n_lower × [sliding-window block] → mid-depth states x_mid
     chunk memory (built once from x_mid, shared by every upper HSA layer):
@@ -20,122 +20,152 @@ n₁, n₂ of the sliding-window and encoder blocks and n₁ of the HSA block's 
 and the token identity survives into the chunk keys/values; n₂, n₄ of HSA blocks start at 1.
 The local sliding-window path always stays on the residual stream (as in [B]); the retrieved
 output HSA(h) is either added to it (standard) or only feeds the MLP input (bypass: x_out = x +
-MLP(norm(x + HSA(x))) of SPEC §8 with the local path alongside).
+MLP(norm(x + HSA(x))) of docs/method.md §8 with the local path alongside).
 
 HSA(h) at a token t with position p_t:
     q_r = W_qr·h_t  (retrieval="token")  or  W_qr·mean(h over the previous chunk) (retrieval="chunk"),
           times log(n_visible(t) + 1)^γ if ``length_scale`` is on;
     s_tc = q_r·W_kr·landmark_c / √d_r for visible chunks c ((c+1)S <= p_t, see ops.visible_chunks);
     (w_t, selected_t) = ops.chunk_weights(s_t)  — top-k + stick-breaking/softmax, or α-entmax;
-    per head: o_tc = softmax_j(q_t·k_cj / √d_h) v_cj   over the S tokens of chunk c (NoPE, or RoPE
+    per head: o_tc = map_j(q_t·k_cj / √d_h) v_cj   over the S tokens of chunk c (NoPE, or RoPE
           with absolute positions); HSA(h)_t = W_o · Σ_c w_tc o_tc.
 Retrieval selection and chunk weights are shared by all heads of a layer.
+
+Layers. Every token attention is a ``longsparse.nn.Attention`` (its q/k/v/o projections, RoPE or ALiBi slopes,
+length scaler and α) calling ``longsparse.attention``, so ``map`` above, and the softmax of the sliding windows
+and the chunk encoder, is the config's ``method`` (softmax, entmax, asentmax, ...; default softmax as in [B]), and
+the sliding windows and encoder use the config's ``positions`` (default RoPE; ALiBi without a direction,
+−m·|i − j|, in the bidirectional encoder). Sliding-window and encoder blocks are ``longsparse.nn`` blocks.
+Retrieval (landmark scores, chunk selection and weights) is HSA's own (``ops.chunk_weights``).
 
 retrieval = "none" (the sliding-window-only baseline): HSA blocks have no retrieval branch (x ← x + n₁(SWA(h));
 x ← x + n₂(MLP(n₃(x)))), no chunk memory is built and the chunk encoder has no layers, so the model is a pure
 sliding-window decoder of n_lower + n_upper layers with the same widths.
 """
+
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
+from longsparse.attention import attention
 from longsparse.hsa.config import HSAConfig
 from longsparse.hsa.ops import (chunk_weights, length_scale, sample_gumbel, sliding_window_attention,
                                 visible_chunks)
-from longsparse.nn.model import GeGLU, RMSNorm
-from longsparse.nn.positions import rotate_half
+from longsparse.nn.attention import Attention
+from longsparse.nn.model import Block, GeGLU, RMSNorm
+from longsparse.nn.scalers import ASEntmaxScaler
 
 
-class Rotary(nn.Module):
-    """RoPE (rotate-half, as longsparse.nn.RoPE) for any layout: x (..., D), positions broadcastable to
-    x.shape[:-1]."""
-
-    def __init__(self, head_dim: int, theta: float):
-        super().__init__()
-        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        self.register_buffer("inv_freq", inv, persistent=False)
-
-    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        ang = positions.to(torch.float64).unsqueeze(-1) * self.inv_freq
-        ang = torch.cat((ang, ang), -1)
-        return x * ang.cos().to(x.dtype) + rotate_half(x) * ang.sin().to(x.dtype)
+def _pad_rows(t: Tensor, n: int, dim: int, value=0) -> Tensor:
+    """``t`` with ``n`` entries of ``value`` appended along ``dim``."""
+    if n == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = n
+    return torch.cat((t, t.new_full(shape, value)), dim)
 
 
-class _Heads(nn.Module):
-    def __init__(self, cfg: HSAConfig):
-        super().__init__()
-        H, Dh, d = cfg.n_heads, cfg.head_dim, cfg.d_model
-        self.H, self.Dh = H, Dh
-        self.scale = 1.0 / math.sqrt(Dh)
-        self.q_proj = nn.Linear(d, H * Dh, bias=False)
-        self.k_proj = nn.Linear(d, H * Dh, bias=False)
-        self.v_proj = nn.Linear(d, H * Dh, bias=False)
-        self.o_proj = nn.Linear(H * Dh, d, bias=False)
-        self.rope = Rotary(Dh, cfg.rope_theta)
+class TokenAttention(Attention):
+    """A ``longsparse.nn.Attention`` of an HSA model: its projections, positions (``positions``, default the
+    config's), length scaler and α; the subclasses define which keys each query attends to and call
+    ``longsparse.attention`` with the layer's mapping."""
+
+    def __init__(self, cfg: HSAConfig, positions: Optional[str] = None):
+        super().__init__(cfg.attention_config(positions))
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} defines no forward")
 
     def split(self, x: Tensor) -> Tensor:         # (..., N, H·Dh) → (..., H, N, Dh)
-        return x.unflatten(-1, (self.H, self.Dh)).transpose(-2, -3)
+        return x.unflatten(-1, (self.n_heads, self.head_dim)).transpose(-2, -3)
 
     def merge(self, x: Tensor) -> Tensor:         # (B, H, N, Dh) → (B, N, H·Dh)
         return x.transpose(1, 2).flatten(2)
 
+    def attention_kwargs(self) -> dict:
+        """Everything this layer passes to ``longsparse.attention`` besides q, k, v, q_scale and masks."""
+        return dict(scale=self.scale, chunk_size=self.cfg.attn_chunk_size, backend=self.cfg.attn_backend,
+                    **self.mapping_kwargs())
 
-class SlidingWindowAttention(_Heads):
-    """Causal softmax attention over the last ``window`` tokens (itself included), RoPE."""
+    def query_scale(self, h: Tensor, n_keys: Tensor) -> Optional[Tensor]:
+        """The length scaler's q multipliers (B, H, N) for the queries h (B, N, d) that attend to n_keys (N,)
+        keys each, or None without a scaler. A scaler is a function of the position i of a causal query, which
+        attends to i + 1 keys: it is given i = n_keys − 1."""
+        if self.scaler is None:
+            return None
+        return self.scaler(h, (n_keys - 1).to(h.device).expand(h.shape[0], -1))
+
+
+class SlidingWindowAttention(TokenAttention):
+    """Causal attention over the last ``window`` tokens (itself included)."""
 
     def __init__(self, cfg: HSAConfig):
         super().__init__(cfg)
         self.window = cfg.window
 
-    def forward(self, h: Tensor, positions: Tensor) -> Tensor:
+    def forward(self, h: Tensor, positions: Tensor, padding=None, cache=None, n_query: Optional[int] = None) -> Tensor:
+        """h (B, N, d) of a contiguous span whose tokens sit at the absolute positions ``positions`` (N,)
+        → (B, N, d). ``padding``, ``cache``, ``n_query``: the ``longsparse.nn`` block's call; not supported."""
+        if padding is not None or cache is not None or n_query is not None:
+            raise ValueError("sliding-window attention takes no padding, KV cache or n_query")
         q, k, v = self.split(self.q_proj(h)), self.split(self.k_proj(h)), self.split(self.v_proj(h))
-        q, k = self.rope(q, positions), self.rope(k, positions)
-        return self.o_proj(self.merge(sliding_window_attention(q, k, v, self.window, self.scale)))
+        if self.rope is not None:
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        q_scale = self.query_scale(h, positions.clamp_max(self.window - 1) + 1)
+        out = sliding_window_attention(q, k, v, self.window, q_scale=q_scale, alibi_slopes=self.alibi_slopes,
+                                       **self.attention_kwargs())
+        return self.o_proj(self.merge(out))
 
 
-class SWABlock(nn.Module):
+class ChunkEncoderAttention(TokenAttention):
+    """Bidirectional attention among the S tokens of a chunk and its CLS (in-chunk positions 0..S)."""
+
+    def forward(self, h: Tensor, positions: Optional[Tensor] = None, padding=None, cache=None,
+                n_query: Optional[int] = None) -> Tensor:
+        """h (M, S + 1, d) → (M, S + 1, d). ``positions``, ``padding``, ``cache``, ``n_query``: the
+        ``longsparse.nn`` block's call; the positions are the in-chunk ones, the rest is not supported."""
+        if padding is not None or cache is not None or n_query is not None:
+            raise ValueError("chunk-encoder attention takes no padding, KV cache or n_query")
+        L = h.shape[1]
+        pos = torch.arange(L, device=h.device)
+        q, k, v = self.split(self.q_proj(h)), self.split(self.k_proj(h)), self.split(self.v_proj(h))
+        if self.rope is not None:
+            q, k = self.rope(q, pos), self.rope(k, pos)
+        bias = None
+        if self.alibi_slopes is not None:       # ALiBi without a direction: −m_h·|i − j|
+            dist = (pos[:, None] - pos[None, :]).abs().to(q.dtype)
+            bias = -self.alibi_slopes.to(q.dtype)[:, None, None] * dist                  # (H, L, L)
+        out = attention(q, k, v, is_causal=False, q_scale=self.query_scale(h, torch.full_like(pos, L)),
+                        attn_mask=bias, **self.attention_kwargs())
+        return self.o_proj(self.merge(out))
+
+
+class SWABlock(Block):
+    """A ``longsparse.nn`` block whose attention is a sliding window."""
+
     def __init__(self, cfg: HSAConfig):
-        super().__init__()
-        d = cfg.d_model
-        self.pre_attn_norm, self.post_attn_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
-        self.pre_mlp_norm, self.post_mlp_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
-        self.attn = SlidingWindowAttention(cfg)
-        self.mlp = GeGLU(d, cfg.d_ff)
+        super().__init__(cfg.attention_config(), 0, attn=SlidingWindowAttention(cfg))
 
     def forward(self, x: Tensor, positions: Tensor, memory=None, record=None) -> Tensor:
-        x = x + self.post_attn_norm(self.attn(self.pre_attn_norm(x), positions))
-        return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+        return super().forward(x, positions)
 
 
-class EncoderBlock(nn.Module):
-    """Bidirectional (unmasked) attention block over one chunk (+ CLS); RoPE with in-chunk positions."""
+class EncoderBlock(Block):
+    """A ``longsparse.nn`` block whose attention is bidirectional over one chunk (+ CLS)."""
 
     def __init__(self, cfg: HSAConfig):
-        super().__init__()
-        d = cfg.d_model
-        self.pre_attn_norm, self.post_attn_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
-        self.pre_mlp_norm, self.post_mlp_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
-        self.attn = _Heads(cfg)
-        self.mlp = GeGLU(d, cfg.d_ff)
+        super().__init__(cfg.attention_config(), 0, attn=ChunkEncoderAttention(cfg))
 
     def forward(self, x: Tensor) -> Tensor:           # x (M, S+1, d)
-        a = self.attn
-        h = self.pre_attn_norm(x)
-        pos = torch.arange(x.shape[1], device=x.device)
-        q, k, v = a.split(a.q_proj(h)), a.split(a.k_proj(h)), a.split(a.v_proj(h))
-        q, k = a.rope(q, pos), a.rope(k, pos)
-        o = torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * a.scale, -1), v)
-        x = x + self.post_attn_norm(a.o_proj(a.merge(o)))
-        return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+        return super().forward(x, None)
 
 
 class ChunkMemory:
-    """Landmarks (B, C, d) of the chunks 0..C−1 and, when held, their token states (B, C, S, d).
-    ``gather(idx)`` returns the token states of chunks idx (B, N, K) as (B, N, K, S, d)."""
+    """Landmarks (B, C, d) of the chunks 0..C−1 and, when held, their token states (B, C, S, d)."""
 
     def __init__(self, landmarks: Tensor, tokens: Optional[Tensor]):
         self.landmarks = landmarks
@@ -145,10 +175,15 @@ class ChunkMemory:
     def n_chunks(self) -> int:
         return self.landmarks.shape[1]
 
-    def gather(self, idx: Tensor) -> Tensor:
-        B, N, K = idx.shape
-        b = torch.arange(B, device=idx.device)[:, None, None]
-        return self.tokens[b, idx]
+    def chunk_tokens(self, chunk_ids: Tensor) -> Tensor:
+        """Token states (B, U, S, d) of the chunks ``chunk_ids`` (U,)."""
+        return self.tokens[:, chunk_ids]
+
+    def chunk_table(self, idx: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """For chunk ids idx (B, N, K): the token states (B, U, S, d) of the U distinct ids, those ids (U,)
+        (sorted), and slot (B, N, K), the index of idx[b, n, k] among them."""
+        ids = torch.unique(idx)
+        return self.chunk_tokens(ids), ids, torch.searchsorted(ids, idx)
 
 
 class ChunkEncoder(nn.Module):
@@ -182,12 +217,14 @@ class ChunkEncoder(nn.Module):
         return self.landmark_norm(land).view(B, C, d), self.token_norm(tok).view(B, C, S, d)
 
 
-class HSAAttention(_Heads):
-    """Chunk retrieval + attention inside the selected chunks (see the module docstring)."""
+class HSAAttention(TokenAttention):
+    """Chunk retrieval + attention inside the selected chunks (see the module docstring). The projections,
+    positions (``hsa_positions``), scaler and mapping of the attention inside chunks are the
+    ``longsparse.nn.Attention`` ones; ``hsa_cfg`` is the model's HSAConfig (``cfg``: the attention's ModelConfig)."""
 
     def __init__(self, cfg: HSAConfig):
-        super().__init__(cfg)
-        self.cfg = cfg
+        super().__init__(cfg, cfg.hsa_positions)
+        self.hsa_cfg = cfg
         self.q_ret = nn.Linear(cfg.d_model, cfg.retrieval_dim, bias=False)
         self.k_ret = nn.Linear(cfg.d_model, cfg.retrieval_dim, bias=False)
         self.ret_scale = 1.0 / math.sqrt(cfg.retrieval_dim)
@@ -199,7 +236,8 @@ class HSAAttention(_Heads):
 
     # -- retrieval ------------------------------------------------------------------------------------
     def retrieval_query(self, h: Tensor, positions: Tensor) -> Tensor:
-        cfg, S = self.cfg, self.cfg.chunk_size
+        cfg = self.hsa_cfg
+        S = cfg.chunk_size
         if cfg.retrieval == "token":
             q = self.q_ret(h)
         else:
@@ -223,7 +261,7 @@ class HSAAttention(_Heads):
         return torch.matmul(q, k.transpose(-1, -2)) * self.ret_scale          # (B, N, C)
 
     def select(self, h: Tensor, positions: Tensor, memory: ChunkMemory):
-        cfg = self.cfg
+        cfg = self.hsa_cfg
         s = self.scores(h, positions, memory)
         vis = visible_chunks(positions, memory.n_chunks, cfg.chunk_size)[None]
         noise = None
@@ -239,7 +277,7 @@ class HSAAttention(_Heads):
     # -- forward --------------------------------------------------------------------------------------
     def forward(self, h: Tensor, positions: Tensor, memory: ChunkMemory, record: Optional[list] = None) -> Tensor:
         B, N, _ = h.shape
-        cfg = self.cfg
+        cfg = self.hsa_cfg
         if memory.n_chunks == 0:
             return h.new_zeros(B, N, cfg.d_model) if record is None else self._record_empty(record, h)
         s, vis, w, sel = self.select(h, positions, memory)
@@ -247,39 +285,57 @@ class HSAAttention(_Heads):
             record.append(dict(scores=s.masked_fill(~vis, float("-inf")).detach(), weights=w.detach(),
                                selected=sel.detach(), positions=positions.detach()))
         q = self.split(self.q_proj(h))                                          # (B, H, N, Dh)
-        if cfg.hsa_positions == "rope":
+        if self.rope is not None:
             q = self.rope(q, positions)
+        q_scale = self.query_scale(h, torch.full_like(positions, cfg.chunk_size))
         if cfg.hsa_impl == "dense" and memory.tokens is not None:
-            out = self._dense(q, w, memory)
+            out = self._by_chunk(q, q_scale, w, sel, memory)
         else:
-            out = self._gather(q, s, w, sel, memory)
+            out = self._by_query(q, q_scale, s, w, sel, memory)
         return self.o_proj(self.merge(out))
 
     def _record_empty(self, record, h):
         z = h.new_zeros(h.shape[0], h.shape[1], 0)
         record.append(dict(scores=z, weights=z, selected=z.bool(), positions=None))
-        return h.new_zeros(h.shape[0], h.shape[1], self.cfg.d_model)
+        return h.new_zeros(h.shape[0], h.shape[1], self.hsa_cfg.d_model)
 
-    def _chunk_kv(self, tok: Tensor, pos: Tensor):
-        """tok (..., S, d) → k, v (..., H, S, Dh); pos (..., S) absolute key positions (RoPE)."""
-        k, v = self.split(self.k_proj(tok)), self.split(self.v_proj(tok))
-        if self.cfg.hsa_positions == "rope":
-            k = self.rope(k, pos.unsqueeze(-2))
+    def chunk_kv(self, tokens: Tensor, chunk_ids: Tensor) -> Tuple[Tensor, Tensor]:
+        """Keys and values (B, U, H, S, Dh) of the chunks ``chunk_ids`` (U,) from their token states tokens
+        (B, U, S, d); RoPE (``hsa_positions``) with the tokens' absolute positions."""
+        k, v = self.split(self.k_proj(tokens)), self.split(self.v_proj(tokens))
+        if self.rope is not None:
+            B, U, H, S, Dh = k.shape
+            pos = chunk_ids[:, None] * S + torch.arange(S, device=k.device)                 # (U, S)
+            k = self.rope(k.reshape(B * U, H, S, Dh), pos.expand(B, U, S).reshape(B * U, S)).view(B, U, H, S, Dh)
         return k, v
 
-    def _dense(self, q: Tensor, w: Tensor, memory: ChunkMemory) -> Tensor:
-        """Every chunk scored by every query (weights 0 outside the selection): O(N·C·S)."""
-        S, C = self.cfg.chunk_size, memory.n_chunks
-        kpos = torch.arange(C * S, device=q.device).view(C, S)
-        k, v = self._chunk_kv(memory.tokens, kpos)                              # (B, C, H, S, Dh)
-        z = torch.einsum("bhnd,bchsd->bhncs", q, k) * self.scale
-        p = torch.softmax(z, -1) * w[:, None, :, :, None].to(z.dtype)
-        return torch.einsum("bhncs,bchsd->bhnd", p, v)
-
-    def _gather(self, q: Tensor, s: Tensor, w: Tensor, sel: Tensor, memory: ChunkMemory) -> Tensor:
-        """Only the selected chunks: O(N·K·S)."""
+    def _by_chunk(self, q: Tensor, q_scale: Optional[Tensor], w: Tensor, sel: Tensor,
+                  memory: ChunkMemory) -> Tensor:
+        """Chunk-major (``hsa_impl="dense"``, training): the queries in blocks of S rows, each block against
+        every chunk that one of its queries selected — one S × S attention per (block, chunk) pair; the rows
+        that did not select the chunk get weight 0 from it. q (B, H, N, Dh), q_scale (B, H, N), w and sel
+        (B, N, C) → (B, H, N, Dh)."""
         B, H, N, Dh = q.shape
-        S = self.cfg.chunk_size
+        S, C = self.hsa_cfg.chunk_size, memory.n_chunks
+        G = -(-N // S)
+        pad = G * S - N
+        b, g, c = _pad_rows(sel, pad, 1, False).view(B, G, S, C).any(2).nonzero(as_tuple=True)
+        if b.numel() == 0:
+            return q.new_zeros(B, H, N, Dh)
+        k, v = self.chunk_kv(memory.tokens, torch.arange(C, device=q.device))          # (B, C, H, S, Dh)
+        qb = _pad_rows(q, pad, 2).view(B, H, G, S, Dh).transpose(1, 2)                   # (B, G, H, S, Dh)
+        qs = None if q_scale is None else _pad_rows(q_scale, pad, 2, 1.0).view(B, H, G, S).transpose(1, 2)[b, g]
+        o = attention(qb[b, g], k[b, c], v[b, c], is_causal=False, q_scale=qs, **self.attention_kwargs())
+        wb = _pad_rows(w, pad, 1).view(B, G, S, C)[b, g, :, c]                          # (P, S)
+        out = q.new_zeros(B * G, H, S, Dh).index_add_(0, b * G + g, o * wb[:, None, :, None].to(o.dtype))
+        return out.view(B, G, H, S, Dh).transpose(1, 2).reshape(B, H, G * S, Dh)[:, :, :N]
+
+    def _by_query(self, q: Tensor, q_scale: Optional[Tensor], s: Tensor, w: Tensor, sel: Tensor,
+                  memory: ChunkMemory) -> Tensor:
+        """Query-major (``hsa_impl="gather"``, the long-context evaluator): each query against its selected
+        chunks only — one 1 × S attention per (query, selected chunk), O(N·K·S); chunk keys/values are
+        computed once per distinct chunk."""
+        B, H, N, Dh = q.shape
         K = int(sel.sum(-1).max()) if sel.numel() else 0
         if K == 0:
             return q.new_zeros(B, H, N, Dh)
@@ -288,12 +344,16 @@ class HSAAttention(_Heads):
         first = torch.where(gsel[..., :1], idx[..., :1], torch.zeros_like(idx[..., :1]))
         idx = torch.where(gsel, idx, first)                      # unselected slots: a harmless valid id
         wg = torch.where(gsel, w.gather(-1, idx), torch.zeros_like(w[..., :1]))
-        tok = memory.gather(idx)                                                  # (B, N, K, S, d)
-        kpos = idx[..., None] * S + torch.arange(S, device=q.device)              # (B, N, K, S)
-        k, v = self._chunk_kv(tok, kpos)                                          # (B, N, K, H, S, Dh)
-        z = torch.einsum("bhnd,bnkhsd->bhnks", q, k) * self.scale
-        p = torch.softmax(z, -1) * wg[:, None, :, :, None].to(z.dtype)
-        return torch.einsum("bhnks,bnkhsd->bhnd", p, v)
+        tokens, chunk_ids, slot = memory.chunk_table(idx)
+        k, v = self.chunk_kv(tokens, chunk_ids)                                   # (B, U, H, S, Dh)
+        S = k.shape[3]
+        rows = torch.arange(B, device=q.device)[:, None, None]
+        kg, vg = (t[rows, slot].reshape(B * N * K, H, S, Dh) for t in (k, v))
+        qg = q.transpose(1, 2)[:, :, None].expand(B, N, K, H, Dh).reshape(B * N * K, H, 1, Dh)
+        qs = None if q_scale is None else \
+            q_scale.transpose(1, 2)[:, :, None].expand(B, N, K, H).reshape(B * N * K, H, 1)
+        o = attention(qg, kg, vg, is_causal=False, q_scale=qs, **self.attention_kwargs()).view(B, N, K, H, Dh)
+        return (o * wg[..., None, None].to(o.dtype)).sum(2).transpose(1, 2)
 
 
 class HSABlock(nn.Module):
@@ -358,6 +418,11 @@ class HSAModel(nn.Module):
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, 0.0, cfg.init_std)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+        for m in self.modules():        # the length scalers' own initialisation wins (as in nn.Transformer)
+            if isinstance(m, ASEntmaxScaler):
+                m.reset_parameters()
         # the CLS starts small (init_std, like the encoder branches at branch_gain) so that its output, the
         # landmark, is dominated by what the encoder pooled from the chunk rather than by a constant vector
         nn.init.normal_(self.encoder.cls, 0.0, cfg.init_std)

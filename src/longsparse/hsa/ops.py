@@ -1,45 +1,57 @@
-"""Functional pieces of HSA: sliding-window attention, the chunk visibility rule and chunk selection /
-weighting (top-k + stick-breaking or softmax, or α-entmax with an optional cap)."""
+"""Functional pieces of HSA: sliding-window attention (through ``longsparse.attention``), the chunk visibility
+rule and chunk selection / weighting (top-k + stick-breaking or softmax, or α-entmax with an optional cap)."""
 from __future__ import annotations
 
-import math
+import functools
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from longsparse.attention import attention
 from longsparse.mappings import entmax
 
 
-def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float) -> Tensor:
-    """Causal softmax attention where query i sees keys i−window+1 … i (``window`` keys, itself
-    included) of the same contiguous span. q, k, v: (B, H, N, D) → (B, H, N, D). Memory O(N·window):
-    queries are processed in blocks of ``window`` against the previous and their own key block."""
+def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float, *,
+                             q_scale: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
+                             mapping: str = "softmax", **attention_kwargs) -> Tensor:
+    """Causal attention where query i sees keys i−window+1 … i (``window`` keys, itself included) of the same
+    contiguous span, through ``longsparse.attention`` with any mapping. q, k, v: (B, H, N, D) → (B, H, N, D);
+    q_scale (B, H, N); alibi_slopes (H,) (bias −m·(i − j)); ``attention_kwargs`` go to ``longsparse.attention``
+    (alpha, topk, adatemp_order, chunk_size, backend). Memory O(N·window): beyond 2·window tokens the queries
+    are processed in blocks of ``window`` against the previous and their own key block, the blocks folded into
+    the batch (bottom-right alignment puts query i of a block at key index window + i, so the ALiBi distance
+    and the causal bound are those of the sequence; the band's lower bound is a mask)."""
     B, H, N, D = q.shape
     W = window
+    attend = functools.partial(attention, scale=scale, alibi_slopes=alibi_slopes, mapping=mapping,
+                               **attention_kwargs)
     if N <= 2 * W:
         i = torch.arange(N, device=q.device)
-        d = i[:, None] - i[None, :]
-        mask = (d >= 0) & (d < W)
-        z = torch.matmul(q, k.transpose(-1, -2)) * scale
-        return torch.matmul(torch.softmax(z.masked_fill(~mask, float("-inf")), -1), v)
+        band = None if N <= W else (i[:, None] - i[None, :]) < W
+        return attend(q, k, v, is_causal=True, q_scale=q_scale, attn_mask=band)
     nb = -(-N // W)
     pad = nb * W - N
     if pad:
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        if q_scale is not None:
+            q_scale = F.pad(q_scale, (0, pad), value=1.0)
     kp = F.pad(k, (0, 0, W, 0)).unfold(2, 2 * W, W).transpose(-1, -2)   # (B, H, nb, 2W, D)
     vp = F.pad(v, (0, 0, W, 0)).unfold(2, 2 * W, W).transpose(-1, -2)
-    qb = q.view(B, H, nb, W, D)
-    z = torch.matmul(qb, kp.transpose(-1, -2)) * scale                   # (B, H, nb, W, 2W)
+
+    def fold(t: Tensor) -> Tensor:                                      # (B, H, nb, ...) → (B·nb, H, ...)
+        return t.transpose(1, 2).reshape(B * nb, H, *t.shape[3:])
+
     i = torch.arange(W, device=q.device)[:, None]
     j = torch.arange(2 * W, device=q.device)[None, :]
-    band = (j > i) & (j <= i + W)                                          # key pos − query pos in (−W, 0]
-    first = band & (j >= W)                                                # block 0: no keys before 0
-    mask = torch.stack([first] + [band] * (nb - 1)) if nb > 1 else first[None]
-    z = z.masked_fill(~mask, float("-inf"))
-    out = torch.matmul(torch.softmax(z, -1), vp).reshape(B, H, nb * W, D)
-    return out[:, :, :N]
+    band = j > i                                           # key pos − query pos > −W; ≤ 0 is the causal mask
+    first = band & (j >= W)                                # block 0: the padding before position 0
+    mask = torch.stack([first] + [band] * (nb - 1))                     # (nb, W, 2W)
+    mask = mask.expand(B, nb, W, 2 * W).reshape(B * nb, 1, W, 2 * W)
+    qs = None if q_scale is None else fold(q_scale.view(B, H, nb, W))
+    out = attend(fold(q.view(B, H, nb, W, D)), fold(kp), fold(vp), is_causal=True, q_scale=qs, attn_mask=mask)
+    return out.view(B, nb, H, W, D).transpose(1, 2).reshape(B, H, nb * W, D)[:, :, :N]
 
 
 def visible_chunks(positions: Tensor, n_chunks: int, chunk_size: int) -> Tensor:
@@ -118,7 +130,3 @@ def chunk_weights(scores: Tensor, visible: Tensor, *, weights: str, topk: int = 
         w = torch.where(sel, torch.exp(log_beta + after), zeros)
         return w, sel
     raise ValueError(f"unknown weights {weights!r}")
-
-
-def attention_scale(dim: int) -> float:
-    return 1.0 / math.sqrt(dim)

@@ -4,8 +4,9 @@ Saved with torch.save, loaded with torch.load(weights_only=True). A file is writ
 name in the same folder and moved into place with os.replace, so a crash never leaves a half-written
 checkpoint under the real name; an existing file is replaced only with overwrite=True.
 
-Two architectures: ``longsparse.nn.Transformer`` (``arch`` "transformer", the default of files without the key)
-and ``longsparse.hsa.HSAModel`` (``arch`` "hsa", config = ``HSAConfig.to_dict()``).
+The file names its model's architecture (``arch``; files without the key are "transformer") and stores the
+architecture's config as a dict; ``load_checkpoint`` rebuilds the model through the registry of
+``longsparse.models`` (``longsparse.models.registry``, which loads no model code until an architecture is used).
 """
 from __future__ import annotations
 
@@ -16,14 +17,13 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import nn
 
-from longsparse.nn.config import ModelConfig
-from longsparse.nn.model import Transformer
+from longsparse.models.registry import DEFAULT_ARCH, architecture_of, get_architecture
 
 FORMAT = "longsparse-checkpoint"
 VERSION = 1
 
 
-def save_checkpoint(path: str, model: Transformer, optimizer: Optional[torch.optim.Optimizer] = None,
+def save_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
                     extra: Optional[Dict[str, Any]] = None, overwrite: bool = False) -> str:
     """Save ``model`` (its config and state dict), optionally the optimizer state and ``extra``
     (plain python values / tensors). Raises FileExistsError if ``path`` exists and not overwrite."""
@@ -31,10 +31,11 @@ def save_checkpoint(path: str, model: Transformer, optimizer: Optional[torch.opt
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
     cfg = getattr(model, "cfg", None)
-    arch = _arch_of(cfg)
-    if arch is None:
-        raise TypeError("save_checkpoint needs a longsparse.nn.Transformer or longsparse.hsa.HSAModel "
-                        "(a model with a ModelConfig / HSAConfig .cfg)")
+    try:
+        arch = architecture_of(cfg)
+    except TypeError:
+        raise TypeError(f"save_checkpoint needs a model of a registered architecture (its .cfg a config of one), "
+                        f"got a {type(model).__name__} with .cfg of type {type(cfg).__name__}") from None
     payload = {"format": FORMAT, "version": VERSION, "arch": arch, "config": cfg.to_dict(),
                "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
     if optimizer is not None:
@@ -55,14 +56,6 @@ def save_checkpoint(path: str, model: Transformer, optimizer: Optional[torch.opt
             os.unlink(tmp)
         raise
     return path
-
-
-def _arch_of(cfg) -> Optional[str]:
-    if isinstance(cfg, ModelConfig):
-        return "transformer"
-    from longsparse.hsa.config import HSAConfig
-
-    return "hsa" if isinstance(cfg, HSAConfig) else None
 
 
 def read_checkpoint(path: str, map_location="cpu") -> Dict[str, Any]:
@@ -86,18 +79,15 @@ def read_checkpoint(path: str, map_location="cpu") -> Dict[str, Any]:
 
 
 def load_checkpoint(path: str, map_location="cpu", optimizer: Optional[torch.optim.Optimizer] = None,
-                    model: Optional[nn.Module] = None) -> Tuple[Transformer, Dict[str, Any]]:
-    """Rebuild the model from the stored config (or fill the given ``model``) and load its weights;
-    load the optimizer state into ``optimizer`` if given. Returns (model, extra)."""
+                    model: Optional[nn.Module] = None) -> Tuple[nn.Module, Dict[str, Any]]:
+    """Rebuild the model of the stored architecture from the stored config (or fill the given ``model``) and
+    load its weights; load the optimizer state into ``optimizer`` if given. Returns (model, extra)."""
     payload = read_checkpoint(path, map_location)
-    arch = payload.get("arch", "transformer")
-    if arch == "hsa":
-        from longsparse.hsa import HSAConfig, HSAModel
-        config_cls, model_cls = HSAConfig, HSAModel
-    elif arch == "transformer":
-        config_cls, model_cls = ModelConfig, Transformer
-    else:
-        raise ValueError(f"{path}: unknown model architecture {arch!r}")
+    try:
+        arch = get_architecture(payload.get("arch", DEFAULT_ARCH))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    config_cls, model_cls = arch.config_cls, arch.model_cls
     try:
         cfg = config_cls.from_dict(dict(payload["config"]))
     except (TypeError, ValueError) as e:

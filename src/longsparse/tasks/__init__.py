@@ -1,4 +1,4 @@
-"""Synthetic length-generalisation tasks (SPEC §5): streaming, seeded generators and their scorers.
+"""Synthetic length-generalisation tasks (docs/method.md §5): streaming, seeded generators and their scorers.
 
     task = get_task("mqmtar")                       # or preset="cpu", or any parameter as a keyword
     for batch in task.batches(batch_size=128, seed=0):   # training stream, L ~ U[32, 64] per batch

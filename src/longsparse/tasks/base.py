@@ -40,7 +40,7 @@ PAD, BOS, SEP, EOS = 0, 1, 2, 3
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<sep>", "<eos>")
 IGNORE_INDEX = -100
 SPLITS = ("train", "validation", "test")
-TRAIN_LENGTHS = (32, 64)  # SPEC §5: L ~ U[32, 64], inclusive, drawn once per batch
+TRAIN_LENGTHS = (32, 64)  # docs/method.md §5: L ~ U[32, 64], inclusive, drawn once per batch
 TEST_LENGTHS = tuple(64 * 2**i for i in range(11))  # 64, 128, ..., 65536
 
 

@@ -1,6 +1,6 @@
 """Task registry: ``get_task(name, preset=None, **params)``.
 
-``PRESETS[name][preset]`` holds parameter overrides. ``"paper"`` is always the SPEC §5 defaults (empty
+``PRESETS[name][preset]`` holds parameter overrides. ``"paper"`` is always the docs/method.md §5 defaults (empty
 overrides). ``"cpu"`` is a smaller parameterisation meant for minutes-long CPU training; it only differs
 where listed below, and results obtained with it must say so:
 
@@ -24,7 +24,7 @@ TASKS: dict[str, type[Task]] = {
 }
 
 PRESETS: dict[str, dict[str, dict]] = {name: {"paper": {}, "cpu": {}} for name in TASKS}
-# RULER-style tasks of the HSA study (SPEC §8): resolved by get_task, kept out of TASKS (the SPEC §5 suite,
+# RULER-style tasks of the HSA study (docs/method.md §8): resolved by get_task, kept out of TASKS (the docs/method.md §5 suite,
 # whose lengths 32–64 are below their minimum lengths).
 RULER_TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (Passkey, MultiQueryNeedle, VariableTracking)}
 PRESETS.update({name: {"paper": {}, "cpu": {}} for name in RULER_TASKS})

@@ -1,4 +1,4 @@
-"""RULER-style retrieval tasks for the hierarchical sparse attention study (SPEC §8): ``passkey`` (single
+"""RULER-style retrieval tasks for the hierarchical sparse attention study (docs/method.md §8): ``passkey`` (single
 needle), ``multi_query_needle`` (several key→value needles, several queried) and ``variable_tracking``
 (multi-hop assignment chains). Sequence-to-sequence in the usual layout ``[BOS] src [SEP] trg [EOS]``;
 exact match of every answer token (+ EOS).

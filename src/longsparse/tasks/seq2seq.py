@@ -71,7 +71,7 @@ class Sort(_SymbolTask):
 # ---------------------------------------------------------------------------------------------------------
 @dataclass
 class MQMTAR(Task):
-    """Multi-query multi-token associative recall (SPEC §5).
+    """Multi-query multi-token associative recall (docs/method.md §5).
 
     Vocabulary: ``alphabet_size`` symbols ``a0..`` then ``<kv>`` (SEP_KV), ``_`` (space) and ``<Q>``.
     A fixed key vocabulary of ``num_keys`` distinct ``key_len``-symbol words and a value vocabulary of
@@ -79,11 +79,11 @@ class MQMTAR(Task):
     ``random.Random(f"longsparse:mqmtar-vocab:{vocab_seed}")``, so every split shares them.
 
     An example of context length L has n = ``num_pairs`` or ⌊pair_density·L / (key_len + value_len + 2)⌋
-    pairs (SPEC: ⌊0.8·L/6⌋) with *distinct* keys (uniform without replacement from the key vocabulary) and
+    pairs (docs/method.md §5: ⌊0.8·L/6⌋) with *distinct* keys (uniform without replacement from the key vocabulary) and
     values (uniform with replacement). Pair i is ``k.. <kv> v..`` at a uniform random offset inside row i of
     width w = L // n, the rest of the row ``_``; the last L − n·w context tokens are ``_``, so the context
     is exactly L tokens. Then ``num_queries`` queries ``<Q> k..`` whose keys are drawn with replacement from
-    the n pairs present. Target: ``<Q> v..`` for each query in order (SPEC: 12 tokens), then EOS.
+    the n pairs present. Target: ``<Q> v..`` for each query in order (docs/method.md §5: 12 tokens), then EOS.
     """
 
     alphabet_size: int = 256

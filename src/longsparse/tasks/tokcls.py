@@ -8,7 +8,7 @@ output head and cross-entropy serve every task; evaluation is one teacher-forced
 * local_count: L tokens = runs of one symbol (``num_symbols`` = 16 symbols ``s*``; consecutive runs use
   different symbols; run lengths uniform on [min_run, max_run] = [2, 48], the last run cut at L). Label of
   x_t = its 0-based index within its run, as class token ``c<k>`` (``num_classes`` = max_run = 48 classes).
-  Every position is labelled. Training range L ∈ [64, 128] (SPEC). Total sequence = L + 1.
+  Every position is labelled. Training range L ∈ [64, 128] (docs/method.md §5). Total sequence = L + 1.
 * two_back: L symbols uniform over ``num_symbols`` (32); label of x_t = the symbol x_{t−back} (back = 2),
   for t > back (the first ``back`` positions are unlabelled). Total sequence = L + 1; needs L > back.
 * flip_flop (Liu et al. 2023, flip-flop language): n = L // 2 pairs ``instruction bit`` with instructions

@@ -4,7 +4,7 @@ validation.
 A *resolved* run config is a plain dict with three sections, stored as ``config.json`` in the run directory:
 
     {"task":  {"name": "copy", "preset": "cpu", "params": {...}},        # longsparse.tasks.get_task
-     "model": {"d_model": 128, ..., "method": "asentmax", "positions": "nape"},   # ModelConfig minus vocab_size
+     "model": {"d_model": 128, ..., "method": "asentmax", "positions": "nape"},   # the model's config minus vocab_size
      "train": {"steps": 800, "batch_size": 32, "lr": 1e-3, ...}}          # TRAIN_DEFAULTS
 
 Preset files live in ``src/longsparse/configs/<task>/<preset>.toml`` (package data, so a wheel install has them;
@@ -14,11 +14,16 @@ order) when the run uses that method / positions, so one file covers task × met
 Then ``--set section.key=value`` overrides apply (value parsed as a TOML value, else taken as a string), and last
 the explicit flags (``--method``, ``--positions``, ``--seed``, ``--steps``).
 
-Method ``hsa`` (hierarchical sparse attention, SPEC §8) builds a ``longsparse.hsa.HSAModel`` instead of a
-``Transformer``: its model section is the file's ``[hsa]`` table (``HSAConfig`` fields except ``vocab_size``), not
-``[model]``; ``--set model.fusion=standard`` etc. then override HSA fields. Its resolved model section is
-``{"method": "hsa", "positions": "hsa", <every HSAConfig field>}`` (positions is fixed: RoPE in the sliding
-windows, ``hsa_positions`` inside retrieved chunks).
+Architectures. ``model.arch`` names the model (``longsparse.models``: ``transformer``, the default, or ``hsa``);
+the model section holds that architecture's config fields (``ModelConfig`` / ``HSAConfig`` minus ``vocab_size``).
+Every architecture has ``method`` (the attention mapping and its length scaler) and ``positions``. A file's
+``[model]`` table is the model of its own architecture (its ``arch`` key, default transformer); a table named
+after another architecture (``[hsa]``) is the model section of a run that asks for that one (``--arch hsa`` or
+``--set model.arch=hsa``), so one file holds the decoder baselines and the HSA model of a task. The resolved
+section names ``arch`` only when it is not the default: transformer run configs, and so their identities, read
+as they did before architectures had names. Run configs written before ``model.arch`` existed named HSA as a
+method (``"method": "hsa", "positions": "hsa"``); ``resolve`` reads them as ``arch = "hsa"`` with the token
+attention it then had (softmax, RoPE).
 """
 from __future__ import annotations
 
@@ -31,6 +36,9 @@ from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from longsparse.models import ARCHITECTURES, DEFAULT_ARCH, config_section, get_architecture, model_config
+from longsparse.models import build_model as _build_model
 
 try:
     import tomllib
@@ -58,7 +66,6 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "threads": 0,             # torch.set_num_threads on CPU; 0 = leave torch's default
 }
 SECTIONS = ("task", "model", "train")
-HSA_METHOD = "hsa"   # the hierarchical sparse attention model (longsparse.hsa), configured by [hsa]
 SCALES = ("cpu", "paper")
 
 
@@ -164,25 +171,24 @@ def apply_sets(cfg: dict, sets: Iterable[str]) -> dict:
     return cfg
 
 
-def build_config(task: str, *, preset: str = "cpu", method: str | None = None, positions: str | None = None,
-                 seed: int | None = None, steps: int | None = None, sets: Iterable[str] = (),
-                 config_file: str | None = None) -> dict:
-    """Resolve preset file + method/positions tables + ``--set`` + flags into a validated run config.
+def build_config(task: str, *, preset: str = "cpu", arch: str | None = None, method: str | None = None,
+                 positions: str | None = None, seed: int | None = None, steps: int | None = None,
+                 sets: Iterable[str] = (), config_file: str | None = None) -> dict:
+    """Resolve preset file + architecture table + method/positions tables + ``--set`` + flags into a validated
+    run config.
 
     The run is for ``task``: a file or ``--set task.name`` naming another task is refused, never trained."""
     want = task_name(task)
     source = Path(config_file) if config_file else preset_path(task, preset)
     raw = load_toml(source)
-    unknown = sorted(set(raw) - set(SECTIONS) - {"methods", "positions", "description", "hsa"})
+    unknown = sorted(set(raw) - set(SECTIONS) - set(ARCHITECTURES) - {"methods", "positions", "description"})
     if unknown:
         raise ConfigError(f"config file has unknown top-level key(s) {unknown}; allowed: "
-                          f"{', '.join(SECTIONS)}, hsa, methods, positions, description")
+                          f"{', '.join([*SECTIONS, *ARCHITECTURES])}, methods, positions, description")
+    if method is not None and method in ARCHITECTURES:
+        raise ConfigError(_not_a_method(method))
     cfg = {s: copy.deepcopy(raw.get(s, {})) for s in SECTIONS}
-    if (method if method is not None else cfg["model"].get("method")) == HSA_METHOD:
-        if "hsa" not in raw:
-            raise ConfigError("method 'hsa' needs an [hsa] table (HSAConfig fields) in the config file")
-        cfg["model"] = {"method": HSA_METHOD, **copy.deepcopy(raw["hsa"])}
-        positions = None     # fixed for HSA (see the module docstring)
+    cfg["model"] = _model_table(raw, source, arch if arch is not None else _arch_in_sets(sets))
     cfg["task"].setdefault("name", task)
     if task_name(cfg["task"]["name"]) != want:
         raise ConfigError(f"{source} is a config for task {cfg['task']['name']!r}, not for the requested task "
@@ -209,6 +215,41 @@ def build_config(task: str, *, preset: str = "cpu", method: str | None = None, p
     return resolve(cfg)
 
 
+def _not_a_method(name: str) -> str:
+    from longsparse.nn import METHODS
+
+    return (f"{name!r} is an architecture, not a method: use --arch {name} (config key model.arch = \"{name}\"); "
+            f"the method is the attention mapping of any architecture ({', '.join(METHODS)})")
+
+
+def _arch_in_sets(sets: Iterable[str]) -> str | None:
+    """The architecture a ``--set model.arch=NAME`` asks for (the last one), or None."""
+    found = None
+    for item in sets or ():
+        key, sep, text = item.partition("=")
+        if sep and key.strip() == "model.arch":
+            found = parse_value(text.strip())
+    return found
+
+
+def _model_table(raw: Mapping, source: Path, arch: str | None) -> dict:
+    """The model section of a config file for architecture ``arch`` (None: the file's own): ``[model]`` when
+    ``arch`` is its ``arch`` (default transformer), else the table named after ``arch``."""
+    model = raw.get("model", {})
+    own = model.get("arch", DEFAULT_ARCH)
+    if arch is None or arch == own:
+        return copy.deepcopy(dict(model))
+    if arch not in ARCHITECTURES:
+        raise ConfigError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
+    if not isinstance(raw.get(arch), Mapping):
+        raise ConfigError(f"{source} has no [{arch}] table, the model section for --arch {arch} (its [model] "
+                          f"table is a {own} model)")
+    table = copy.deepcopy(dict(raw[arch]))
+    if table.get("arch", arch) != arch:
+        raise ConfigError(f"{source}: the [{arch}] table sets arch = {table['arch']!r}")
+    return {**table, "arch": arch}
+
+
 def resolve(cfg: Mapping) -> dict:
     """Fill defaults and validate every section; returns a JSON-able dict (raises ConfigError).
 
@@ -232,7 +273,7 @@ def resolve(cfg: Mapping) -> dict:
     model = dict(cfg.get("model", {}))
     if "vocab_size" in model:
         raise ConfigError("model.vocab_size is set from the task; do not give it")
-    model_cfg = _resolve_hsa(model, task) if model.get("method") == HSA_METHOD else _resolve_transformer(model, task)
+    model_cfg = _resolve_model(upgrade_legacy_model(model), task)
 
     tr = dict(cfg.get("train", {}))
     bad = sorted(set(tr) - set(TRAIN_DEFAULTS))
@@ -243,65 +284,60 @@ def resolve(cfg: Mapping) -> dict:
     return {"task": task_cfg, "model": model_cfg, "train": train}
 
 
-def _resolve_hsa(model: dict, task) -> dict:
-    from longsparse.hsa import HSAConfig
+def upgrade_legacy_model(model: Mapping) -> dict:
+    """A model section written before ``model.arch`` existed, in today's form. Such sections named the HSA
+    architecture as the method with the positions "hsa" and had no other token attention than softmax with RoPE
+    (today's HSA defaults): the method becomes the architecture and both are dropped. Any other section is
+    returned as it is."""
+    model = dict(model)
+    if "arch" not in model and model.get("method") in ARCHITECTURES:
+        model["arch"] = model.pop("method")
+        if model.get("positions") == model["arch"]:
+            del model["positions"]
+    return model
 
-    fields = {k: v for k, v in model.items() if k not in ("method", "positions")}
-    if model.get("positions", "hsa") != "hsa":
-        raise ConfigError(f"method 'hsa' has fixed positions ('hsa'), got {model.get('positions')!r}")
+
+def _resolve_model(model: dict, task) -> dict:
+    """The model section with every field of its architecture's config, validated (``arch`` kept only when it
+    is not the default)."""
+    from longsparse.nn import METHODS, POSITIONS
+
+    name = model.pop("arch", DEFAULT_ARCH)
+    if name not in ARCHITECTURES:
+        raise ConfigError(f"unknown model.arch {name!r}; choose one of {', '.join(ARCHITECTURES)}")
+    # the two axes every architecture has: named here so that a typo gets the list of valid values
+    if "method" in model and model["method"] not in METHODS:
+        raise ConfigError(_not_a_method(model["method"]) if model["method"] in ARCHITECTURES else
+                          f"unknown method {model['method']!r}; valid methods: {', '.join(METHODS)}")
+    if "positions" in model and model["positions"] not in POSITIONS:
+        raise ConfigError(f"unknown positions {model['positions']!r}; valid positions: {', '.join(POSITIONS)}")
     try:
-        hc = HSAConfig.from_dict({"vocab_size": task.vocab_size, **fields})
+        config = model_config({**model, "arch": name}, task.vocab_size)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"invalid hsa model config: {e}") from None
-    out = hc.to_dict()
+        prefix = "" if name == DEFAULT_ARCH else f"{name} "
+        raise ConfigError(f"invalid {prefix}model config: {e}") from None
+    out = config_section(config)
     del out["vocab_size"]
-    return {"method": HSA_METHOD, "positions": "hsa", **out}
-
-
-def _resolve_transformer(model: dict, task) -> dict:
-    from longsparse.nn import METHODS, POSITIONS, ModelConfig
-
-    if model.get("method") not in METHODS:
-        raise ConfigError(f"unknown method {model.get('method')!r}; valid methods: {', '.join(METHODS)}, "
-                          f"{HSA_METHOD}")
-    if model.get("positions") not in POSITIONS:
-        raise ConfigError(f"unknown positions {model.get('positions')!r}; valid positions: {', '.join(POSITIONS)}")
-    try:
-        mc = ModelConfig.from_dict({"vocab_size": task.vocab_size, **model})
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"invalid model config: {e}") from None
-    model_cfg = mc.to_dict()
-    del model_cfg["vocab_size"]
-    return model_cfg
+    return out
 
 
 def build_model(model_cfg: Mapping, vocab_size: int):
-    """The model of a resolved model section: an ``HSAModel`` for method ``hsa``, else a ``Transformer``."""
-    if model_cfg.get("method") == HSA_METHOD:
-        from longsparse.hsa import HSAConfig, HSAModel
-
-        fields = {k: v for k, v in model_cfg.items() if k not in ("method", "positions")}
-        return HSAModel(HSAConfig.from_dict({"vocab_size": vocab_size, **fields}))
-    from longsparse.nn import ModelConfig, Transformer
-
-    return Transformer(ModelConfig.from_dict({"vocab_size": vocab_size, **model_cfg}))
-
-
-_HSA_LABEL_KEYS = ("landmark", "fusion", "weights", "retrieval", "topk", "encoder_layers", "hsa_positions",
-                   "length_scale", "hsa_local")
+    """The model of a resolved model section (``longsparse.models.build_model``)."""
+    return _build_model(model_cfg, vocab_size)
 
 
 def run_label(cfg: Mapping) -> str:
-    """Series label of a resolved run config: ``method/positions``; HSA runs: ``hsa`` plus the ablation
-    switches that differ from the HSAConfig defaults, e.g. ``hsa[landmark=mean,fusion=standard]``."""
+    """Series label of a resolved run config: ``method/positions`` for the default architecture; for another one
+    its name plus the fields of its ``label_keys`` that differ from its config's defaults, e.g.
+    ``hsa[landmark=mean,fusion=standard]``."""
     m = cfg["model"]
-    if m.get("method") != HSA_METHOD:
+    name = m.get("arch", DEFAULT_ARCH)
+    if name == DEFAULT_ARCH:
         return f"{m['method']}/{m['positions']}"
-    from longsparse.hsa import HSAConfig
-
-    default = HSAConfig(vocab_size=2)
-    diff = [f"{k}={m[k]}" for k in _HSA_LABEL_KEYS if k in m and m[k] != getattr(default, k)]
-    return "hsa" + (f"[{','.join(diff)}]" if diff else "")
+    arch = get_architecture(name)
+    default = arch.config_cls(vocab_size=2)
+    diff = [f"{k}={m[k]}" for k in arch.label_keys if k in m and m[k] != getattr(default, k)]
+    return name + (f"[{','.join(diff)}]" if diff else "")
 
 
 def make_task(task_cfg: Mapping):

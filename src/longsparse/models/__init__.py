@@ -1,0 +1,15 @@
+"""Models by architecture: ``transformer`` (``longsparse.nn.Transformer``) and ``hsa``
+(``longsparse.hsa.HSAModel``, built from the ``longsparse.nn`` layers and calling ``longsparse.attention``).
+
+    from longsparse.models import build_model, get_architecture
+    model = build_model({"arch": "hsa", "method": "entmax", "chunk_size": 16}, vocab_size=64)
+    longsparse.nn.save_checkpoint("m.pt", model)      # stores the arch; load_checkpoint rebuilds the right class
+
+Every architecture takes every method (mapping + length scaler) and position scheme of ``longsparse.nn``.
+A new architecture is an ``Architecture`` entry passed to ``register_architecture``.
+"""
+from longsparse.models.registry import (ARCHITECTURES, DEFAULT_ARCH, Architecture, architecture_of, build_model,
+                                        config_section, get_architecture, model_config, register_architecture)
+
+__all__ = ["ARCHITECTURES", "DEFAULT_ARCH", "Architecture", "architecture_of", "build_model", "config_section",
+           "get_architecture", "model_config", "register_architecture"]

@@ -1,0 +1,152 @@
+"""The model registry (longsparse.models): architectures by name, save/load through it for both architectures,
+`model.arch` in run configs, and what older code wrote: an HSA run folder from before `model.arch` existed
+(tests/data/hsa_legacy: its config names HSA as the method) still loads, gives the same logits and evaluates."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from longsparse.cli import main
+from longsparse.hsa import HSAModel
+from longsparse.models import (ARCHITECTURES, architecture_of, build_model, config_section, get_architecture,
+                               model_config)
+from longsparse.nn import ModelConfig, Transformer, load_checkpoint, read_checkpoint, save_checkpoint
+from longsparse.train import ConfigError, build_config, config_hash, resolve
+from longsparse.train.config import run_label
+
+LEGACY = Path(__file__).parent / "data" / "hsa_legacy"
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SECTIONS = {
+    "transformer": {"d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 24, "method": "asentmax",
+                    "positions": "nape"},
+    "hsa": {"arch": "hsa", "d_model": 16, "n_heads": 2, "d_ff": 24, "n_lower": 1, "n_upper": 1, "chunk_size": 4,
+            "window": 4, "method": "entmax", "learn_alpha": True, "alpha": 1.3, "positions": "alibi",
+            "select_warmup": 2},
+}
+
+
+def test_registry_names_and_lookups():
+    assert list(ARCHITECTURES) == ["transformer", "hsa"]
+    assert get_architecture("hsa").model_cls is HSAModel and get_architecture("transformer").config_cls is ModelConfig
+    with pytest.raises(ValueError, match="unknown architecture 'hsb'; choose one of transformer, hsa"):
+        get_architecture("hsb")
+    t, h = build_model(SECTIONS["transformer"], 20), build_model(SECTIONS["hsa"], 20)
+    assert isinstance(t, Transformer) and isinstance(h, HSAModel)
+    assert [architecture_of(x) for x in (t, t.cfg, h, h.cfg)] == ["transformer", "transformer", "hsa", "hsa"]
+    with pytest.raises(TypeError, match="not a model or config of a registered architecture"):
+        architecture_of(torch.nn.Linear(2, 2))
+    assert "arch" not in config_section(t.cfg) and config_section(h.cfg)["arch"] == "hsa"
+    assert model_config(config_section(h.cfg)) == h.cfg
+    with pytest.raises(ValueError, match="unknown HSAConfig field"):
+        model_config({"arch": "hsa", "n_layers": 2}, 20)
+
+
+@pytest.mark.parametrize("arch", list(SECTIONS))
+def test_save_load_round_trip_through_the_registry(arch, tmp_path):
+    torch.manual_seed(0)
+    model = build_model(SECTIONS[arch], 20)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randint(0, 20, (2, 13))
+    model(x).square().mean().backward()
+    opt.step()
+    path = save_checkpoint(str(tmp_path / "m.pt"), model, opt, extra={"step": 1})
+    assert read_checkpoint(path)["arch"] == arch
+    loaded, extra = load_checkpoint(path)
+    assert type(loaded) is type(model) and loaded.cfg == model.cfg and extra == {"step": 1}
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+    model.eval()
+    loaded.eval()
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+    opt2 = torch.optim.AdamW(loaded.parameters(), lr=1e-2)
+    load_checkpoint(path, optimizer=opt2, model=loaded)          # into a given model, with the optimizer state
+    other = build_model({**SECTIONS[arch], "d_ff": 32}, 20)
+    with pytest.raises(ValueError, match="config differs"):
+        load_checkpoint(path, model=other)
+
+
+def test_unknown_architecture_in_a_file_is_named(tmp_path):
+    path = save_checkpoint(str(tmp_path / "m.pt"), build_model(SECTIONS["transformer"], 20))
+    payload = torch.load(path, weights_only=True)
+    payload["arch"] = "mamba"
+    torch.save(payload, path)
+    with pytest.raises(ValueError, match="m.pt: unknown architecture 'mamba'"):
+        load_checkpoint(path)
+    with pytest.raises(TypeError, match="registered architecture"):
+        save_checkpoint(str(tmp_path / "x.pt"), torch.nn.Linear(2, 2))
+
+
+# ----------------------------------------------------------------------------------- older files
+def test_legacy_hsa_checkpoint_gives_the_same_logits():
+    """A checkpoint written before model.arch existed; float64 logits and greedy tokens computed then."""
+    expected = torch.load(LEGACY / "expected.pt", weights_only=True)
+    model, extra = load_checkpoint(str(LEGACY / "run" / "checkpoints" / "last.pt"))
+    assert isinstance(model, HSAModel) and extra["step"] == 3 and int(model.select_steps) == 3
+    assert (model.cfg.method, model.cfg.positions) == ("softmax", "rope")   # the token attention of that code
+    model = model.double().eval()
+    with torch.no_grad():
+        logits = model(expected["input_ids"])[:, expected["rows"]]
+        torch.testing.assert_close(logits, expected["logits"], rtol=0, atol=1e-10)
+        prompt = expected["input_ids"][:, :expected["prompt_len"]]
+        assert torch.equal(model.generate(prompt, 4), expected["generated"])
+
+
+def test_legacy_hsa_run_config_reads_evaluates_and_keeps_its_label(tmp_path):
+    from longsparse.evaluate import evaluate_run
+    from longsparse.evaluate.sweep import load_run_model
+
+    stored = json.loads((LEGACY / "run" / "config.json").read_text())
+    assert (stored["model"]["method"], stored["model"]["positions"]) == ("hsa", "hsa")     # the old form
+    cfg = resolve(stored)
+    m = cfg["model"]
+    assert (m["arch"], m["method"], m["positions"]) == ("hsa", "softmax", "rope")
+    assert run_label(cfg) == "hsa[weights=softmax,hsa_positions=rope,length_scale=learned]"
+    assert resolve(cfg) == cfg                                              # today's form is a fixed point
+    run = tmp_path / "run"
+    shutil.copytree(LEGACY / "run", run)
+    model, _, _ = load_run_model(run, "last")
+    assert isinstance(model, HSAModel)
+    _, res = evaluate_run(run, [48], samples=2, checkpoint="last", printer=None, write=False, progress=False)
+    assert (res["arch"], res["method"], res["label"]) == ("hsa", "softmax", run_label(cfg))
+    assert res["results"][0]["needles"]["n"] == 2                            # the architecture's needle scorer
+
+
+# ------------------------------------------------------------------------------------ run configs
+def test_arch_selects_the_model_table_and_method_stays_the_mapping():
+    hsa = build_config("passkey", arch="hsa", method="entmax", positions="alibi", steps=2)
+    assert (hsa["model"]["arch"], hsa["model"]["method"], hsa["model"]["positions"]) == ("hsa", "entmax", "alibi")
+    assert "n_layers" not in hsa["model"] and hsa["model"]["chunk_size"] == 16          # the [hsa] table
+    assert build_config("passkey", sets=["model.arch=hsa"], steps=2)["model"]["arch"] == "hsa"
+    dec = build_config("passkey", method="entmax", steps=2)
+    assert "arch" not in dec["model"] and dec["model"]["n_layers"] == 2                  # the [model] table
+    # naming the default architecture changes nothing, not even the run's identity
+    explicit = resolve({**dec, "model": {**dec["model"], "arch": "transformer"}})
+    assert explicit == dec and config_hash(explicit) == config_hash(dec)
+    with pytest.raises(ConfigError, match="'hsa' is an architecture, not a method: use --arch hsa"):
+        build_config("passkey", method="hsa")
+    with pytest.raises(ConfigError, match=r"has no \[hsa\] table"):
+        build_config("copy", arch="hsa")
+    with pytest.raises(ConfigError, match="unknown architecture 'rnn'"):
+        build_config("passkey", arch="rnn")
+    with pytest.raises(ConfigError, match="unknown method 'entmax15'; valid methods: softmax, entmax"):
+        resolve({**hsa, "model": {**hsa["model"], "method": "entmax15"}})
+    with pytest.raises(ConfigError, match=r"invalid hsa model config: unknown HSAConfig field\(s\): n_layers"):
+        resolve({**hsa, "model": {**hsa["model"], "n_layers": 2}})
+
+
+def test_cli_refuses_method_hsa_naming_arch(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--task", "passkey", "--method", "hsa", "--out", str(tmp_path / "r")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "hsa is an architecture, not a method: use --arch hsa" in err
+    assert not (tmp_path / "r").exists()
+    assert main(["train", "--task", "passkey", "--arch", "hsa", "--method", "asentmax", "--out", "unused",
+                 "--print-config"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert (cfg["model"]["arch"], cfg["model"]["method"]) == ("hsa", "asentmax")
