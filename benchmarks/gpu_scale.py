@@ -56,9 +56,9 @@ if str(REPO / "src") not in sys.path:    # the GPU machine has the source tree, 
     sys.path.insert(0, str(REPO / "src"))
 
 from longsparse.io import atomic_write_text, is_temp_name, read_jsonl, write_new  # noqa: E402
-from longsparse.reproduce import (build_report, cell_config, cells, load_study, parse_shard,  # noqa: E402
-                                  samples_for, update_archive)
-from longsparse.train.config import configs_dir  # noqa: E402
+from longsparse_experiments.presets import presets_dir  # noqa: E402
+from longsparse_experiments.reproduce import (build_report, cell_config, cells, load_study,  # noqa: E402
+                                              parse_shard, samples_for, update_archive)
 
 STUDY_NAME = "gpu_scale"
 CHECKPOINT = "last"
@@ -87,7 +87,7 @@ CAP_ENV = "GPU_SCALE_EVAL_CAP"   # tests: at most this many examples per long le
 
 
 def study_path() -> Path:
-    return configs_dir() / "reproduce" / f"{STUDY_NAME}.toml"
+    return presets_dir() / "reproduce" / f"{STUDY_NAME}.toml"
 
 
 def _shown(p: Path) -> str:
@@ -785,7 +785,7 @@ def cmd_run(args) -> int:
         log(f"report failed: {type(e).__name__}: {e}")
     # what `longsparse reproduce` would do with these run folders: the check that it resumes instead of retraining
     try:
-        chk = subprocess.run([sys.executable, "-m", "longsparse.cli", "reproduce", "synthetic", "--config",
+        chk = subprocess.run([sys.executable, "-m", "longsparse_experiments.cli", "reproduce", "synthetic", "--config",
                               spec["path"], "--out", str(runs), "--report", str(report), "--dry-run"],
                              capture_output=True, text=True, cwd=REPO, timeout=max(10.0, end - time.time() - 15),
                              env={**os.environ, "PYTHONPATH": os.pathsep.join(

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The GPU-scale MQMTAR run in one device call (docs/gpu.md): the six cells of
-# src/longsparse/configs/reproduce/gpu_scale.toml trained as parallel processes on one GPU, evaluated at 1x-1,024x
+# src/longsparse_experiments/configs/reproduce/gpu_scale.toml trained as parallel processes on one GPU, evaluated
 # with a time guard per length, records and resume bundles written to OUTDIR (benchmarks/gpu_scale.py).
 #
 #   bash benchmarks/gpu_scale.sh OUTDIR [SECONDS] [RESUME_DIR]

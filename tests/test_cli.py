@@ -67,6 +67,47 @@ def test_bench_subcommand_still_parses():
     assert args.what == "mapping" and args.lengths == "64"
 
 
+LIBRARY_COMMANDS = {"train", "eval", "report", "presets", "bench", "data"}
+EXPERIMENT_COMMANDS = {"demo", "figures", "lm", "reproduce"}
+
+
+def _commands(parser) -> set:
+    return set(next(a for a in parser._actions if a.dest == "command").choices)
+
+
+def test_longsparse_is_one_command_with_every_subcommand():
+    from longsparse_experiments import cli as experiments_cli
+
+    assert _commands(build_parser()) == LIBRARY_COMMANDS                     # python -m longsparse.cli
+    assert _commands(experiments_cli.build_parser()) == LIBRARY_COMMANDS | EXPERIMENT_COMMANDS
+    # the library's subcommands keep their flags inside the `longsparse` command
+    args = experiments_cli.build_parser().parse_args(["train", "--task", "copy", "--out", "r", "--arch", "hsa"])
+    assert args.arch == "hsa" and args.func.__module__ == "longsparse.cli"
+
+
+def test_experiment_commands_fail_in_one_line_with_exit_2(tmp_path, capsys):
+    from longsparse_experiments.cli import main as longsparse
+
+    assert longsparse(["reproduce", "synthetic", "--quick", "--only", "bogus", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("longsparse reproduce: error: --only: unknown ['bogus']") and err.count("\n") == 1
+    assert longsparse(["lm", "run", "--config", str(tmp_path / "missing.toml")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    with pytest.raises(SystemExit) as e:              # the library alone has no experiment command
+        main(["reproduce", "synthetic"])
+    assert e.value.code == 2 and "invalid choice: reproduce" in capsys.readouterr().err.replace("'", "")
+
+
+def test_presets_lists_task_and_experiment_presets(capsys):
+    from longsparse_experiments.cli import main as longsparse
+
+    assert longsparse(["presets"]) == 0
+    out = capsys.readouterr().out
+    tasks, _, experiments = out.partition("experiment presets in ")
+    assert "flip_flop" in tasks and "reproduce" not in tasks               # a study is not a task preset
+    assert "synthetic, synthetic-quick" in experiments and "cpu, quick" in experiments
+
+
 def _fake_result(run, method, ems, n=100, created="2026-01-01T00:00:00"):
     from longsparse.evaluate import wilson_interval
     res = []

@@ -1,9 +1,9 @@
 """`longsparse demo`: the verdict logic on synthetic numbers, the attention summary, and a smoke run."""
 import json
 
-from longsparse.demo import (ATTRIBUTION, PAPERS, STANDARD, last_write_mass, mass_summary, run_demo, verdict,
-                             verdict_lines)
 from longsparse.evaluate import wilson_interval
+from longsparse_experiments.demo import (ATTRIBUTION, PAPERS, STANDARD, last_write_mass, mass_summary, run_demo,
+                                         verdict, verdict_lines)
 
 N = 64
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from longsparse.evaluate import evaluate_run
-from longsparse.reproduce import cell_config, cells, load_study, samples_for
 from longsparse.train import train
-from longsparse.train.config import configs_dir
+from longsparse_experiments.presets import presets_dir
+from longsparse_experiments.reproduce import cell_config, cells, load_study, samples_for
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,7 +56,7 @@ sets = {json.dumps(TINY)}
 
 
 def test_study_file_is_the_gpu_scale_design():
-    spec = load_study(path=str(configs_dir() / "reproduce" / "gpu_scale.toml"))
+    spec = load_study(path=str(presets_dir() / "reproduce" / "gpu_scale.toml"))
     (s,) = spec["studies"]
     assert s["task"] == "mqmtar" and s["preset"] == "paper"          # the paper's format and vocabulary
     assert s["methods"] == ["softmax", "asentmax"] and s["positions"] == ["nape"]
@@ -258,7 +258,8 @@ def test_dry_run_end_to_end_and_resume(tmp_path):
     gs.restore(resume, runs3, runs3 / "report", log=lambda s: None)
     before = {p: p.read_bytes() for p in runs3.rglob("metrics.jsonl")}
     study = tmp_path / "runs1" / "study-cpu-dry.toml"
-    r3 = subprocess.run([sys.executable, "-m", "longsparse.cli", "reproduce", "synthetic", "--config", str(study),
+    r3 = subprocess.run([sys.executable, "-m", "longsparse_experiments.cli", "reproduce", "synthetic", "--config",
+                         str(study),
                          "--out", str(runs3), "--report", str(runs3 / "report")], capture_output=True, text=True,
                         timeout=300, cwd=REPO,
                         env={**os.environ, "PYTHONPATH": str(REPO / "src"), "LONGSPARSE_KERNEL": "0"})

@@ -15,9 +15,10 @@ from longsparse.lm import data as lmdata
 from longsparse.lm.evaluate import (brute_force_loss_by_position, bucket_positions, eval_blocks, loss_by_position,
                                     passkey_accuracy, perplexity_by_length, windows)
 from longsparse.lm.passkey import NEEDLE_PREFIX, PasskeyMaker, reference_solve
-from longsparse.lm.study import SAMPLE_DIR, load_study_config, prepare
+from longsparse.lm.streams import SAMPLE_DIR, prepare
 from longsparse.lm.tokenizer import ByteTokenizer, load_tokenizer, train_tokenizer
 from longsparse.lm.train import build_model, train_lm
+from longsparse_experiments.lm_study import load_study_config
 
 SAMPLE_TRAIN = lmdata.load_split(SAMPLE_DIR, "train")
 UNSEEN = "Ünïcödé ☃ — naïve façade, 12345 tabs\tand\nnewlines  <|endoftext|> 日本語 🎭"
@@ -231,7 +232,7 @@ def test_killed_training_resumes_to_identical_weights(tmp_path):
 
 
 def test_quick_pipeline_end_to_end(tmp_path, capsys):
-    from longsparse.cli import main
+    from longsparse_experiments.cli import main
 
     out = tmp_path / "lmq"
     assert main(["lm", "run", "--quick", "--out", str(out)]) == 0

@@ -112,14 +112,23 @@ def test_pyproject_declares_tomli_and_ships_the_presets():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert 'tomli>=1.1; python_version < "3.11"' in meta["project"]["dependencies"]
     assert "configs/*/*.toml" in meta["tool"]["setuptools"]["package-data"]["longsparse"]
+    assert "configs/*/*.toml" in meta["tool"]["setuptools"]["package-data"]["longsparse_experiments"]
+    assert meta["project"]["scripts"]["longsparse"] == "longsparse_experiments.cli:main"
     assert not (ROOT / "configs").exists()                   # one place for the presets: the package
     assert configs_dir() == ROOT / "src" / "longsparse" / "configs" or "LONGSPARSE_CONFIGS" in os.environ
+    # the task presets are the library's, the study presets the experiments'
+    from longsparse_experiments.presets import presets_dir
+
+    assert presets_dir() == ROOT / "src" / "longsparse_experiments" / "configs"
+    assert not (ROOT / "src" / "longsparse" / "configs" / "reproduce").exists()
+    assert (presets_dir() / "reproduce" / "synthetic.toml").is_file() and (presets_dir() / "lm" / "cpu.toml").is_file()
 
 
 # ---- 14: a wheel installed elsewhere runs the commands that need presets ----------------------------------
 def test_wheel_install_runs_presets_from_another_folder(tmp_path):
     """Build the wheel from a copy of the sources, install it (no deps) into a fresh venv that reuses this
-    torch, and train + dry-run a study from a folder outside the checkout."""
+    torch, and from a folder outside the checkout: both packages come from the wheel, the demo's task preset and
+    the study and LM presets resolve inside it, a run trains and a study dry-runs."""
     src = tmp_path / "src-copy"
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "*.so")
     shutil.copytree(ROOT / "src", src / "src", ignore=ignore)
@@ -143,10 +152,23 @@ def test_wheel_install_runs_presets_from_another_folder(tmp_path):
         assert res.returncode == 0, (args, res.stdout[-2000:], res.stderr[-2000:])
         return res.stdout
 
-    where = subprocess.run([str(py), "-c", "import longsparse.train as t; print(t.configs_dir())"], cwd=work,
-                           env=env, capture_output=True, text=True, check=True).stdout.strip()
-    assert where.startswith(str(venv)), where                # the wheel's copy, not the checkout's
-    assert "flip_flop" in run("presets")
+    where = subprocess.run([str(py), "-c", textwrap.dedent("""
+        from longsparse.train import build_config, configs_dir
+        from longsparse_experiments import demo, figures, lm_study, reproduce
+        from longsparse_experiments.presets import presets_dir
+        r = demo.RECIPE
+        for method, positions in r["methods"]:          # the demo's configs, as run_demo builds them
+            cfg = build_config(r["task"], preset=r["preset"], method=method, positions=positions, steps=r["steps"],
+                               sets=r["sets"])
+            assert cfg["model"]["method"] == method and cfg["task"]["name"] == r["task"], cfg
+        lm = lm_study.load_study_config("quick")
+        assert lm["study"]["methods"], lm
+        print(configs_dir(), presets_dir(), reproduce.load_study("synthetic", quick=True)["path"], lm["data"]["dir"],
+              figures.__file__)
+    """)], cwd=work, env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert len(where) == 5 and all(w.startswith(str(venv)) for w in where), where   # the wheel's, not the checkout's
+    out = run("presets")
+    assert "flip_flop" in out and "synthetic-quick" in out
     run("train", "--task", "flip_flop", "--method", "softmax", "--preset", "cpu", "--steps", "2",
         "--out", "run", *[x for s in TINY for x in ("--set", s)])
     assert (work / "run" / "checkpoints" / "last.pt").is_file()

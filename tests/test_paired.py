@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from longsparse.cli import main
 from longsparse.report import paired
+from longsparse_experiments.cli import main
 
 
 def test_sign_flip_is_exact():
@@ -75,9 +75,9 @@ def test_compare_and_analyse():
 
 
 def test_cli_analyse(tmp_path, capsys):
-    from longsparse.train.config import configs_dir
+    from longsparse_experiments.presets import presets_dir
 
-    study = configs_dir() / "reproduce" / "prereg_mqmtar.toml"
+    study = presets_dir() / "reproduce" / "prereg_mqmtar.toml"
     rep = tmp_path / "rep"
     rep.mkdir()
     six = lambda x: [x] * 6

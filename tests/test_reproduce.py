@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from longsparse.cli import main
-from longsparse.reproduce import cells, load_study, samples_for, selected
 from longsparse.train import build_config
 from longsparse.train.config import ConfigError
+from longsparse_experiments.cli import main
+from longsparse_experiments.reproduce import cells, load_study, samples_for, selected
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -258,7 +258,7 @@ def test_study_checkpoints_and_test_seed(tmp_path):
     """A study may evaluate only some checkpoints, on its own test stream: only those are evaluated, read back
     and archived (an evaluation of the same run on another test seed is never mixed in)."""
     from longsparse.evaluate import evaluate_run
-    from longsparse.reproduce import collect, run_study
+    from longsparse_experiments.reproduce import collect, run_study
 
     p = tmp_path / "s.toml"
     p.write_text('[[study]]\nname = "t"\ntask = "flip_flop"\nmethods = ["softmax"]\npositions = ["nape"]\n'
@@ -285,10 +285,10 @@ def test_study_checkpoints_and_test_seed(tmp_path):
 
 def test_preregistered_study_is_the_headline_recipe():
     """The pre-registered study trains exactly the headline cell of synthetic.toml, seed aside."""
-    from longsparse.reproduce import cell_config
-    from longsparse.train.config import configs_dir
+    from longsparse_experiments.presets import presets_dir
+    from longsparse_experiments.reproduce import cell_config
 
-    pre = load_study(path=str(configs_dir() / "reproduce" / "prereg_mqmtar.toml"))["studies"]
+    pre = load_study(path=str(presets_dir() / "reproduce" / "prereg_mqmtar.toml"))["studies"]
     head = next(s for s in load_study("synthetic")["studies"] if s["name"] == "mqmtar_inline_3l_lr4e-3_4k")
     assert [m for s in pre for m in s["methods"]] == ["softmax", "asentmax", "adatemp", "entmax"]
     for s in pre:
@@ -306,8 +306,8 @@ def test_archived_cells_keep_their_identity():
     import json as _json
 
     from longsparse.report.store import read_records
-    from longsparse.reproduce import cell_config, cell_hash
     from longsparse.train.config import config_hash
+    from longsparse_experiments.reproduce import cell_config, cell_hash
 
     records = read_records(Path(__file__).parents[1] / "results" / "synthetic")
     stale = []

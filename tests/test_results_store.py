@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from longsparse.cli import main
 from longsparse.report import store
-from longsparse.reproduce import (cell_config, cell_hash, cells, load_study, run_study, tables_markdown,
-                                  update_archive, view)
 from longsparse.train.config import ConfigError
+from longsparse_experiments.cli import main
+from longsparse_experiments.reproduce import (cell_config, cell_hash, cells, load_study, run_study, tables_markdown,
+                                              update_archive, view)
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = ROOT / "docs" / "results" / "trials"
@@ -146,10 +146,10 @@ def test_archive_written_before_the_store_is_read_then_imported(tmp_path, capsys
 def test_running_preregistered_study_snapshot_is_readable():
     """results/prereg_mqmtar/results.json is written by the running study's frozen code: the store reads it as
     it is (reading writes nothing), every run under the config hash its study file gives now."""
-    from longsparse.train.config import configs_dir
+    from longsparse_experiments.presets import presets_dir
 
     folder = ROOT / "results" / "prereg_mqmtar"
-    spec = load_study(path=str(configs_dir() / "reproduce" / "prereg_mqmtar.toml"))
+    spec = load_study(path=str(presets_dir() / "reproduce" / "prereg_mqmtar.toml"))
     before = sorted(p.name for p in folder.iterdir())
     records = store.read_records(folder)
     hashes = {c["run"]: cell_hash(cell_config(s, c)) for s in spec["studies"] for c in cells(s)}

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from longsparse.cli import main
 from longsparse.train import build_config, train
 from longsparse.train.loop import KILL_ENV
+from longsparse_experiments.cli import main
 
 TINY = ["model.d_model=32", "model.d_ff=64", "model.n_heads=2", "train.batch_size=8", "train.lr=3e-3",
         "train.warmup_steps=2", "train.log_every=2", "train.val_every=0", "train.val_samples=2",
@@ -148,7 +148,7 @@ def test_report_skips_files_an_interrupted_evaluation_left(tmp_path, capsys):
 
 
 def test_lm_token_cache_cut_by_a_kill_is_rebuilt(tmp_path):
-    from longsparse.lm.study import SAMPLE_DIR, prepare
+    from longsparse.lm.streams import SAMPLE_DIR, prepare
 
     data = {"dir": str(SAMPLE_DIR), "tokenizer": "bytes", "vocab_size": 258}
     (tmp_path / "tokens-bytes.pt").write_bytes(b"PK\x03\x04 cut")
@@ -159,11 +159,14 @@ def test_lm_token_cache_cut_by_a_kill_is_rebuilt(tmp_path):
 
 
 def test_result_writers_go_through_the_atomic_helper():
-    """Every file the report / evaluation / LM / training code writes goes through longsparse.io (appended logs
-    aside): a raw write_text, savefig or torch.save there could leave a cut file on Ctrl-C."""
+    """Every file the report / evaluation / LM / training code and the experiments write goes through
+    longsparse.io (appended logs aside): a raw write_text, savefig or torch.save there could leave a cut file on
+    Ctrl-C."""
     raw = re.compile(r"\.write_text\(|\.write_bytes\(|\bfig\.savefig\(|\btorch\.save\(|\.tok\.save\(")
-    files = [SRC / "report" / "__init__.py", SRC / "report" / "figures.py", *(SRC / "evaluate").glob("*.py"),
-             *(SRC / "lm").glob("*.py"), SRC / "train" / "loop.py", SRC / "train" / "rundir.py", SRC / "cli.py"]
+    experiments = SRC.parent / "longsparse_experiments"
+    files = [SRC / "report" / "__init__.py", *(SRC / "evaluate").glob("*.py"), *(SRC / "lm").glob("*.py"),
+             SRC / "train" / "loop.py", SRC / "train" / "rundir.py", SRC / "cli.py", *experiments.rglob("*.py")]
+    assert experiments / "figures" / "style.py" in files
     offenders = [f"{f.name}:{i}" for f in files for i, line in enumerate(f.read_text().splitlines(), 1)
                  if raw.search(line)]
     assert offenders == []

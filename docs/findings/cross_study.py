@@ -20,7 +20,7 @@ import statistics
 from pathlib import Path
 
 from longsparse.report import paired, store
-from longsparse.reproduce import load_study, view
+from longsparse_experiments.reproduce import load_study, view
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "findings"

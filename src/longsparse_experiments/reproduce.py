@@ -2,12 +2,12 @@
 
     longsparse reproduce synthetic [--quick] [--out runs/reproduce] [--report docs/results] [--only sort,copy]
 
-The study is ``src/longsparse/configs/reproduce/synthetic.toml`` (``--quick``: ``synthetic-quick.toml``): a list of cells
-(task × method × positions × seed), each trained with ``longsparse train``'s loop from the task's preset plus the
-cell's ``sets``, then evaluated at every length with the best and the last checkpoint. Everything is resumable:
-a finished training is not redone (an interrupted one resumes from its last checkpoint), an evaluation whose
-(checkpoint, length, samples, seed) already has a result file is skipped. The report (markdown tables, JSON,
-PNG per study) is rendered from the study's results store, never from anything else.
+The study is ``configs/reproduce/synthetic.toml`` of this package (``--quick``: ``synthetic-quick.toml``): a list
+of cells (task × method × positions × seed), each trained with ``longsparse train``'s loop from the task's preset
+(the library's) plus the cell's ``sets``, then evaluated at every length with the best and the last checkpoint.
+Everything is resumable: a finished training is not redone (an interrupted one resumes from its last checkpoint),
+an evaluation whose (checkpoint, length, samples, seed) already has a result file is skipped. The report
+(markdown tables, JSON, PNG per study) is rendered from the study's results store, never from anything else.
 
 The store (``--store``, default: the report folder; ``longsparse.report.store``) is an append-only file of result
 records, one per run evaluation: run folders (checkpoints, eval files) live outside git and are gone on a fresh
@@ -31,7 +31,8 @@ from typing import Callable, Optional, Sequence
 
 from longsparse.io import atomic_savefig, atomic_write_text, read_jsonl
 from longsparse.report import store as result_store
-from longsparse.train.config import ConfigError, build_config, config_hash, configs_dir, load_toml, resolve
+from longsparse.train.config import ConfigError, build_config, config_hash, load_toml, resolve
+from longsparse_experiments.presets import presets_dir
 
 FORMAT = "longsparse-reproduce"
 CHECKPOINTS = ("best", "last")
@@ -43,7 +44,7 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
     A ``[[study]]`` may say ``like = "<earlier study>"`` to take that study's settings (not its name or
     description) and override some of them; ``more_sets = [...]`` appends train overrides to the ``sets``
     it has (the later of two settings of one key wins), so a variant names only what it changes."""
-    p = Path(path) if path else configs_dir() / "reproduce" / f"{name}{'-quick' if quick else ''}.toml"
+    p = Path(path) if path else presets_dir() / "reproduce" / f"{name}{'-quick' if quick else ''}.toml"
     if not p.is_file():
         raise ConfigError(f"no study file {p}")
     raw = load_toml(p)
@@ -613,10 +614,12 @@ def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: C
 
 # ---- CLI ---------------------------------------------------------------------------------------------------
 def add_cli(sub) -> None:
-    r = sub.add_parser("reproduce", help="rerun a study from src/longsparse/configs/reproduce (train + evaluate + report)")
-    r.add_argument("study", choices=["synthetic"], help="src/longsparse/configs/reproduce/<study>.toml")
+    r = sub.add_parser("reproduce", help="rerun a study from src/longsparse_experiments/configs/reproduce (train + "
+                                         "evaluate + report)")
+    r.add_argument("study", choices=["synthetic"], help="src/longsparse_experiments/configs/reproduce/<study>.toml")
     r.add_argument("--quick", action="store_true", help="the tiny smoke version (<study>-quick.toml)")
-    r.add_argument("--config", default=None, help="a study TOML file instead of src/longsparse/configs/reproduce/<study>.toml")
+    r.add_argument("--config", default=None,
+                   help="a study TOML file instead of src/longsparse_experiments/configs/reproduce/<study>.toml")
     r.add_argument("--out", default=None, help="run folder (default runs/reproduce[-quick])")
     r.add_argument("--report", default=None,
                    help="tables.md, a PNG per study and results.json (the rendered view) here (default OUT/report)")

@@ -9,8 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from longsparse.reproduce import cells, load_study
 from longsparse.train import build_config
+from longsparse_experiments.reproduce import cells, load_study
 
 
 def flat(d, prefix=""):

@@ -11,9 +11,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from longsparse.reproduce import cells, load_study
 from longsparse.tasks.base import IGNORE_INDEX
 from longsparse.train import build_config
+from longsparse_experiments.reproduce import cells, load_study
 from longsparse.train.config import build_model, make_task, resolve
 
 

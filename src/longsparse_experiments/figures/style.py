@@ -1,0 +1,47 @@
+"""The one plotting style of the figures: matplotlib on the Agg backend, the default colour cycle, tight layout,
+atomic PNG writes; and the JSON every figure writes beside its PNG."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from longsparse.io import atomic_savefig, atomic_write_text
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend; an ImportError naming the extra when matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError as e:   # pragma: no cover - depends on the environment
+        raise ImportError("figures need matplotlib: pip install 'longsparse[plot]'") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def color_cycle() -> list[str]:
+    """The colour cycle every figure draws its series (heads, entries, runs) in."""
+    return pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
+
+
+def save(fig, path: Path, dpi: int = 100, tight: bool = True) -> None:
+    """Write ``fig`` to ``path`` (PNG, atomically) and close it."""
+    if tight:
+        fig.tight_layout()
+    atomic_savefig(fig, path, dpi=dpi)
+    pyplot().close(fig)
+
+
+def plot_note(data: dict, path: Path) -> None:
+    """A figure that only says why there is nothing to plot (``data["summary"]["note"]``)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(4, 1.5))
+    ax.axis("off")
+    ax.text(0.5, 0.5, data["summary"].get("note", "nothing to plot"), ha="center", va="center", fontsize=9)
+    save(fig, path)
+
+
+def write_json(path: Path, data: dict) -> None:
+    """A figure's numbers, compact (NaN allowed: a fit with no variance has R² NaN)."""
+    atomic_write_text(path, json.dumps(data, separators=(",", ":"), allow_nan=True) + "\n")
