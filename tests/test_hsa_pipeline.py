@@ -1,6 +1,7 @@
 """HSA through the shared pipeline: config resolution (arch hsa: the [hsa] table, --set model.X), training with the
 shared loop, checkpoints + exact resume, `longsparse eval` through the fast path with needle diagnostics."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,13 +75,14 @@ def test_hsa_resume_is_bit_identical(tmp_path):
     import sys
 
     cfg = tiny(6)
-    code = ("import json,sys; from longsparse.train import train; "
-            "train(json.load(open(sys.argv[1])), sys.argv[2], progress=False)")
+    code = ("import json,sys; sys.path.insert(0, sys.argv[3]); from faults import sigkill_after; "
+            "from longsparse.train import train; "
+            "train(json.load(open(sys.argv[1])), sys.argv[2], progress=False, callbacks=[sigkill_after(3)])")
     cfg_file = tmp_path / "cfg.json"
     cfg_file.write_text(json.dumps(cfg))
     run = tmp_path / "killed"
-    env = {**__import__("os").environ, "LONGSPARSE_TEST_KILL_AFTER_STEP": "3"}
-    p = subprocess.run([sys.executable, "-c", code, str(cfg_file), str(run)], env=env, capture_output=True)
+    p = subprocess.run([sys.executable, "-c", code, str(cfg_file), str(run), str(Path(__file__).parent)],
+                       capture_output=True)
     assert p.returncode != 0                                    # killed
     assert load_checkpoint(str(run / "checkpoints" / "last.pt"))[1]["step"] == 2
     res = train(cfg, str(run), progress=False, printer=lambda s: None)

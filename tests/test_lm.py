@@ -17,7 +17,9 @@ from longsparse.lm.evaluate import (brute_force_loss_by_position, bucket_positio
 from longsparse.lm.passkey import NEEDLE_PREFIX, PasskeyMaker, reference_solve
 from longsparse.lm.streams import SAMPLE_DIR, prepare
 from longsparse.lm.tokenizer import ByteTokenizer, load_tokenizer, train_tokenizer
-from longsparse.lm.train import build_model, train_lm
+from longsparse.train import train
+from longsparse.train.config import build_model
+from longsparse.train.rundir import checkpoint_path
 from longsparse_experiments.lm_study import load_study_config
 
 SAMPLE_TRAIN = lmdata.load_split(SAMPLE_DIR, "train")
@@ -205,30 +207,31 @@ def test_passkey_accuracy_indexing(bpe):
 
 # ---- training: resume, pipeline -----------------------------------------------------------------------------
 def test_killed_training_resumes_to_identical_weights(tmp_path):
+    from longsparse_experiments.lm_study import run_config
+
     cfg = load_study_config("quick")
     cfg["train"].update(steps=10, ckpt_every=5, log_every=1)
-    tok, tokens = prepare(cfg["data"], cache_dir=str(tmp_path / "data"), printer=lambda *_: None)
-    rc = {"data": cfg["data"], "model": {**cfg["model"], "method": "asentmax", "positions": "nape"},
-          "train": cfg["train"]}
-    train_lm(rc, tmp_path / "a", tokens, tok, printer=lambda *_: None)
+    rc = run_config(cfg, "asentmax", "nape", 0, cache_dir=str(tmp_path / "data"))
+    train(rc, str(tmp_path / "a"), printer=lambda *_: None, progress=False)
 
-    class Kill(Exception):
+    class Kill(BaseException):
         pass
 
-    def killer(msg):
-        if msg.startswith("step     7/"):
+    def kill_after_7(step):
+        if step == 7:
             raise Kill
     with pytest.raises(Kill):
-        train_lm(rc, tmp_path / "b", tokens, tok, printer=killer)
-    assert not (tmp_path / "b" / "train_done.json").exists()
+        train(rc, str(tmp_path / "b"), printer=lambda *_: None, progress=False, callbacks=[kill_after_7])
+    assert torch.load(checkpoint_path(tmp_path / "b"), weights_only=False)["extra"]["step"] == 5
     logs = []
-    train_lm(rc, tmp_path / "b", tokens, tok, printer=logs.append)
+    train(rc, str(tmp_path / "b"), printer=logs.append, progress=False)
     assert any("resuming" in m and "step 5/10" in m for m in logs)
-    a = torch.load(tmp_path / "a" / "last.pt", weights_only=True)["model"]
-    b = torch.load(tmp_path / "b" / "last.pt", weights_only=True)["model"]
+    a = torch.load(checkpoint_path(tmp_path / "a"), weights_only=True)["model"]
+    b = torch.load(checkpoint_path(tmp_path / "b"), weights_only=True)["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    steps = [json.loads(l)["step"] for l in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == sorted(set(steps)) and steps[-1] == 10                   # no duplicated log records
+    steps = [r["step"] for r in map(json.loads, (tmp_path / "b" / "metrics.jsonl").read_text().splitlines())
+             if "loss" in r]
+    assert steps == list(range(1, 11))                                       # no duplicated log records
 
 
 def test_quick_pipeline_end_to_end(tmp_path, capsys):
@@ -246,8 +249,12 @@ def test_quick_pipeline_end_to_end(tmp_path, capsys):
         assert len(ev["per_position_nll"]) == 16 * T and len(ev["per_position_delta_nll"]) == 16 * T
         assert max(abs(v) for v in ev["per_position_delta_nll"][:T]) < 1e-4   # same context before T
         assert set(ev["passkey"]) == {str(T), str(2 * T), str(4 * T)}
-        losses = [json.loads(l)["loss"] for l in (out / f"{m}-nape-s0" / "metrics.jsonl").read_text().splitlines()]
+        records = [json.loads(line) for line in (out / f"{m}-nape-s0" / "metrics.jsonl").read_text().splitlines()]
+        losses = [r["loss"] for r in records if "loss" in r]
         assert losses[-1] < losses[0]
+        val = [r for r in records if "val" in r]                   # the trainer's perplexity objective, at the end
+        assert [r["step"] for r in val] == [cfg["train"]["steps"]] and list(val[0]["val"]) == [str(T)]
+        assert val[0]["val_mean_nll"] == pytest.approx(math.log(val[0]["val"][str(T)]["ppl"]))
     rep = out / "report"
     assert (rep / "lm_results.md").read_text().count("| softmax/nape |") == 6
     assert (rep / "lm_results.png").stat().st_size > 10_000
@@ -257,7 +264,8 @@ def test_quick_pipeline_end_to_end(tmp_path, capsys):
     assert main(["lm", "report", str(rep / "lm_results.json"), "--out", str(tmp_path / "again")]) == 0
     assert (tmp_path / "again" / "lm_results.md").read_text() == (rep / "lm_results.md").read_text()
     # re-running reuses the finished runs (no retraining) and rebuilds the same table
-    before = (out / "softmax-nape-s0" / "train_done.json").read_text()
+    last = checkpoint_path(out / "softmax-nape-s0")
+    before = last.stat().st_mtime_ns
     assert main(["lm", "run", "--quick", "--out", str(out)]) == 0
-    assert (out / "softmax-nape-s0" / "train_done.json").read_text() == before
-    assert "already trained" in capsys.readouterr().out
+    assert last.stat().st_mtime_ns == before
+    assert "run already complete" in capsys.readouterr().out

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from longsparse.train import build_config, train
-from longsparse.train.loop import KILL_ENV
 from longsparse_experiments.cli import main
 
 TINY = ["model.d_model=32", "model.d_ff=64", "model.n_heads=2", "train.batch_size=8", "train.lr=3e-3",
@@ -297,7 +296,7 @@ def test_folder_of_a_run_killed_before_config_json_is_recovered(tmp_path):
     assert json.loads((out / "config.json").read_text())["train"]["steps"] == 2
 
 
-def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, monkeypatch):
+def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path):
     sets = TINY + COPY + ["train.log_every=4", "train.ckpt_every=3"]
     cfg = build_config("copy", method="softmax", positions="nape", steps=8, sets=sets)
     train(cfg, str(tmp_path / "ref"), printer=_quiet, progress=False)
@@ -306,14 +305,12 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path, monkeypat
     class Killed(BaseException):
         pass
 
-    def kill(pid, sig):          # stands for the SIGKILL: nothing after the kill point runs
-        raise Killed
+    def kill_after_5(step):      # stands for a SIGKILL after step 5: nothing after the kill point runs
+        if step == 5:
+            raise Killed
 
-    monkeypatch.setenv(KILL_ENV, "5")          # last checkpoint at step 3, between the logged steps 1 and 4
-    monkeypatch.setattr(os, "kill", kill)
-    with pytest.raises(Killed):
-        train(cfg, str(killed), printer=_quiet, progress=False)
-    monkeypatch.delenv(KILL_ENV)
+    with pytest.raises(Killed):  # last checkpoint at step 3, between the logged steps 1 and 4
+        train(cfg, str(killed), printer=_quiet, progress=False, callbacks=[kill_after_5])
     train(cfg, str(killed), printer=_quiet, progress=False)
 
     def losses(run):

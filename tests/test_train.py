@@ -12,7 +12,6 @@ import torch
 
 from longsparse.nn import read_checkpoint
 from longsparse.train import ConfigError, RunDirError, build_config, lr_at, train
-from longsparse.train.loop import KILL_ENV
 
 TINY = ["model.d_model=32", "model.d_ff=64", "model.n_heads=2", "train.batch_size=16", "train.lr=3e-3",
         "train.warmup_steps=5", "train.log_every=10", "train.val_every=0", "train.val_samples=4",
@@ -73,11 +72,14 @@ RESUME_ARGS = ["--task", "two_back", "--method", "asentmax", "--positions", "nap
                "--set", "train.warmup_steps=3", "--set", "train.threads=1"]
 
 
-def _cli(args, env_extra=None, check=True):
-    env = {k: v for k, v in os.environ.items() if k != KILL_ENV}
-    env.update(env_extra or {})
-    p = subprocess.run([sys.executable, "-m", "longsparse.cli", *args], capture_output=True, text=True, env=env,
-                       timeout=300)
+FAULTS = Path(__file__).resolve().parent / "faults.py"
+
+
+def _cli(args, kill_after=None, check=True):
+    """Run the library's command line in a subprocess; ``kill_after``: SIGKILL it after that step."""
+    cmd = [sys.executable, "-m", "longsparse.cli"] if kill_after is None else \
+        [sys.executable, str(FAULTS), str(kill_after), "--"]
+    p = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300)
     if check and p.returncode != 0:
         raise AssertionError(f"rc={p.returncode}\n{p.stdout}\n{p.stderr}")
     return p
@@ -91,7 +93,7 @@ def test_resume_after_sigkill_gives_identical_weights(tmp_path):
     ref, killed = tmp_path / "ref", tmp_path / "killed"
     _cli(["train", *RESUME_ARGS, "--out", str(ref)])
     # killed with SIGKILL right after step 7: last checkpoint at step 4, steps 5-7 are lost and redone
-    p = _cli(["train", *RESUME_ARGS, "--out", str(killed)], {KILL_ENV: "7"}, check=False)
+    p = _cli(["train", *RESUME_ARGS, "--out", str(killed)], kill_after=7, check=False)
     assert p.returncode == -9, (p.returncode, p.stderr)
     mid = read_checkpoint(str(killed / "checkpoints" / "last.pt"))
     assert mid["extra"]["step"] == 4

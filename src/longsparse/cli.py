@@ -116,11 +116,11 @@ def add_library_commands(sub: argparse._SubParsersAction) -> None:
     from longsparse.models import ARCHITECTURES
     from longsparse.nn import METHODS, POSITIONS
     from longsparse.tasks import TASKS
-    from longsparse.tasks.registry import RULER_TASKS
+    from longsparse.tasks.registry import CORPUS_TASKS, RULER_TASKS
 
+    trainable = sorted([*TASKS, *RULER_TASKS, *CORPUS_TASKS])
     t = sub.add_parser("train", help="train one run (resumes if --out holds the same config)")
-    t.add_argument("--task", required=True, choices=sorted([*TASKS, *RULER_TASKS]), metavar="TASK",
-                   help=f"one of: {', '.join(sorted([*TASKS, *RULER_TASKS]))}")
+    t.add_argument("--task", required=True, choices=trainable, metavar="TASK", help=f"one of: {', '.join(trainable)}")
     t.add_argument("--arch", default=None, choices=list(ARCHITECTURES), metavar="ARCH",
                    help=f"model architecture, one of: {', '.join(ARCHITECTURES)} (hsa: hierarchical sparse "
                         f"attention, the preset's [hsa] table; default: the preset's [model])")

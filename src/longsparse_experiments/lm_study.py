@@ -1,9 +1,11 @@
 """The LM study pipeline: prepare (tokenizer + token streams) → train each method/positions/seed → evaluate →
 report (tables, JSON, PNG). Driven by ``configs/lm/<preset>.toml`` of this package; ``longsparse lm run [--quick]``.
-The corpus, tokenizers, token streams, passkey rows, training and evaluation are the library's ``longsparse.lm``.
+The corpus, tokenizers, token streams, passkey rows and evaluation are the library's ``longsparse.lm``; each
+run is the library's one trainer (``longsparse.train.train``) on the task ``lm`` (``longsparse.tasks.CorpusLM``),
+so an LM run folder is an ordinary run folder (``config.json``, ``checkpoints/last.pt``, ``metrics.jsonl``).
 
-Every step is resumable: a run directory with ``train_done.json`` is not retrained, one with ``eval.json``
-(for the same eval config) is not re-evaluated, and a killed training resumes from ``last.pt``.
+Every step is resumable: a completed run is not retrained, a killed one resumes from its last checkpoint, and a
+run with ``eval.json`` (for the same eval config) is not re-evaluated.
 """
 from __future__ import annotations
 
@@ -18,12 +20,15 @@ import torch
 from longsparse.io import atomic_savefig, atomic_write_text, read_json, read_json_or_none, warn_stderr
 from longsparse.lm.evaluate import bucket_positions, passkey_accuracy, perplexity_by_length
 from longsparse.lm.streams import SAMPLE_DIR, prepare
-from longsparse.lm.train import train_lm
+from longsparse.nn import load_checkpoint
+from longsparse.train import train
+from longsparse.train.rundir import checkpoint_path
 from longsparse_experiments.presets import presets_dir
 
 TRAIN_DEFAULTS = {"seq_len": 128, "batch_size": 32, "steps": 1000, "lr": 1e-3, "warmup_steps": 50,
                   "min_lr_ratio": 0.1, "betas": [0.9, 0.99], "grad_clip": 1.0, "passkey_frac": 0.25,
-                  "passkey_digits": 5, "seed": 0, "threads": 1, "log_every": 25, "ckpt_every": 50}
+                  "passkey_digits": 5, "seed": 0, "threads": 1, "log_every": 25, "ckpt_every": 50,
+                  "val_windows": 8}
 EVAL_DEFAULTS = {"length_mults": [0.25, 0.5, 1, 2, 4, 8, 16], "n_windows": 8, "passkey_mults": [1, 2, 4, 8, 16],
                  "passkey_depths": [0.0, 0.25, 0.5, 0.75, 1.0], "passkey_samples": 8, "batch_tokens": 16384}
 
@@ -53,18 +58,41 @@ def load_study_config(preset: str = "cpu", path: Optional[str] = None) -> dict:
 
 
 # ---- one run ----------------------------------------------------------------------------------------------
-def run_config(cfg: dict, method: str, positions: str, seed: int) -> dict:
-    model = {**cfg["model"], "method": method, "positions": positions}
-    train = {**cfg["train"], "seed": seed}
-    return {"data": cfg["data"], "model": model, "train": train}
+def run_config(cfg: dict, method: str, positions: str, seed: int, cache_dir: Optional[str] = None) -> dict:
+    """The library run config of one LM run: the task ``lm`` on the study's corpus, the study's model with
+    ``method`` / ``positions``, and its training budget at the fixed length ``seq_len`` (validation: perplexity on
+    ``val_windows`` validation windows of that length, at the end only; the last checkpoint is evaluated).
+    ``cache_dir``: where the tokenizer and token streams are cached (not part of the run's identity)."""
+    d, t = cfg["data"], cfg["train"]
+    corpus = "sample" if d["dir"] == str(SAMPLE_DIR) else d["dir"]
+    T = t["seq_len"]
+    return {"task": {"name": "lm", "params": {"corpus": corpus, "tokenizer": d["tokenizer"],
+                                              "tokenizer_vocab": d["vocab_size"], "passkey_frac": t["passkey_frac"],
+                                              "passkey_digits": t["passkey_digits"], "cache_dir": cache_dir}},
+            "model": {**cfg["model"], "method": method, "positions": positions},
+            "train": {"steps": t["steps"], "batch_size": t["batch_size"], "lr": t["lr"],
+                      "warmup_steps": t["warmup_steps"], "min_lr_ratio": t["min_lr_ratio"], "betas": t["betas"],
+                      "grad_clip": t["grad_clip"], "seed": seed, "threads": t["threads"],
+                      "log_every": t["log_every"], "ckpt_every": t["ckpt_every"], "train_lengths": [T, T],
+                      "val_every": 0, "val_lengths": [T], "val_samples": t["val_windows"]}}
+
+
+def _run_facts(run_dir: Path) -> dict:
+    """What evaluation needs from an LM run folder: its config, training length, passkey digits, checkpoint and
+    training record (steps, seconds in updates)."""
+    rc = read_json(run_dir / "config.json")
+    ckpt = checkpoint_path(run_dir, "last")
+    extra = torch.load(ckpt, map_location="cpu", weights_only=False)["extra"] if ckpt.exists() else {}
+    return {"config": rc, "T": rc["train"]["train_lengths"][1], "digits": rc["task"]["params"]["passkey_digits"],
+            "method": rc["model"]["method"], "positions": rc["model"]["positions"], "seed": rc["train"]["seed"],
+            "threads": rc["train"].get("threads"), "checkpoint": ckpt, "steps": extra.get("step"),
+            "train_wall_s": round(float(extra.get("train_seconds", 0.0)), 1)}
 
 
 def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, split: str = "test") -> dict:
-    from longsparse.nn import load_checkpoint
-
     run_dir = Path(run_dir)
-    rc = read_json(run_dir / "config.json")
-    T = rc["train"]["seq_len"]
+    facts = _run_facts(run_dir)
+    T = facts["T"]
     out_path = run_dir / "eval.json"
     old = None
     if out_path.exists():
@@ -73,9 +101,9 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
             old = None
         elif "per_position_delta_nll" in old:
             return old
-    if rc["train"].get("threads"):
-        torch.set_num_threads(rc["train"]["threads"])
-    model, _ = load_checkpoint(str(run_dir / "last.pt"))
+    if facts["threads"]:
+        torch.set_num_threads(facts["threads"])
+    model, _ = load_checkpoint(str(facts["checkpoint"]))
     model.eval()
     stream = tokens[split]
     t0 = time.perf_counter()
@@ -93,11 +121,10 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
         return old
     pk_lengths = [int(m * T) for m in ev["passkey_mults"]]
     pk = passkey_accuracy(model, tok, stream, pk_lengths, ev["passkey_depths"], ev["passkey_samples"],
-                          n_digits=rc["train"]["passkey_digits"], batch_tokens=ev["batch_tokens"])
-    done = read_json(run_dir / "train_done.json")
-    res = {"run": run_dir.name, "method": rc["model"]["method"], "positions": rc["model"]["positions"],
-           "seed": rc["train"]["seed"], "seq_len": T, "split": split, "eval_config": ev,
-           "train_wall_s": done["train_wall_s"], "params": done["params"], "steps": done["step"],
+                          n_digits=facts["digits"], batch_tokens=ev["batch_tokens"])
+    res = {"run": run_dir.name, "method": facts["method"], "positions": facts["positions"],
+           "seed": facts["seed"], "seq_len": T, "split": split, "eval_config": ev,
+           "train_wall_s": facts["train_wall_s"], "params": model.num_parameters(), "steps": facts["steps"],
            "perplexity": {str(L): v for L, v in ppl.items()},
            "per_position_nll": per_pos, "position_buckets": bucket_positions(per_pos, T),
            "per_position_delta_nll": per_pos_delta, "position_delta_buckets": _delta_buckets(per_pos_delta, T),
@@ -125,17 +152,17 @@ def run_study(cfg: dict, out, *, methods: Optional[Sequence[str]] = None, positi
     methods = list(methods or st.get("methods", ["softmax", "ssmax", "entmax", "asentmax"]))
     positions = list(positions or st.get("positions", ["nape"]))
     seeds = list(seeds if seeds is not None else st.get("seeds", [0]))
-    tok, tokens = prepare(cfg["data"], cache_dir=str(out / "data") if cfg["data"]["dir"] == str(SAMPLE_DIR) else None,
-                          printer=printer)
+    cache_dir = str(out / "data") if cfg["data"]["dir"] == str(SAMPLE_DIR) else None
+    tok, tokens = prepare(cfg["data"], cache_dir=cache_dir, printer=printer)
     results = []
     t0 = time.perf_counter()
     for seed in seeds:                      # seed-major: a cut study still has every method at seed 0
         for pos in positions:
             for method in methods:
-                rc = run_config(cfg, method, pos, seed)
+                rc = run_config(cfg, method, pos, seed, cache_dir)
                 run_dir = out / f"{method}-{pos}-s{seed}"
                 printer(f"== {run_dir.name}")
-                train_lm(rc, run_dir, tokens, tok, printer=printer)
+                train(rc, str(run_dir), printer=printer, progress=False)
                 results.append(evaluate_lm_run(run_dir, cfg["eval"], tok, tokens, printer=printer))
     printer(f"study: {len(results)} run(s) in {time.perf_counter() - t0:.0f} s")
     rep = None

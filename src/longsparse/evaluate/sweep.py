@@ -128,6 +128,9 @@ def evaluate_run(run: str | Path, lengths, *, samples: int = 100, checkpoint: st
                          + "); use --device cpu")
     cfg = read_config(run)
     task = make_task(cfg["task"])
+    if task.objective != "exact_match":
+        raise ValueError(f"{run}: a {task.name!r} run is scored by {task.objective}, not by exact match by length; "
+                         f"evaluate it with longsparse.lm.evaluate (the LM study: `longsparse lm run`)")
     for L in lengths:      # every length checked before any work
         try:
             task.check_length(L)

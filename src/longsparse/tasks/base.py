@@ -222,6 +222,7 @@ class Task:
 
     name: ClassVar[str] = "task"
     kind: ClassVar[str] = "seq2seq"
+    objective: ClassVar[str] = "exact_match"   # what the trainer validates (longsparse.train.objectives)
     train_lengths: ClassVar[tuple[int, int]] = TRAIN_LENGTHS
     length_doc: ClassVar[str] = ""
     token_names: list[str]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from longsparse.tasks.base import Task
+from longsparse.tasks.lm import CorpusLM
 from longsparse.tasks.ruler import MultiQueryNeedle, Passkey, VariableTracking
 from longsparse.tasks.seq2seq import MQMTAR, Copy, MaxRetrieval, MQMTARInline, Reverse, Sort
 from longsparse.tasks.tokcls import FlipFlop, LocalCount, TwoBack
@@ -28,18 +29,28 @@ PRESETS: dict[str, dict[str, dict]] = {name: {"paper": {}, "cpu": {}} for name i
 # whose lengths 32–64 are below their minimum lengths).
 RULER_TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (Passkey, MultiQueryNeedle, VariableTracking)}
 PRESETS.update({name: {"paper": {}, "cpu": {}} for name in RULER_TASKS})
+# Language modelling on a text corpus (docs/method.md §6): a task of the same trainer, kept out of TASKS too.
+CORPUS_TASKS: dict[str, type[Task]] = {CorpusLM.name: CorpusLM}
+PRESETS.update({name: {"paper": {}, "cpu": {}} for name in CORPUS_TASKS})
 PRESETS["mqmtar"]["cpu"] = {"alphabet_size": 64, "num_keys": 1000, "num_values": 1000}
 PRESETS["mqmtar_inline"]["cpu"] = {"num_queries": 8}
 
 
-def get_task(name: str, preset: str | None = None, **params) -> Task:
-    """The task ``name`` with ``PRESETS[name][preset]`` (if given) updated by ``params``."""
+def task_class(name: str) -> type[Task]:
+    """The task class of ``name`` (aliases such as ``flipflop`` resolved), without building a task."""
     key = name.replace("-", "_").lower() if isinstance(name, str) else name
     key = {"flipflop": "flip_flop", "2back": "two_back", "2_back": "two_back", "local_counting": "local_count",
            "maxretrieval": "max_retrieval"}.get(key, key)
-    if key not in TASKS and key not in RULER_TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted([*TASKS, *RULER_TASKS]))}")
-    cls = TASKS[key] if key in TASKS else RULER_TASKS[key]
+    known = {**TASKS, **RULER_TASKS, **CORPUS_TASKS}
+    if key not in known:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(known))}")
+    return known[key]
+
+
+def get_task(name: str, preset: str | None = None, **params) -> Task:
+    """The task ``name`` with ``PRESETS[name][preset]`` (if given) updated by ``params``."""
+    cls = task_class(name)
+    key = cls.name
     merged: dict = {}
     if preset is not None:
         if preset not in PRESETS[key]:

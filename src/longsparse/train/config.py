@@ -1,7 +1,8 @@
 """Run configuration: TOML presets shipped in the package (``longsparse/configs/``), ``--set key=value`` overrides,
 validation.
 
-A *resolved* run config is a plain dict with three sections, stored as ``config.json`` in the run directory:
+A *resolved* run config is a plain dict with three sections, stored as ``config.json`` in the run directory
+(``RunConfig`` is the same config typed: ``RunConfig.from_dict(cfg)``, ``run.as_dict()``):
 
     {"task":  {"name": "copy", "preset": "cpu", "params": {...}},        # longsparse.tasks.get_task
      "model": {"d_model": 128, ..., "method": "asentmax", "positions": "nape"},   # the model's config minus vocab_size
@@ -33,9 +34,10 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from longsparse.models import ARCHITECTURES, DEFAULT_ARCH, config_section, get_architecture, model_config
 from longsparse.models import build_model as _build_model
@@ -45,26 +47,36 @@ try:
 except ModuleNotFoundError:  # Python 3.10: tomli has the same API and is a dependency there (pyproject.toml)
     import tomli as tomllib
 
-TRAIN_DEFAULTS: dict[str, Any] = {
-    "steps": 1000,            # optimizer steps
-    "batch_size": 32,         # GLOBAL batch (split over data-parallel ranks)
-    "lr": 1e-3,               # peak learning rate
-    "warmup_steps": 100,      # linear warm-up from lr/warmup_steps to lr
-    "min_lr_ratio": 0.0,      # cosine decays to lr * min_lr_ratio at the last step
-    "betas": [0.9, 0.99],
-    "weight_decay": 0.0,
-    "grad_clip": 1.0,
-    "bf16": False,            # bfloat16 autocast for the forward pass
-    "seed": 0,                # model init and training data stream
-    "train_lengths": None,    # [lo, hi] inclusive; None = the task's own training range
-    "log_every": 25,
-    "val_every": 200,         # 0 = only at the end
-    "val_lengths": None,      # None = [hi, 2*hi, 4*hi] of the training range
-    "val_samples": 64,
-    "ckpt_every": 100,        # last.pt every N steps (and at the end)
-    "device": "auto",         # auto | cpu | cuda
-    "threads": 0,             # torch.set_num_threads on CPU; 0 = leave torch's default
-}
+@dataclass(frozen=True)
+class TrainConfig:
+    """The ``train`` section of a run config (how the one trainer trains, for every task). ``resolve`` fills the
+    ``None`` lengths from the task and validates every field."""
+
+    steps: int = 1000                 # optimizer steps
+    batch_size: int = 32              # GLOBAL batch (split over data-parallel ranks)
+    lr: float = 1e-3                  # peak learning rate
+    warmup_steps: int = 100           # linear warm-up from lr/warmup_steps to lr
+    min_lr_ratio: float = 0.0         # cosine decays to lr * min_lr_ratio at the last step
+    betas: tuple = (0.9, 0.99)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    bf16: bool = False                # bfloat16 autocast for the forward pass
+    seed: int = 0                     # model init and training data stream
+    train_lengths: Optional[tuple] = None   # [lo, hi] inclusive; None = the task's own training range
+    log_every: int = 25
+    val_every: int = 200              # 0 = only at the end
+    val_lengths: Optional[tuple] = None     # None = [hi, 2*hi, 4*hi] of the training range
+    val_samples: int = 64             # examples (windows, for a perplexity objective) per validation length
+    ckpt_every: int = 100             # last.pt every N steps (and at the end)
+    device: str = "auto"              # auto | cpu | cuda
+    threads: int = 0                  # torch.set_num_threads on CPU; 0 = leave torch's default
+
+    def as_dict(self) -> dict:
+        """The JSON form (``config.json``'s ``train`` section): sequences as lists."""
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
+
+
+TRAIN_DEFAULTS: dict[str, Any] = TrainConfig().as_dict()
 SECTIONS = ("task", "model", "train")
 SCALES = ("cpu", "paper")
 
@@ -108,10 +120,10 @@ def load_toml(path: str | os.PathLike) -> dict:
 
 def task_name(task: str) -> str:
     """The canonical name of ``task`` (aliases such as ``flipflop`` resolved)."""
-    from longsparse.tasks import get_task
+    from longsparse.tasks.registry import task_class
 
     try:
-        return get_task(task).name
+        return task_class(task).name
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None
 
@@ -415,18 +427,69 @@ def _check_train(tr: dict, task) -> None:
 
 
 # Settings that choose how a run is computed, not what it computes (every attention backend is tested equal to the
-# reference): they are not part of a run's identity, so a run resumes, and an archived result stays valid, under
-# another choice, and configs written before such a setting existed keep their identity.
-NOT_IDENTITY = (("model", "attn_backend"),)
+# reference; a task's cache folder only says where derived files live): they are not part of a run's identity, so
+# a run resumes, and an archived result stays valid, under another choice, and configs written before such a
+# setting existed keep their identity. Each entry is a key path into the resolved config.
+NOT_IDENTITY = (("model", "attn_backend"), ("task", "params", "cache_dir"))
 
 
 def run_identity(cfg: Mapping) -> dict:
     """``cfg`` as plain JSON data without the ``NOT_IDENTITY`` settings: what two runs must share to be one run."""
     out = json.loads(json.dumps(cfg, sort_keys=True))
-    for section, key in NOT_IDENTITY:
-        if isinstance(out.get(section), dict):
-            out[section].pop(key, None)
+    for *parents, key in NOT_IDENTITY:
+        node = out
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(key, None)
     return out
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """The ``task`` section of a run config: a task by name, preset and parameters (``longsparse.tasks``)."""
+
+    name: str
+    preset: Optional[str] = None
+    params: Optional[Mapping] = None
+
+    def build(self):
+        """The task object (``make_task``)."""
+        return make_task(self.as_dict())
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "preset": self.preset, "params": dict(self.params or {})}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A resolved run config, typed: what the trainer trains.
+
+    ``model`` is the architecture's config object (``ModelConfig`` or ``HSAConfig``, its ``vocab_size`` the
+    task's); ``as_dict()`` is the JSON form stored as ``config.json`` (``model`` without ``vocab_size``, ``arch``
+    named only when not the default), whose ``config_hash`` identifies the run."""
+
+    task: TaskSpec
+    model: Any
+    train: TrainConfig
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping) -> "RunConfig":
+        """Resolve (defaults, validation: ``ConfigError``) a raw or resolved run config dict."""
+        r = resolve(cfg)
+        task = TaskSpec(**r["task"])
+        vocab = task.build().vocab_size
+        tr = {k: tuple(v) if isinstance(v, list) else v for k, v in r["train"].items()}
+        return cls(task, model_config(r["model"], vocab), TrainConfig(**tr))
+
+    def as_dict(self) -> dict:
+        model = config_section(self.model)
+        del model["vocab_size"]
+        return {"task": self.task.as_dict(), "model": model, "train": self.train.as_dict()}
+
+    @property
+    def hash(self) -> str:
+        return config_hash(self.as_dict())
 
 
 def config_hash(cfg: Mapping) -> str:

@@ -17,6 +17,12 @@ Data parallel. Every rank draws the same *global* batch from the same stream and
 slice of rows; the loss is the sum over the rank's target tokens divided by the number of target tokens of the
 global batch, and the gradients are summed over ranks (one flat all-reduce), so K processes compute the same
 update as one process on the global batch (up to float summation order). Rank 0 alone writes files.
+
+One trainer for every task. The loss is the cross-entropy over the batch's labels (every task writes next-token
+targets with ``IGNORE_INDEX`` where there is no loss: the answer tokens of a synthetic task, every token of a
+language-modelling row), and validation is the task's objective (``objectives``: exact match by generation, or
+perplexity). ``callbacks`` are called with the step number after every update, once its checkpoint (if due) is
+written: how tests inject faults (a SIGKILL after step N) without a hook in this loop.
 """
 from __future__ import annotations
 
@@ -24,11 +30,10 @@ import json
 import math
 import os
 import random
-import signal
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -36,22 +41,22 @@ import torch.nn.functional as F
 from longsparse.io import atomic_write_text, read_jsonl
 from longsparse.nn import load_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
-from longsparse.train.config import ConfigError, build_model, config_hash, make_task, resolve
+from longsparse.train.config import ConfigError, RunConfig, TrainConfig, build_model
+from longsparse.train.objectives import objective_of
 from longsparse.train.rundir import (check_run_dir, checkpoint_path, environment, init_run_dir, now,
                                      remove_stale_temps_in_run, run_lock)
 
-KILL_ENV = "LONGSPARSE_TEST_KILL_AFTER_STEP"   # tests: SIGKILL this process right after that step
-
-
 # ---- schedule ---------------------------------------------------------------------------------------------
-def lr_at(step: int, tr: Mapping) -> float:
+def lr_at(step: int, tr: Union[TrainConfig, Mapping]) -> float:
     """Learning rate of update ``step`` (0-based): linear warm-up to ``lr`` over ``warmup_steps`` updates, then
-    cosine to ``lr * min_lr_ratio`` at the last update."""
-    lr, warm, total = tr["lr"], tr["warmup_steps"], tr["steps"]
+    cosine to ``lr * min_lr_ratio`` at the last update. ``tr``: a ``TrainConfig`` or a mapping with those keys."""
+    if isinstance(tr, Mapping):
+        tr = TrainConfig(**{k: tr[k] for k in ("lr", "warmup_steps", "steps", "min_lr_ratio") if k in tr})
+    lr, warm, total = tr.lr, tr.warmup_steps, tr.steps
     if warm and step < warm:
         return lr * (step + 1) / warm
     progress = min(1.0, (step - warm) / max(1, total - 1 - warm))
-    lo = lr * tr["min_lr_ratio"]
+    lo = lr * tr.min_lr_ratio
     return lo + (lr - lo) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
@@ -115,13 +120,14 @@ def _rows(batch: Batch, lo: int, hi: int) -> Batch:
 
 
 # ---- one update ---------------------------------------------------------------------------------------------
-def build_model_and_optimizer(cfg: Mapping, task, device: torch.device):
-    """(model, AdamW) of a resolved run config: the model initialised under ``torch.manual_seed(train.seed)``."""
-    tr = cfg["train"]
-    torch.manual_seed(tr["seed"])
-    model = build_model(cfg["model"], task.vocab_size).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], betas=tuple(tr["betas"]),
-                            weight_decay=tr["weight_decay"])
+def build_model_and_optimizer(cfg: Union[RunConfig, Mapping], task, device: torch.device):
+    """(model, AdamW) of a run config (``RunConfig`` or its resolved dict): the model initialised under
+    ``torch.manual_seed(train.seed)``."""
+    run = cfg if isinstance(cfg, RunConfig) else RunConfig.from_dict(cfg)
+    tr = run.train
+    torch.manual_seed(tr.seed)
+    model = build_model(run.as_dict()["model"], task.vocab_size).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay)
     return model, opt
 
 
@@ -202,55 +208,62 @@ def _trim_metrics(out: Path, step: int) -> None:
 
 
 # ---- main entry -------------------------------------------------------------------------------------------
-def train(config: Mapping, out: Optional[str] = None, *, printer: Optional[Callable[[str], None]] = None,
-          progress: bool = True) -> dict:
-    """Train (or resume) the run ``config`` (a resolved or raw run config) in run directory ``out``.
+StepCallback = Callable[[int], None]
 
-    ``out=None`` trains in memory (no files, no resume). Returns a summary dict with the final step, the last
-    logged loss, the first logged loss, the validation history and the model (key ``model``)."""
-    cfg = resolve(config)
-    tr = cfg["train"]
-    _check_device(tr)      # before anything is created: a refused run leaves no folder
+
+def train(config: Union[RunConfig, Mapping], out: Optional[str] = None, *,
+          printer: Optional[Callable[[str], None]] = None, progress: bool = True,
+          callbacks: Iterable[StepCallback] = ()) -> dict:
+    """Train (or resume) the run ``config`` (a ``RunConfig``, or a raw or resolved run config dict) in run
+    directory ``out``, for any task: its batches give the loss, its objective the validation.
+
+    ``out=None`` trains in memory (no files, no resume). ``callbacks`` are called as ``cb(step)`` after every
+    update (after that step's checkpoint, if one was due). Returns a summary dict with the final step, the last
+    logged loss, the first logged loss, the validation history, the seconds spent in updates over all sessions
+    (``train_seconds``) and the model (key ``model``)."""
+    run = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
+    _check_device(run.train)      # before anything is created: a refused run leaves no folder
     d = Dist()
     out_path = Path(out) if out is not None else None
     try:
-        if tr["batch_size"] % d.world:
-            raise ConfigError(f"train.batch_size {tr['batch_size']} is not divisible by the {d.world} ranks")
-        dev = _device(tr, d)
+        if run.train.batch_size % d.world:
+            raise ConfigError(f"train.batch_size {run.train.batch_size} is not divisible by the {d.world} ranks")
+        dev = _device(run.train, d)
         mode = "memory"
         if out_path is None or not d.main:
             if out_path is not None:
                 mode = d.broadcast_obj(None)
-            return _train(cfg, tr, d, dev, out_path, mode, printer, progress)
-        mode = check_run_dir(out_path, cfg)      # before the lock: a refused folder is left untouched
+            return _train(run, d, dev, out_path, mode, printer, progress, tuple(callbacks))
+        mode = check_run_dir(out_path, run.as_dict())      # before the lock: a refused folder is left untouched
         with run_lock(out_path):
             mode = d.broadcast_obj(mode)
-            return _train(cfg, tr, d, dev, out_path, mode, printer, progress)
+            return _train(run, d, dev, out_path, mode, printer, progress, tuple(callbacks))
     finally:
         d.close()
 
 
-def _check_device(tr: Mapping) -> None:
-    if tr["device"] == "cuda" and not torch.cuda.is_available():
+def _check_device(tr: TrainConfig) -> None:
+    if tr.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"train.device = 'cuda' but CUDA is not available (torch {torch.__version__}"
                           + (", built without CUDA" if torch.version.cuda is None else ", no usable GPU")
                           + "); use train.device = 'cpu' or 'auto'")
 
 
-def _device(tr: Mapping, d: Dist) -> torch.device:
+def _device(tr: TrainConfig, d: Dist) -> torch.device:
     _check_device(tr)
-    if tr["device"] == "cuda" or (tr["device"] == "auto" and torch.cuda.is_available()):
+    if tr.device == "cuda" or (tr.device == "auto" and torch.cuda.is_available()):
         torch.cuda.set_device(d.local_rank)
         return torch.device("cuda", d.local_rank)
     return torch.device("cpu")
 
 
-def _train(cfg, tr, d: Dist, dev: torch.device, out: Optional[Path], mode, printer, progress) -> dict:
-    from longsparse.evaluate.core import score_length
-
-    if dev.type == "cpu" and tr["threads"]:
-        torch.set_num_threads(tr["threads"])
-    task = make_task(cfg["task"])
+def _train(run: RunConfig, d: Dist, dev: torch.device, out: Optional[Path], mode, printer, progress,
+           callbacks: tuple) -> dict:
+    tr, cfg = run.train, run.as_dict()
+    if dev.type == "cpu" and tr.threads:
+        torch.set_num_threads(tr.threads)
+    task = run.task.build()
+    objective = objective_of(task)
     log = _Log(out, d.main, printer)
     if out is not None and d.main:
         init_run_dir(out, cfg, environment(d.world, str(dev)))
@@ -260,12 +273,13 @@ def _train(cfg, tr, d: Dist, dev: torch.device, out: Optional[Path], mode, print
                 + ", ".join(str(p.relative_to(out)) for p in stale))
     d.barrier()
 
-    model, opt = build_model_and_optimizer(cfg, task, dev)
-    data_rng = task.rng(tr["seed"], "train")
+    model, opt = build_model_and_optimizer(run, task, dev)
+    data_rng = task.rng(tr.seed, "train")
     step, best, first_loss, last_loss = 0, None, None, None
     loss_acc, n_acc = 0.0, 0          # loss sum / count of the steps since the last logged record
+    train_seconds = 0.0               # time in updates over all sessions (not validation, not checkpoint writes)
     history: list[dict] = []
-    chash = config_hash(cfg)
+    chash = run.hash
 
     last = checkpoint_path(out, "last") if out is not None else None
     if mode == "resume" and last is not None and last.exists():
@@ -282,23 +296,28 @@ def _train(cfg, tr, d: Dist, dev: torch.device, out: Optional[Path], mode, print
         torch.set_rng_state(extra["torch_rng"])
         best, first_loss, last_loss = extra.get("best"), extra.get("first_loss"), extra.get("last_loss")
         loss_acc, n_acc = extra.get("loss_acc", (0.0, 0))
+        train_seconds = float(extra.get("train_seconds", 0.0))
         if d.main:
             _trim_metrics(out, step)
-        log(f"[{now()}] resuming {out} at step {step}/{tr['steps']}")
+        log(f"[{now()}] resuming {out} at step {step}/{tr.steps}")
     elif out is not None:
         if mode == "resume" and d.main:      # killed before the first checkpoint: start over, drop its records
             _trim_metrics(out, 0)
         log(f"[{now()}] new run {out}: task={task.name} method={cfg['model']['method']} "
-            f"positions={cfg['model']['positions']} params={model.num_parameters():,} steps={tr['steps']} "
-            f"batch={tr['batch_size']} ranks={d.world} device={dev}")
+            f"positions={cfg['model']['positions']} params={model.num_parameters():,} steps={tr.steps} "
+            f"batch={tr.batch_size} ranks={d.world} device={dev}")
     d.barrier()
 
-    autocast = (torch.autocast(dev.type, dtype=torch.bfloat16) if tr["bf16"]
+    autocast = (torch.autocast(dev.type, dtype=torch.bfloat16) if tr.bf16
                 else torch.autocast(dev.type, enabled=False))
-    lengths = tuple(tr["train_lengths"])
-    per_rank = tr["batch_size"] // d.world
+    lengths = tuple(tr.train_lengths)
+    per_rank = tr.batch_size // d.world
     lo_row = d.rank * per_rank
-    kill_after = int(os.environ.get(KILL_ENV, "0") or 0)
+
+    def summary(resumed: bool, trained: int) -> dict:
+        return {"step": step, "first_loss": first_loss, "last_loss": last_loss, "best": best, "history": history,
+                "model": model, "config": cfg, "resumed": resumed, "trained_steps": trained,
+                "train_seconds": train_seconds}
 
     def save_last():
         if out is None or not d.main:
@@ -306,27 +325,24 @@ def _train(cfg, tr, d: Dist, dev: torch.device, out: Optional[Path], mode, print
         extra = {"step": step, "scheduler": {"kind": "warmup_cosine", "step": step},
                  "data_rng": list(_rng_state(data_rng)), "torch_rng": torch.get_rng_state(),
                  "best": best, "first_loss": first_loss, "last_loss": last_loss, "loss_acc": [loss_acc, n_acc],
-                 "world_size": d.world, "config_hash": chash, "time": now()}
+                 "train_seconds": train_seconds, "world_size": d.world, "config_hash": chash, "time": now()}
         save_checkpoint(str(checkpoint_path(out, "last")), model, opt, extra=extra, overwrite=True)
 
     def validate():
         nonlocal best
-        res = {}
         if d.main:
             t_val = time.perf_counter()
-            for L in tr["val_lengths"]:
-                r = score_length(model, task, L, tr["val_samples"], seed=tr["seed"], split="validation",
-                                 autocast_dtype=torch.bfloat16 if tr["bf16"] else None)
-                res[str(L)] = {"exact_match": r["exact_match"], "token_accuracy": r["token_accuracy"]}
-            mean_em = sum(v["exact_match"] for v in res.values()) / len(res)
-            mean_tok = sum(v["token_accuracy"] for v in res.values()) / len(res)
-            rec = {"step": step, "val": res, "val_mean_exact_match": mean_em, "val_mean_token_accuracy": mean_tok,
-                   "seconds": round(time.perf_counter() - t_val, 3), "time": now()}
+            res = {str(L): objective.measure(model, task, L, tr.val_samples, seed=tr.seed,
+                                             autocast_dtype=torch.bfloat16 if tr.bf16 else None)
+                   for L in tr.val_lengths}
+            model.train()
+            means = objective.summary(res)
+            rec = {"step": step, "val": res, **means, "seconds": round(time.perf_counter() - t_val, 3),
+                   "time": now()}
             history.append(rec)
             log.metrics(rec)
-            log(f"step {step:>6}  val exact match " + "  ".join(f"L={k}: {v['exact_match']:.3f}"
-                                                               for k, v in res.items()))
-            key = [mean_em, mean_tok]
+            log(f"step {step:>6}  " + objective.line(res))
+            key = objective.key(means)
             if best is None or key > best["key"]:
                 best = {"key": key, "step": step}
                 if out is not None:
@@ -334,31 +350,32 @@ def _train(cfg, tr, d: Dist, dev: torch.device, out: Optional[Path], mode, print
                                     extra={"step": step, "val": res, "config_hash": chash}, overwrite=True)
         d.barrier()
 
-    if step >= tr["steps"]:
-        log(f"run already complete ({step}/{tr['steps']} steps); nothing to do")
-        return {"step": step, "first_loss": first_loss, "last_loss": last_loss, "best": best,
-                "history": history, "model": model, "config": cfg, "resumed": True, "trained_steps": 0}
+    if step >= tr.steps:
+        log(f"run already complete ({step}/{tr.steps} steps); nothing to do")
+        return summary(True, 0)
 
     start_step = step
-    bar = _progress_bar(tr["steps"], step, progress and d.main)
+    bar = _progress_bar(tr.steps, step, progress and d.main)
     log.bar = bar
     model.train()
     t0, tok_count = time.perf_counter(), 0
-    while step < tr["steps"]:
-        gbatch = task.batch(lengths, tr["batch_size"], rng=data_rng)
+    while step < tr.steps:
+        t_step = time.perf_counter()
+        gbatch = task.batch(lengths, tr.batch_size, rng=data_rng)
         n_global = int((gbatch.labels != IGNORE_INDEX).sum())
         b = _rows(gbatch, lo_row, lo_row + per_rank).to(dev)
         lr = lr_at(step, tr)
-        loss_sum, gnorm = train_step(model, opt, b, n_target=n_global, lr=lr, grad_clip=tr["grad_clip"],
+        loss_sum, gnorm = train_step(model, opt, b, n_target=n_global, lr=lr, grad_clip=tr.grad_clip,
                                      autocast=autocast, dist=d)
         step += 1
         tok_count += int(gbatch.attention_mask.sum())
         ls_ = d.all_reduce_(loss_sum.reshape(1).clone())
         loss_acc += float(ls_) / max(1, n_global)
         n_acc += 1
+        train_seconds += time.perf_counter() - t_step
         if bar is not None:
             bar.update(1)
-        if step % tr["log_every"] == 0 or step == tr["steps"] or step == 1:
+        if step % tr.log_every == 0 or step == tr.steps or step == 1:
             mean = loss_acc / n_acc
             loss_acc, n_acc = 0.0, 0
             if first_loss is None:
@@ -371,21 +388,20 @@ def _train(cfg, tr, d: Dist, dev: torch.device, out: Optional[Path], mode, print
             if bar is not None:
                 bar.set_postfix(loss=f"{mean:.4f}", lr=f"{lr:.2e}")
             else:
-                log(f"step {step:>6}/{tr['steps']}  loss {mean:.4f}  lr {lr:.2e}  |g| {float(gnorm):.3f}  "
-                    f"{tok_count / dt:,.0f} tok/s  ETA {eta_text(step - start_step, tr['steps'] - step, dt)}")
-        if (tr["val_every"] and step % tr["val_every"] == 0) or step == tr["steps"]:
+                log(f"step {step:>6}/{tr.steps}  loss {mean:.4f}  lr {lr:.2e}  |g| {float(gnorm):.3f}  "
+                    f"{tok_count / dt:,.0f} tok/s  ETA {eta_text(step - start_step, tr.steps - step, dt)}")
+        if (tr.val_every and step % tr.val_every == 0) or step == tr.steps:
             validate()
-        if step % tr["ckpt_every"] == 0 or step == tr["steps"]:
+        if step % tr.ckpt_every == 0 or step == tr.steps:
             save_last()
-        if kill_after and step == kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
+        for cb in callbacks:
+            cb(step)
     if bar is not None:
         bar.close()
         log.bar = None
     log(f"[{now()}] done: step {step}, loss {first_loss:.4f} -> {last_loss:.4f}"
-        + (f", best mean val exact match {best['key'][0]:.3f} at step {best['step']}" if best else ""))
-    return {"step": step, "first_loss": first_loss, "last_loss": last_loss, "best": best, "history": history,
-            "model": model, "config": cfg, "resumed": mode == "resume", "trained_steps": step - start_step}
+        + (f", {objective.best_text(best)}" if best else ""))
+    return summary(mode == "resume", step - start_step)
 
 
 def _rng_state(rng: random.Random):
