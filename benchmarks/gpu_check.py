@@ -399,6 +399,29 @@ def _methods(N: int, H: int, device: str, chunked_max_n: int) -> dict:
     return methods
 
 
+def _time_interleaved(calls: dict, rows: dict, base: str, rounds: int, deadline: float, device: str,
+                      calls_per_timing: int = 1, method_cap_s: float = math.inf) -> None:
+    """Times the warmed-up ``calls`` (name -> no-argument function) interleaved: each of ``rounds`` rounds times
+    every method once, in turn (``_time_call`` of ``calls_per_timing`` back-to-back calls), so that load changes
+    hit all of them alike. No call starts after ``deadline`` (perf_counter seconds); a method stops once its timed
+    seconds plus half its first call reach ``method_cap_s``. Writes ``median_s``, ``repeats`` and ``vs_sdpa`` (the
+    ratio to ``calls[base]``'s median, when that ran) into ``rows[name]``, which holds ``first_call_s``."""
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            if time.perf_counter() > deadline:
+                break
+            if not times[name] or sum(times[name]) + rows[name]["first_call_s"] / 2 < method_cap_s:
+                times[name].append(_time_call(call, calls_per_timing, device))
+    base_s = statistics.median(times[base]) if times.get(base) else None
+    for name, ts in times.items():
+        if ts:
+            rows[name]["median_s"] = statistics.median(ts)
+            rows[name]["repeats"] = len(ts)
+            if base_s:
+                rows[name]["vs_sdpa"] = rows[name]["median_s"] / base_s
+
+
 SLOW_CALL_S = 1.5        # a method slower than this per call is not timed at longer N (same D, direction)
 METHOD_CAP_S = 4.0       # timed seconds per method and group, beyond which its rounds stop
 
@@ -430,22 +453,8 @@ def time_group(N: int, D: int, backward: bool, rounds: int, deadline: float, chu
                     f(q, k, v)
         if _first_call(call, device, row):
             calls[name] = call
-    times = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            if time.perf_counter() > deadline:
-                break
-            if not times[name] or sum(times[name]) + rows[name]["first_call_s"] / 2 < METHOD_CAP_S:
-                times[name].append(_time_call(call, 1, device))
-    sdpa = statistics.median(times["sdpa_flash"]) if times.get("sdpa_flash") else None
-    for name, ts in times.items():
-        if ts:
-            rows[name]["median_s"] = statistics.median(ts)
-            rows[name]["repeats"] = len(ts)
-            if sdpa:
-                rows[name]["vs_sdpa"] = rows[name]["median_s"] / sdpa
-            if rows[name]["median_s"] > SLOW_CALL_S:
-                too_slow.add(name)
+    _time_interleaved(calls, rows, "sdpa_flash", rounds, deadline, device, method_cap_s=METHOD_CAP_S)
+    too_slow.update(name for name in calls if rows[name].get("median_s", 0.0) > SLOW_CALL_S)
     return list(rows.values())
 
 
@@ -470,25 +479,16 @@ def time_decode(Nk: int, D: int, rounds: int, deadline: float, device: str = "cu
                                                                             decode=True),
                "triton_entmax15_alibi_decode": lambda: te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True,
                                                                                   alibi_slopes=slopes, decode=True)}
-    rows, times = {}, {}
+    calls, rows = {}, {}
     for name, f in methods.items():
         rows[name] = {"Nk": Nk, "Nq": 1, "D": D, "H": H, "dtype": "bfloat16", "direction": "decode", "method": name}
-        with torch.no_grad():
-            if _first_call(f, device, rows[name]):
-                times[name] = []
-    for _ in range(rounds):
-        if time.perf_counter() > deadline:
-            break
-        for name, ts in times.items():
+
+        def call(f=f):
             with torch.no_grad():
-                ts.append(_time_call(methods[name], 5, device))
-    base = statistics.median(times["sdpa"]) if times.get("sdpa") else None
-    for name, ts in times.items():
-        if ts:
-            rows[name]["median_s"] = statistics.median(ts)
-            rows[name]["repeats"] = len(ts)
-            if base:
-                rows[name]["vs_sdpa"] = rows[name]["median_s"] / base
+                f()
+        if _first_call(call, device, rows[name]):
+            calls[name] = call
+    _time_interleaved(calls, rows, "sdpa", rounds, deadline, device, calls_per_timing=5)
     return list(rows.values())
 
 

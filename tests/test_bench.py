@@ -3,7 +3,9 @@ import json
 
 import pytest
 
-from longsparse import bench
+from longsparse_experiments import bench
+from longsparse_experiments.cli import build_parser
+from longsparse_experiments.cli import main as longsparse
 
 
 def test_mapping_benchmark_writes_ratios_and_never_overwrites(tmp_path):
@@ -19,6 +21,19 @@ def test_mapping_benchmark_writes_ratios_and_never_overwrites(tmp_path):
     assert table.count("\n| 64 |") == 3 and "entmax15" in table
     with pytest.raises(FileExistsError):
         bench.write_result("mapping", rows, str(path), {})
+
+
+def test_bench_is_an_experiments_command_with_its_flags(tmp_path, capsys):
+    args = build_parser().parse_args(["bench", "mapping", "--lengths", "64", "--repeats", "1", "--threads", "1"])
+    assert (args.what, args.lengths, args.repeats, args.threads) == ("mapping", "64", 1, 1)
+    assert args.func is bench.main
+    path = bench.write_result("short", [{"n": 16, "mapping": "entmax", "auto_s": 0.002, "chunked_s": 0.004,
+                                         "auto_vs_chunked": 0.5}], str(tmp_path / "s.json"), {"lengths": [16]})
+    assert longsparse(["bench", "table", "--out", str(path)]) == 0
+    assert "| 16 | entmax | 2.0 | 4.0 | 0.50 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:              # a count flag rejects 0 in one usage line
+        build_parser().parse_args(["bench", "mapping", "--repeats", "0"])
+    assert e.value.code == 2 and "--repeats: must be a positive integer, got 0" in capsys.readouterr().err
 
 
 def test_attention_worker_measures_time_and_memory():

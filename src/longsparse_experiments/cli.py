@@ -6,6 +6,8 @@ the experiments:
     longsparse lm run [--quick] [--out runs/lm]          LM study: perplexity + passkey vs length (docs/lm.md)
     longsparse lm report runs/lm --out docs/lm
     longsparse reproduce synthetic [--quick] [--only TASKS]   the length-generalisation study (docs/results.md)
+    longsparse bench mapping|attention|short|train-step|train-run|eval   speed/memory as JSON (docs/benchmarks.md)
+    longsparse bench table --out FILE.json               a saved benchmark result as a markdown table
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ def _with_experiment_presets(library_presets):
 
 def build_parser() -> argparse.ArgumentParser:
     """Every ``longsparse`` command: the library's (``longsparse.cli.add_library_commands``) and the experiments'."""
+    from longsparse_experiments.bench import add_cli as add_bench_cli
     from longsparse_experiments.figures import add_cli as add_figures_cli
     from longsparse_experiments.lm_study import add_cli as add_lm_cli
     from longsparse_experiments.reproduce import add_cli as add_reproduce_cli
@@ -58,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_figures_cli(sub)
     add_lm_cli(sub)
     add_reproduce_cli(sub)
+    add_bench_cli(sub)
     return parser
 
 

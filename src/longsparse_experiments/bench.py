@@ -5,9 +5,11 @@ interleaved in the same process are what the docs report.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from longsparse.cli import positive_int
 from longsparse.io import atomic_write_json
 
 
@@ -153,6 +156,11 @@ def _attention_fn(method: str):
     raise ValueError(f"unknown attention method {method!r}; choose from {ATTENTION_METHODS}")
 
 
+def _worker_command(*args: str) -> list[str]:
+    """The command line of a measurement in a fresh process: this module run as a script (see its end)."""
+    return [sys.executable, "-m", "longsparse_experiments.bench", *args]
+
+
 def attention_worker(method: str, n: int, heads: int, dim: int, backward: bool, repeats: int,
                      interleave_sdpa: bool = False) -> dict:
     """One measurement in a fresh process: median time and peak RSS above the inputs' baseline. With
@@ -202,7 +210,6 @@ def bench_attention(lengths, repeats: int, heads: int = 8, dim: int = 64, fwd_on
     ``time_vs_sdpa_interleaved`` (wall) and ``_cpu`` (process CPU time), timed in alternation inside the
     method's process. Beyond 4096 tokens each timing takes min(repeats, 3) calls."""
     import subprocess
-    import sys
 
     rows = []
     plan = [(n, True) for n in lengths] + [(n, False) for n in lengths] + [(n, False) for n in fwd_only_lengths]
@@ -214,9 +221,8 @@ def bench_attention(lengths, repeats: int, heads: int = 8, dim: int = 64, fwd_on
             if method == "entmax_pkg_naive" and n > max_package:
                 continue
             reps = repeats if n <= 4096 else min(repeats, 3)
-            cmd = [sys.executable, "-m", "longsparse.bench", "--attention-worker", method, str(n), str(heads),
-                   str(dim), str(int(backward)), str(reps), str(torch.get_num_threads()),
-                   str(int(n <= max_interleaved))]
+            cmd = _worker_command("--attention-worker", method, str(n), str(heads), str(dim), str(int(backward)),
+                                  str(reps), str(torch.get_num_threads()), str(int(n <= max_interleaved)))
             proc = subprocess.run(cmd, capture_output=True, text=True)
             row = {"n": n, "method": method, "direction": "fwd+bwd" if backward else "fwd", "heads": heads,
                    "dim": dim, "scores_buffer_bytes": 4 * heads * n * n}
@@ -363,7 +369,6 @@ def bench_train_step(lengths, repeats: int, methods=TRAIN_BENCH_METHODS, task: s
     this process; peak memory of ``memory_steps`` steps per method in a fresh process each. Ratios are to
     the first method."""
     import subprocess
-    import sys
 
     threads = torch.get_num_threads()
     setups = {m: _train_setup(task, preset, m, positions, sets) for m in methods}
@@ -377,8 +382,7 @@ def bench_train_step(lengths, repeats: int, methods=TRAIN_BENCH_METHODS, task: s
         for m in methods:
             arg = json.dumps({"task": task, "preset": preset, "method": m, "positions": positions, "length": length,
                               "steps": memory_steps, "threads": threads, "sets": list(sets)})
-            proc = subprocess.run([sys.executable, "-m", "longsparse.bench", "--train-step-worker", arg],
-                                  capture_output=True, text=True)
+            proc = subprocess.run(_worker_command("--train-step-worker", arg), capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"train-step memory worker ({m}, length {length}) failed: "
                                    + (proc.stderr.strip().splitlines() or ["no output"])[-1])
@@ -406,7 +410,6 @@ def _run_train_command(args: list[str]) -> dict:
     """Runs ``longsparse train ARGS`` as a child process; its wall and CPU seconds and peak RSS (os.wait4)."""
     import os
     import subprocess
-    import sys
 
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "longsparse.cli", "train", *args],
@@ -617,7 +620,44 @@ def write_result(kind: str, rows: list[dict], out: str | None, config: dict) -> 
     return path
 
 
-def main(args) -> int:
+def add_cli(sub: argparse._SubParsersAction) -> None:
+    """Register ``longsparse bench`` on ``sub``, the ``longsparse`` command's subcommands."""
+    b = sub.add_parser("bench", help="speed/memory benchmarks written to JSON")
+    b.add_argument("what", choices=["mapping", "attention", "short", "train-step", "train-run", "eval", "table"],
+                   help="what to benchmark (short: attention fwd+bwd at training lengths, auto vs chunked "
+                        "path; train-step: whole training steps per method, time and peak memory; train-run: "
+                        "whole `longsparse train` runs; eval: evaluation examples/s of trained decoders); "
+                        "`table --out FILE.json` prints a saved result as markdown")
+    b.add_argument("--out", default=None, help="JSON output path (default benchmarks/results/<what>-<time>.json)")
+    b.add_argument("--lengths", default=None,
+                   help="row lengths / sequence lengths (default mapping 512..8192, attention 512..16384, "
+                        "short 32..512)")
+    b.add_argument("--fwd-only-lengths", default="32768,65536", help="attention: forward-only lengths")
+    b.add_argument("--repeats", type=positive_int, default=5)
+    b.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
+    b.add_argument("--methods", default="softmax,asentmax",
+                   help="train-step / train-run / eval: methods compared, ratios to the first "
+                        "(default softmax,asentmax)")
+    b.add_argument("--task", default="mqmtar_inline",
+                   help="train-step / train-run / eval: task (default mqmtar_inline)")
+    b.add_argument("--preset", default="cpu", help="train-step / train-run / eval: preset (default cpu)")
+    b.add_argument("--positions", default="nape", help="train-step / train-run / eval: positions (default nape)")
+    b.add_argument("--steps", type=positive_int, default=None,
+                   help="train-run: steps per run (default 150); eval: training steps of the decoders trained "
+                        "here when no --runs are given (default 30)")
+    b.add_argument("--samples", type=positive_int, default=1, help="eval: examples per length and round (default 1)")
+    b.add_argument("--runs", nargs="+", default=None, metavar="RUN",
+                   help="eval: run folders whose best checkpoints are measured (instead of training decoders here)")
+    b.add_argument("--workdir", default=None, help="train-run: keep the run folders here (default: a temporary folder)")
+    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="train-step / train-run / eval: config override of the measured runs, as for train "
+                        "(repeatable)")
+    b.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the benchmark ``args.what`` (the parsed ``longsparse bench`` flags, see ``add_cli``) and write its JSON;
+    ``table`` prints the markdown of the saved result ``args.out`` instead."""
     if args.threads:
         torch.set_num_threads(args.threads)
     default = {"mapping": "512,1024,2048,4096,8192", "short": "32,64,128,256,512", "train-step": "32,64",
@@ -657,8 +697,6 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":   # the per-measurement workers of bench_attention and bench_train_step
-    import sys
-
     if len(sys.argv) == 3 and sys.argv[1] == "--train-step-worker":
         print(json.dumps(train_step_worker(**json.loads(sys.argv[2]))))
     elif len(sys.argv) == 10 and sys.argv[1] == "--attention-worker":
@@ -667,5 +705,5 @@ if __name__ == "__main__":   # the per-measurement workers of bench_attention an
         print(json.dumps(attention_worker(method, int(n), int(heads), int(dim), bool(int(backward)), int(reps),
                                           bool(int(interleave)))))
     else:
-        raise SystemExit("usage: python -m longsparse.bench --attention-worker METHOD N H D BACKWARD REPEATS "
-                         "THREADS INTERLEAVE_SDPA")
+        raise SystemExit("usage: python -m longsparse_experiments.bench --attention-worker METHOD N H D BACKWARD "
+                         "REPEATS THREADS INTERLEAVE_SDPA")
