@@ -56,6 +56,7 @@ if str(REPO / "src") not in sys.path:    # the GPU machine has the source tree, 
     sys.path.insert(0, str(REPO / "src"))
 
 from longsparse.io import atomic_write_text, is_temp_name, read_jsonl, write_new  # noqa: E402
+from longsparse.train.config import deep_merge  # noqa: E402
 from longsparse_experiments.presets import presets_dir  # noqa: E402
 from longsparse_experiments.reproduce import (build_report, cell_config, cells, load_study,  # noqa: E402
                                               parse_shard, samples_for, update_archive)
@@ -79,9 +80,9 @@ SPLIT = {"cuda": {"pack": 35, "grace": 15, "eval_min": 45},
          "cpu": {"pack": 20, "grace": 5, "eval_min": 15}}
 # The dry run: the study's cells with a tiny model (2 layers, d 32, 6 steps) and three short lengths; the last
 # one is the "long" length, so the barrier and the partial-evaluation path run too.
-DRY_SETS = ["model.n_layers=2", "model.d_model=32", "model.n_heads=2", "model.head_dim=16", "model.d_ff=64",
-            "train.steps=6", "train.warmup_steps=2", "train.batch_size=4", "train.val_samples=2",
-            "train.val_every=3", "train.ckpt_every=3", "train.log_every=3", "train.device=cpu", "train.threads=1"]
+DRY_OVERRIDES = {"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "head_dim": 16, "d_ff": 64},
+                 "train": {"steps": 6, "warmup_steps": 2, "batch_size": 4, "val_samples": 2, "val_every": 3,
+                           "ckpt_every": 3, "log_every": 3, "device": "cpu", "threads": 1}}
 DRY = {"lengths": [64, 256, 1024], "id_samples": 8, "samples": 4, "long_from": 1024, "long_samples": 3}
 CAP_ENV = "GPU_SCALE_EVAL_CAP"   # tests: at most this many examples per long length and call
 
@@ -112,23 +113,38 @@ def _toml_value(v) -> str:
     raise TypeError(f"no TOML form for {v!r}")
 
 
+def toml_table(name: str, table: dict) -> list[str]:
+    """The lines of the TOML table ``[name]`` holding the nested ``table`` as dotted keys (``model.d_model = 32``)."""
+    lines = [f"[{name}]"]
+
+    def add(node: dict, prefix: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict):
+                add(v, f"{prefix}{k}.")
+            else:
+                lines.append(f"{prefix}{k} = {_toml_value(v)}")
+
+    add(table, "")
+    return lines
+
+
 def dry_study(src: Path, dest: Path) -> Path:
     """``src`` (a study file) with the dry run's tiny settings, written to ``dest``: the same cells (methods,
-    positions, seeds, task, test stream), DRY_SETS appended to each study's sets (the later setting wins),
-    DRY's lengths and sample counts, and ``_cpu_dry`` appended to each study's name."""
+    positions, seeds, task, test stream), DRY_OVERRIDES merged over each study's overrides (the dry run's
+    setting of a key wins), DRY's lengths and sample counts, and ``_cpu_dry`` appended to each study's name."""
     spec = load_study(path=str(src))
     lines = [f"# The CPU dry run of {_shown(src)} (benchmarks/gpu_scale.py --device cpu); written by the script."]
     for s in spec["studies"]:
-        s = {**s, **DRY, "name": s["name"] + "_cpu_dry", "sets": [*s["sets"], *DRY_SETS],
+        s = {**s, **DRY, "name": s["name"] + "_cpu_dry", "overrides": deep_merge(s["overrides"], DRY_OVERRIDES),
              "description": f"CPU dry run of {s['name']} (tiny model and lengths; tests the script, not the task)"}
         lines.append("\n[[study]]")
         for k in ("name", "task", "preset", "description", "methods", "positions", "seeds", "checkpoints",
-                  "test_seed", "lengths", "id_samples", "samples", "long_from", "long_samples", "sets"):
+                  "test_seed", "lengths", "id_samples", "samples", "long_from", "long_samples"):
             if k in s:
                 lines.append(f"{k} = {_toml_value(s[k])}")
-        if s.get("method_sets"):
-            lines.append("[study.method_sets]")
-            lines += [f"{m} = {_toml_value(v)}" for m, v in s["method_sets"].items()]
+        lines += toml_table("study.overrides", s["overrides"])
+        for m, over in s["method_overrides"].items():
+            lines += toml_table(f"study.method_overrides.{m}", over)
     dest.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(dest, "\n".join(lines) + "\n")
     return dest

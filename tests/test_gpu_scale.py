@@ -31,7 +31,6 @@ def _module():
 
 
 gs = _module()
-TINY = [*gs.DRY_SETS]
 
 
 def _mini_study(tmp: Path, seeds=(200,), methods=("softmax",)) -> Path:
@@ -50,8 +49,7 @@ lengths = [64, 256]
 id_samples = 4
 samples = 5
 long_from = 256
-sets = {json.dumps(TINY)}
-""")
+""" + "\n".join(gs.toml_table("study.overrides", gs.DRY_OVERRIDES)) + "\n")
     return p
 
 

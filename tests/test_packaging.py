@@ -153,14 +153,11 @@ def test_wheel_install_runs_presets_from_another_folder(tmp_path):
         return res.stdout
 
     where = subprocess.run([str(py), "-c", textwrap.dedent("""
-        from longsparse.train import build_config, configs_dir
+        from longsparse.train import configs_dir
         from longsparse_experiments import demo, figures, lm_study, reproduce
         from longsparse_experiments.presets import presets_dir
-        r = demo.RECIPE
-        for method, positions in r["methods"]:          # the demo's configs, as run_demo builds them
-            cfg = build_config(r["task"], preset=r["preset"], method=method, positions=positions, steps=r["steps"],
-                               sets=r["sets"])
-            assert cfg["model"]["method"] == method and cfg["task"]["name"] == r["task"], cfg
+        for (method, positions), cfg in demo.run_configs().items():    # the configs run_demo trains
+            assert cfg["model"]["method"] == method and cfg["task"]["name"] == demo.RECIPE["task"], cfg
         lm = lm_study.load_study_config("quick")
         assert lm["study"]["methods"], lm
         print(configs_dir(), presets_dir(), reproduce.load_study("synthetic", quick=True)["path"], lm["data"]["dir"],

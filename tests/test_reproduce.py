@@ -211,12 +211,13 @@ def test_committed_study_file_is_valid():
         assert cells(study) and all(L >= 64 for L in study["lengths"])
     by = {s["name"]: s for s in spec["studies"]}
     rope = by["mqmtar_inline_rope"]           # `like` copies the recipe, the study's own keys override
-    assert rope["sets"] == by["mqmtar_inline"]["sets"] and rope["positions"] == ["rope"]
+    assert rope["overrides"] == by["mqmtar_inline"]["overrides"] and rope["positions"] == ["rope"]
     assert "description" not in rope
-    fast = by["mqmtar_inline_3l_lr4e-3_4k"]   # `more_sets` appends to the inherited sets; the later setting wins
-    assert fast["sets"] == [*by["mqmtar_inline_3l"]["sets"], "train.lr=4e-3", "train.steps=4000"]
+    fast = by["mqmtar_inline_3l_lr4e-3_4k"]   # `more_overrides` merges over the inherited table; the later wins
+    base = by["mqmtar_inline_3l"]["overrides"]
+    assert fast["overrides"] == {**base, "train": {**base["train"], "lr": 4e-3, "steps": 4000}}
     cfg = build_config(fast["task"], preset=fast["preset"], method="softmax", positions="nape", seed=0,
-                       sets=fast["sets"])
+                       overrides=fast["overrides"])
     assert cfg["train"]["lr"] == 4e-3 and cfg["train"]["steps"] == 4000 and cfg["model"]["n_layers"] == 3
 
 
@@ -263,9 +264,9 @@ def test_study_checkpoints_and_test_seed(tmp_path):
     p = tmp_path / "s.toml"
     p.write_text('[[study]]\nname = "t"\ntask = "flip_flop"\nmethods = ["softmax"]\npositions = ["nape"]\n'
                  'seeds = [0]\nlengths = [64, 128]\nsamples = 3\ncheckpoints = ["last"]\ntest_seed = 7\n'
-                 'sets = ["train.steps=4", "train.warmup_steps=1", "train.val_every=2", "train.val_lengths=[64]", '
-                 '"train.val_samples=2", "train.ckpt_every=2", "train.log_every=2", "train.batch_size=2", '
-                 '"model.d_model=32", "model.d_ff=64"]\n')
+                 '[study.overrides]\ntrain.steps = 4\ntrain.warmup_steps = 1\ntrain.val_every = 2\n'
+                 'train.val_lengths = [64]\ntrain.val_samples = 2\ntrain.ckpt_every = 2\ntrain.log_every = 2\n'
+                 'train.batch_size = 2\nmodel.d_model = 32\nmodel.d_ff = 64\n')
     spec = load_study(path=str(p))
     [run] = run_study(spec, tmp_path / "runs", printer=lambda s: None)
     evals = [json.loads(f.read_text()) for f in (run / "eval").glob("*.json")]

@@ -31,10 +31,10 @@ RECIPE = {
     # in distribution in 3 of 8 seeds (34-88 %; at lr 1e-3 38 % in seed 0), which would make its failure beyond
     # the training length meaningless; short examples in the mix (L ~ U[4, 64], still trained at L <= 64) and 800
     # steps at lr 3e-3 took it to 97-100 % in all 8, for about the same number of training tokens.
-    "sets": ["model.n_layers=2", "model.d_model=64", "model.d_ff=128", "model.n_heads=4", "train.batch_size=32",
-             "train.lr=3e-3", "train.warmup_steps=50", "train.train_lengths=[4, 64]", "train.log_every=100",
-             "train.val_every=800", "train.val_lengths=[64]", "train.val_samples=32", "train.ckpt_every=800",
-             "train.threads=1"],
+    "overrides": {"model": {"n_layers": 2, "d_model": 64, "d_ff": 128, "n_heads": 4},
+                  "train": {"batch_size": 32, "lr": 3e-3, "warmup_steps": 50, "train_lengths": [4, 64],
+                            "log_every": 100, "val_every": 800, "val_lengths": [64], "val_samples": 32,
+                            "ckpt_every": 800, "threads": 1}},
     "lengths": [64, 128, 256, 512, 1024],
     "samples": 64,
     # Claims are checked from this multiple of the training length on: at 2x softmax + RoPE is still in its
@@ -278,26 +278,36 @@ def plot_mass(mech: dict, path: Path, train_hi: int) -> Path:
     return path
 
 
+def run_configs(quick: bool = False, seed: int = 0) -> dict[tuple[str, str], dict]:
+    """The resolved run config of each of the demo's models, keyed by (method, positions): the task's preset plus
+    RECIPE's overrides (QUICK's steps with ``quick``), trained from ``seed``."""
+    from longsparse.train import build_config
+
+    rec = {**RECIPE, **(QUICK if quick else {})}
+    return {(method, positions): build_config(rec["task"], preset=rec["preset"], method=method, positions=positions,
+                                              seed=seed, steps=rec["steps"], overrides=rec["overrides"])
+            for method, positions in rec["methods"]}
+
+
 def run_demo(out: str = "runs/demo", quick: bool = False, samples: int | None = None, seed: int = 0,
              printer=print) -> int:
     from longsparse.evaluate import evaluate_run, load_run_model
     from longsparse.io import atomic_write_text
     from longsparse.report import build_report
     from longsparse.tasks import get_task
-    from longsparse.train import build_config, make_task, train
+    from longsparse.train import make_task, train
 
     t_start = time.perf_counter()
     rec = {**RECIPE, **(QUICK if quick else {})}
     if samples is not None:
         rec["samples"] = samples
-    sets = [*rec["sets"], f"train.seed={seed}"]
+    configs = run_configs(quick, seed)
     out = Path(out) / ("quick" if quick else "") / (f"seed{seed}" if seed else "")
     printer(f"longsparse demo: {rec['task']}, {rec['steps']} steps per model, seed {seed}: "
             + ", ".join(f"{_name(k)} ({ROLE[k]})" for k in rec["methods"]) + f"; output in {out}")
     runs, timings, train_hi, cfg = [], {}, None, None
     for method, positions in rec["methods"]:
-        cfg = build_config(rec["task"], preset=rec["preset"], method=method, positions=positions, steps=rec["steps"],
-                           sets=sets)
+        cfg = configs[(method, positions)]
         train_hi = cfg["train"]["train_lengths"][1]
         run = out / f"{rec['task']}-{method}-{positions}"
         t0 = time.perf_counter()

@@ -4,7 +4,7 @@
 
 The study is ``configs/reproduce/synthetic.toml`` of this package (``--quick``: ``synthetic-quick.toml``): a list
 of cells (task × method × positions × seed), each trained with ``longsparse train``'s loop from the task's preset
-(the library's) plus the cell's ``sets``, then evaluated at every length with the best and the last checkpoint.
+(the library's) plus the cell's ``overrides``, then evaluated at every length with the best and the last checkpoint.
 Everything is resumable: a finished training is not redone (an interrupted one resumes from its last checkpoint),
 an evaluation whose (checkpoint, length, samples, seed) already has a result file is skipped. The report
 (markdown tables, JSON, PNG per study) is rendered from the study's results store, never from anything else.
@@ -31,19 +31,27 @@ from typing import Callable, Optional, Sequence
 
 from longsparse.io import atomic_savefig, atomic_write_text, read_jsonl
 from longsparse.report import store as result_store
-from longsparse.train.config import ConfigError, build_config, config_hash, load_toml, resolve
+from longsparse.train.config import (ConfigError, apply_overrides, apply_sets, build_config, config_hash, deep_merge,
+                                     load_toml, resolve)
 from longsparse_experiments.presets import presets_dir
 
 FORMAT = "longsparse-reproduce"
 CHECKPOINTS = ("best", "last")
+# The older study-file form gave overrides as ``--set`` strings; such a file (the pre-registered study's is one)
+# is read by parsing them as ``--set`` does into the tables of the current form, so it trains the same configs.
+LEGACY_KEYS = {"sets": "overrides", "more_sets": "more_overrides", "method_sets": "method_overrides"}
 
 
 def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str] = None) -> dict:
     """The study file, validated and with defaults filled in: ``{"path": ..., "studies": [study, ...]}``.
 
-    A ``[[study]]`` may say ``like = "<earlier study>"`` to take that study's settings (not its name or
-    description) and override some of them; ``more_sets = [...]`` appends train overrides to the ``sets``
-    it has (the later of two settings of one key wins), so a variant names only what it changes."""
+    A study's ``[study.overrides]`` table (dotted keys: ``model.d_model = 64``, ``train.steps = 2500``) is merged
+    over the task's preset for every cell (``build_config``'s ``overrides``), and ``[study.method_overrides.<method>]``
+    over that for the cells of one method. A ``[[study]]`` may say ``like = "<earlier study>"`` to take that
+    study's settings (not its name or description) and override some of them; ``more_overrides`` is merged over
+    the ``overrides`` it has (the later of two settings of one key wins), so a variant names only what it changes.
+    A file in the older form (``sets``, ``more_sets``, ``method_sets``: lists of ``--set`` strings) is read as the
+    same tables (``LEGACY_KEYS``)."""
     p = Path(path) if path else presets_dir() / "reproduce" / f"{name}{'-quick' if quick else ''}.toml"
     if not p.is_file():
         raise ConfigError(f"no study file {p}")
@@ -51,9 +59,10 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
     studies = raw.get("study")
     if not isinstance(studies, list) or not studies:
         raise ConfigError(f"{p}: needs at least one [[study]] table")
-    defaults = raw.get("defaults", {})
+    defaults = _current_form(p, "[defaults]", raw.get("defaults", {}))
     out = []
     for i, s in enumerate(studies):
+        s = _current_form(p, f"study #{i + 1}", s)
         if "like" in s:      # inherit an earlier study's settings (not its name/description), then override
             base = next((dict(b) for b in out if b["name"] == s["like"]), None)
             if base is None:
@@ -62,20 +71,20 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
                 base.pop(k, None)
             s = {**base, **{k: v for k, v in s.items() if k != "like"}}
         s = {**defaults, **s}
-        if "more_sets" in s:
-            s["sets"] = [*s.get("sets", []), *s.pop("more_sets")]
+        if "more_overrides" in s:
+            s["overrides"] = deep_merge(s.get("overrides", {}), s.pop("more_overrides"))
         missing = [k for k in ("name", "task", "methods", "positions", "seeds", "lengths", "samples") if k not in s]
         if missing:
             raise ConfigError(f"{p}: study #{i + 1} lacks {missing}")
         unknown = sorted(set(s) - {"name", "task", "preset", "methods", "positions", "seeds", "lengths", "samples",
-                                   "long_samples", "long_from", "id_samples", "sets", "method_sets",
+                                   "long_samples", "long_from", "id_samples", "overrides", "method_overrides",
                                    "description", "checkpoints", "test_seed"})
         if unknown:
             raise ConfigError(f"{p}: study {s['name']!r} has unknown key(s) {unknown}")
         _check_study(p, s)
         s.setdefault("preset", "cpu")
-        s.setdefault("sets", [])
-        s.setdefault("method_sets", {})
+        s.setdefault("overrides", {})
+        s.setdefault("method_overrides", {})
         s.setdefault("long_samples", s["samples"])
         s.setdefault("long_from", max(s["lengths"]) + 1)
         s.setdefault("id_samples", s["samples"])
@@ -86,6 +95,49 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
     if len(set(names)) != len(names):
         raise ConfigError(f"{p}: study names must be unique, got {names}")
     return {"path": str(p), "studies": out}
+
+
+def _current_form(path: Path, where: str, table: dict) -> dict:
+    """A ``[defaults]`` or ``[[study]]`` table with its overrides checked (sections task/model/train, tables
+    where the config has tables) and its older ``--set``-string keys (``LEGACY_KEYS``) turned into those tables,
+    parsed as ``--set`` parses them."""
+    table = dict(table)
+    for old, new in LEGACY_KEYS.items():
+        if old not in table:
+            continue
+        if new in table:
+            raise ConfigError(f"{path}: {where} gives both {old} and {new}; give {new} alone")
+        value = table.pop(old)
+        lists = value if old == "method_sets" else {None: value}
+        if not isinstance(lists, dict) or not all(isinstance(v, list) and all(isinstance(x, str) for x in v)
+                                                  for v in lists.values()):
+            shape = "a table of lists" if old == "method_sets" else "a list"
+            raise ConfigError(f"{path}: {where}: {old} must be {shape} of section.key=value strings (the current "
+                              f"form: a {new} table, e.g. model.d_model = 64)")
+        try:
+            converted = {m: apply_sets({}, sets) for m, sets in lists.items()}
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {where}: {e}") from None
+        table[new] = converted if old == "method_sets" else converted[None]
+    for key in ("overrides", "more_overrides"):
+        if key in table:
+            _check_overrides(path, f"{where}: {key}", table[key])
+    if "method_overrides" in table:
+        if not isinstance(table["method_overrides"], dict):
+            raise ConfigError(f"{path}: {where}: method_overrides must be a table of per-method override tables, "
+                              f"got {table['method_overrides']!r}")
+        for m, over in table["method_overrides"].items():
+            _check_overrides(path, f"{where}: method_overrides.{m}", over)
+    return table
+
+
+def _check_overrides(path: Path, where: str, overrides) -> None:
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{path}: {where} must be a table (e.g. model.d_model = 64), got {overrides!r}")
+    try:
+        apply_overrides({}, overrides)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {where}: {e}") from None
 
 
 def _check_study(path: Path, s: dict) -> None:
@@ -126,15 +178,16 @@ def samples_for(study: dict, length: int) -> int:
 
 
 def cells(study: dict) -> list[dict]:
-    """Every (method, positions, seed) of a study with its run sub-folder and train overrides; seed-major, so
-    that a partial run has every method at the first seed before any at the second."""
+    """Every (method, positions, seed) of a study with its run sub-folder and config overrides (the study's,
+    then its method's merged over them); seed-major, so that a partial run has every method at the first seed
+    before any at the second."""
     out = []
     for seed in study["seeds"]:
         for m in study["methods"]:
             for pos in study["positions"]:
                 out.append({"method": m, "positions": pos, "seed": seed,
                             "run": f"{study['name']}/{m}-{pos}-s{seed}",
-                            "sets": [*study["sets"], *study["method_sets"].get(m, [])]})
+                            "overrides": deep_merge(study["overrides"], study["method_overrides"].get(m, {}))})
     return out
 
 
@@ -181,7 +234,7 @@ def check_report_folder(report: str | Path, store: str | Path) -> None:
 def cell_config(study: dict, cell: dict) -> dict:
     """The training config of a cell: the task's preset plus the study's and the method's overrides."""
     return build_config(study["task"], preset=study["preset"], method=cell["method"], positions=cell["positions"],
-                        seed=cell["seed"], sets=cell["sets"])
+                        seed=cell["seed"], overrides=cell["overrides"])
 
 
 def cell_hash(cfg: dict) -> str:

@@ -32,7 +32,7 @@ def main(study_name, method, seed, trial_dir, positions="nape"):
     if cell is None:
         sys.exit(f"study {study_name!r} has no cell {method}/{positions}/seed {seed}")
     want = flat(build_config(study["task"], preset=study["preset"], method=method, positions=positions,
-                             seed=int(seed), sets=cell["sets"]))
+                             seed=int(seed), overrides=cell["overrides"]))
     have = flat(json.loads((Path(trial_dir) / "config.json").read_text()))
     diff = [(k, want.get(k, "<missing>"), have.get(k, "<missing>")) for k in sorted(set(want) | set(have))
             if want.get(k) != have.get(k)]

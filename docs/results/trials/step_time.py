@@ -18,9 +18,9 @@ from longsparse.train.config import build_model, make_task, resolve
 
 
 def step_ms(study: dict, method: str, steps: int = 20) -> float:
-    sets = next(c["sets"] for c in cells(study) if c["method"] == method)
+    overrides = next(c["overrides"] for c in cells(study) if c["method"] == method)
     cfg = resolve(build_config(study["task"], preset=study["preset"], method=method,
-                               positions=study["positions"][0], seed=0, sets=sets))
+                               positions=study["positions"][0], seed=0, overrides=overrides))
     task = make_task(cfg["task"])
     model = build_model(cfg["model"], task.vocab_size)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -12,8 +12,10 @@ Preset files live in ``src/longsparse/configs/<task>/<preset>.toml`` (package da
 ``$LONGSPARSE_CONFIGS`` names another folder of the same layout). Besides the three sections a
 file may hold ``[methods.<method>.<section>]`` and ``[positions.<positions>.<section>]`` tables, merged (in that
 order) when the run uses that method / positions, so one file covers task × method × positions at one scale.
-Then ``--set section.key=value`` overrides apply (value parsed as a TOML value, else taken as a string), and last
-the explicit flags (``--method``, ``--positions``, ``--seed``, ``--steps``).
+Then the overrides apply: code and study files give a nested table (``build_config(overrides={"model":
+{"d_model": 64}})``, in TOML ``model.d_model = 64``), the command line ``--set section.key=value`` strings (value
+parsed as a TOML value, else taken as a string), which win; last the explicit flags (``--method``,
+``--positions``, ``--seed``, ``--steps``).
 
 Architectures. ``model.arch`` names the model (``longsparse.models``: ``transformer``, the default, or ``hsa``);
 the model section holds that architecture's config fields (``ModelConfig`` / ``HSAConfig`` minus ``vocab_size``).
@@ -183,13 +185,49 @@ def apply_sets(cfg: dict, sets: Iterable[str]) -> dict:
     return cfg
 
 
+def apply_overrides(cfg: dict, overrides: Mapping | None) -> dict:
+    """``cfg`` with ``overrides`` deep-merged over it: the library's form of ``--set``, a nested table of the
+    sections task/model/train such as ``{"model": {"d_model": 64}, "train": {"lr": 2e-3}}`` (in TOML a table
+    with dotted keys, ``model.d_model = 64``). A value replaces the config's value; a table merges into the
+    config's table of that name. A table given where the config has a value, or a value where it has a table,
+    is refused."""
+    if not overrides:
+        return copy.deepcopy(cfg)
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"overrides must be a table of the sections {', '.join(SECTIONS)}, got {overrides!r}")
+    for section, table in overrides.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"override section must be one of {', '.join(SECTIONS)} (e.g. train.lr = 3e-4), "
+                              f"got {section!r}")
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"override {section} must be a table (e.g. {section}.key = value), got {table!r}")
+        _check_override_tables(cfg.get(section), table, section)
+    return deep_merge(cfg, overrides)
+
+
+def _check_override_tables(have: Any, over: Mapping, key: str) -> None:
+    """Every table of ``over`` lands on a table (or nothing) of ``have``, and no value replaces a table."""
+    if have is not None and not isinstance(have, Mapping):
+        raise ConfigError(f"override {key} is a table, but the config's {key} is not one (it is {have!r})")
+    for k, v in over.items():
+        inner = have.get(k) if isinstance(have, Mapping) else None
+        if isinstance(v, Mapping):
+            _check_override_tables(inner, v, f"{key}.{k}")
+        elif isinstance(inner, Mapping):
+            raise ConfigError(f"override {key}.{k} must be a table ({key}.{k} is one), got {v!r}")
+
+
 def build_config(task: str, *, preset: str = "cpu", arch: str | None = None, method: str | None = None,
                  positions: str | None = None, seed: int | None = None, steps: int | None = None,
-                 sets: Iterable[str] = (), config_file: str | None = None) -> dict:
-    """Resolve preset file + architecture table + method/positions tables + ``--set`` + flags into a validated
-    run config.
+                 sets: Iterable[str] = (), config_file: str | None = None,
+                 overrides: Mapping | None = None) -> dict:
+    """Resolve preset file + architecture table + method/positions tables + ``overrides`` + ``--set`` + flags
+    into a validated run config.
 
-    The run is for ``task``: a file or ``--set task.name`` naming another task is refused, never trained."""
+    ``overrides`` is a nested table ``{"model": {"d_model": 64}, "train": {...}}`` (``apply_overrides``), the
+    form code and study files give; ``sets`` are ``--set`` strings (``"model.d_model=64"``), applied after it so
+    that the command line wins. A ``model.arch`` in either selects the architecture's table as ``arch`` does.
+    The run is for ``task``: a file or an override naming another task is refused, never trained."""
     want = task_name(task)
     source = Path(config_file) if config_file else preset_path(task, preset)
     raw = load_toml(source)
@@ -200,7 +238,7 @@ def build_config(task: str, *, preset: str = "cpu", arch: str | None = None, met
     if method is not None and method in ARCHITECTURES:
         raise ConfigError(_not_a_method(method))
     cfg = {s: copy.deepcopy(raw.get(s, {})) for s in SECTIONS}
-    cfg["model"] = _model_table(raw, source, arch if arch is not None else _arch_in_sets(sets))
+    cfg["model"] = _model_table(raw, source, arch if arch is not None else _arch_override(overrides, sets))
     cfg["task"].setdefault("name", task)
     if task_name(cfg["task"]["name"]) != want:
         raise ConfigError(f"{source} is a config for task {cfg['task']['name']!r}, not for the requested task "
@@ -212,6 +250,7 @@ def build_config(task: str, *, preset: str = "cpu", arch: str | None = None, met
     m, p = cfg["model"].get("method"), cfg["model"].get("positions")
     cfg = deep_merge(cfg, raw.get("methods", {}).get(m, {}))
     cfg = deep_merge(cfg, raw.get("positions", {}).get(p, {}))
+    cfg = apply_overrides(cfg, overrides)
     cfg = apply_sets(cfg, sets)
     if task_name(cfg["task"].get("name")) != want:
         raise ConfigError(f"an override sets task.name={cfg['task'].get('name')!r}, not the requested task "
@@ -234,9 +273,12 @@ def _not_a_method(name: str) -> str:
             f"the method is the attention mapping of any architecture ({', '.join(METHODS)})")
 
 
-def _arch_in_sets(sets: Iterable[str]) -> str | None:
-    """The architecture a ``--set model.arch=NAME`` asks for (the last one), or None."""
-    found = None
+def _arch_override(overrides: Mapping | None, sets: Iterable[str]) -> str | None:
+    """The architecture the overrides ask for, or None: the last ``--set model.arch=NAME``, else ``model.arch`` of
+    ``overrides`` (the order ``build_config`` applies them in). A malformed ``overrides`` asks for none here;
+    ``apply_overrides`` refuses it."""
+    model = overrides.get("model") if isinstance(overrides, Mapping) else None
+    found = model.get("arch") if isinstance(model, Mapping) else None
     for item in sets or ():
         key, sep, text = item.partition("=")
         if sep and key.strip() == "model.arch":
@@ -278,6 +320,8 @@ def resolve(cfg: Mapping) -> dict:
                           f"task.params)")
     if "name" not in t:
         raise ConfigError("config has no task.name")
+    if not isinstance(t.get("params") or {}, Mapping):
+        raise ConfigError(f"task.params must be a table of task parameters, got {t['params']!r}")
     task_cfg = {"name": t["name"], "preset": t.get("preset"), "params": dict(t.get("params") or {})}
     task = make_task(task_cfg)
     task_cfg["name"] = task.name

@@ -49,21 +49,21 @@ DEFAULT_RUNS = (
     ("entmax-rope", "entmax", "rope"),
 )
 DEFAULT_TASK = "flip_flop"
-DEFAULT_SETS = ("train.val_every=0", "train.val_lengths=[64, 256]", "train.val_samples=64")
+DEFAULT_OVERRIDES = {"train": {"val_every": 0, "val_lengths": [64, 256], "val_samples": 64}}
 QUICK_STEPS = 8
+QUICK_OVERRIDES = {"train": {"val_lengths": [64], "val_samples": 8, "warmup_steps": QUICK_STEPS}}
 
 
 def default_run_configs(quick: bool = False) -> Dict[str, dict]:
+    """The resolved run config of each of the DEFAULT_RUNS by name (``quick``: QUICK_STEPS steps, QUICK_OVERRIDES
+    merged over DEFAULT_OVERRIDES)."""
     from longsparse.train import build_config
+    from longsparse.train.config import deep_merge
 
-    out = {}
-    for name, method, positions in DEFAULT_RUNS:
-        sets = list(DEFAULT_SETS)
-        if quick:
-            sets += ["train.val_lengths=[64]", "train.val_samples=8", f"train.warmup_steps={QUICK_STEPS}"]
-        out[name] = build_config(DEFAULT_TASK, preset="cpu", method=method, positions=positions, seed=0,
-                                 steps=QUICK_STEPS if quick else None, sets=sets)
-    return out
+    overrides = deep_merge(DEFAULT_OVERRIDES, QUICK_OVERRIDES) if quick else DEFAULT_OVERRIDES
+    return {name: build_config(DEFAULT_TASK, preset="cpu", method=method, positions=positions, seed=0,
+                               steps=QUICK_STEPS if quick else None, overrides=overrides)
+            for name, method, positions in DEFAULT_RUNS}
 
 
 def ensure_default_runs(cache: Path, quick: bool = False, log: Callable[[str], None] = print) -> List[Path]:
