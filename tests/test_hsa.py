@@ -196,6 +196,53 @@ def test_generate_cached_equals_uncached_and_handles_left_padding(kw):
     assert torch.equal(two[0], a[0, :5])
 
 
+def greedy_by_full_forward(m, prompt, steps):
+    """Greedy tokens (B, steps) by argmax of the full forward over everything so far, step by step."""
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(steps):
+            seq = torch.cat([seq, m(seq)[:, -1].argmax(-1, keepdim=True)], 1)
+    return seq[:, prompt.shape[1]:]
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(method="entmax", positions="nape", weights="entmax", retrieval="chunk")])
+def test_cached_generation_is_greedy_argmax_of_the_full_forward_step_by_step(kw):
+    """HSA's incremental decoding (the long-context evaluator) gives, at every step, the full forward's logits
+    of the last position (float64), so its greedy tokens are the full forward's argmax decoding — across chunk
+    boundaries, for left-padded rows (decoded one at a time without their pads) and with EOS."""
+    m = make(**kw)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():                        # weights far from init, so greedy decoding does not loop at once
+        for p in m.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    prompt = ids(2, 13, seed=7)                  # 3 complete chunks of 4, then 12 steps complete 3 more
+    reference = greedy_by_full_forward(m, prompt, 12)
+    decoding = m.cached_decoding(prompt, torch.ones_like(prompt, dtype=torch.bool))
+    seq = prompt
+    for t in range(12):
+        with torch.no_grad():
+            torch.testing.assert_close(decoding.last_logits(), m(seq)[:, -1], rtol=0, atol=1e-10)
+        decoding.extend(reference[:, t:t + 1])
+        seq = torch.cat([seq, reference[:, t:t + 1]], 1)
+    assert torch.equal(m.generate(prompt, 12), reference)
+    assert torch.equal(m.generate(prompt, 12, use_cache=False), reference)
+    # left padding: row 0 has 5 pads before its 8 real tokens
+    padded = prompt.clone()
+    padded[0, :5] = 0
+    mask = torch.ones_like(padded, dtype=torch.bool)
+    mask[0, :5] = False
+    alone = greedy_by_full_forward(m, prompt[:1, 5:], 12)
+    for use_cache in (True, False):
+        out = m.generate(padded, 12, attention_mask=mask, use_cache=use_cache)
+        assert torch.equal(out[0], alone[0]) and torch.equal(out[1], reference[1])
+    # EOS: a row is filled with it from its first EOS on
+    eos = int(reference[0, 4])
+    out = m.generate(prompt, 12, eos_id=eos)
+    for row, tokens in zip(out, reference.tolist()):
+        first = tokens.index(eos) if eos in tokens else 12
+        assert row[:first].tolist() == tokens[:first] and (row[first:] == eos).all()
+
+
 # ------------------------------------------------------------------------------ visibility and weighting
 def test_visibility_rule():
     S = 4
@@ -469,6 +516,9 @@ def test_diagnostics_rank_with_planted_scores():
     (dict(branch_gain=-0.1), "branch_gain"), (dict(retrieval="off"), "unknown retrieval"),
     (dict(retrieval="none", hsa_local=False), "needs hsa_local"), (dict(select_warmup=-1), "select_warmup"),
     (dict(select_warmup_topk=0), "select_warmup_topk"),
+    (dict(attn_topk=0), "attn_topk must be a positive integer"), (dict(method="flash"), "unknown method"),
+    (dict(positions="nape", n_heads=3, d_model=33), "positions='nape' needs an even n_heads"),
+    (dict(norm_eps=0.0), "norm_eps and init_std must be > 0"),
 ])
 def test_config_validation(kw, msg):
     with pytest.raises(ValueError, match=msg):

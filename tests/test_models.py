@@ -1,8 +1,14 @@
 """The model registry (longsparse.models): architectures by name, save/load through it for both architectures,
-`model.arch` in run configs, and what older code wrote: an HSA run folder from before `model.arch` existed
-(tests/data/hsa_legacy: its config names HSA as the method) still loads, gives the same logits and evaluates."""
+`model.arch` in run configs, what every architecture shares (its attention settings, stored flat; greedy
+generation), and what older code wrote: an HSA run folder from before `model.arch` existed (tests/data/hsa_legacy:
+its config names HSA as the method) still loads, gives the same logits and evaluates; the flat model sections and
+their hashes, and checkpoints written before the configs held an `AttentionSettings` (tests/data/checkpoints),
+are unchanged."""
 from __future__ import annotations
 
+import copy
+import dataclasses
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -11,14 +17,16 @@ import pytest
 import torch
 
 from longsparse.cli import main
-from longsparse.hsa import HSAModel
+from longsparse.hsa import HSAConfig, HSAModel
 from longsparse.models import (ARCHITECTURES, architecture_of, build_model, config_section, get_architecture,
                                model_config)
-from longsparse.nn import ModelConfig, Transformer, load_checkpoint, read_checkpoint, save_checkpoint
+from longsparse.nn import (AttentionSettings, ModelConfig, Transformer, load_checkpoint, read_checkpoint,
+                           save_checkpoint)
 from longsparse.train import ConfigError, build_config, config_hash, resolve
 from longsparse.train.config import run_label
 
 LEGACY = Path(__file__).parent / "data" / "hsa_legacy"
+CHECKPOINTS = Path(__file__).parent / "data" / "checkpoints"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SECTIONS = {
@@ -150,3 +158,112 @@ def test_cli_refuses_method_hsa_naming_arch(tmp_path, capsys):
                  "--print-config"]) == 0
     cfg = json.loads(capsys.readouterr().out)
     assert (cfg["model"]["arch"], cfg["model"]["method"]) == ("hsa", "asentmax")
+
+
+# ------------------------------------------------------------------ the stored forms of the model configs
+TRANSFORMER_KEYS = [
+    "vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "d_ff", "method", "positions", "alpha", "learn_alpha",
+    "max_alpha", "topk", "adatemp_order", "rope_theta", "nape_slopes", "asentmax_init", "asentmax_scaler",
+    "asentmax_delta", "asentmax_gamma_range", "ssmax_init", "norm_eps", "init_std", "attn_chunk_size",
+    "attn_backend"]
+HSA_KEYS = [
+    "arch", "vocab_size", "d_model", "n_heads", "head_dim", "d_ff", "n_lower", "n_upper", "upper_group_size",
+    "encoder_layers", "chunk_size", "window", "topk", "landmark", "fusion", "weights", "retrieval", "hsa_positions",
+    "retrieval_dim", "entmax_alpha", "entmax_cap", "length_scale", "length_gamma", "gumbel_noise", "select_warmup",
+    "select_warmup_topk", "hsa_local", "hsa_impl", "rope_theta", "norm_eps", "init_std", "branch_gain", "method",
+    "positions", "alpha", "learn_alpha", "max_alpha", "attn_topk", "adatemp_order", "nape_slopes", "asentmax_init",
+    "asentmax_scaler", "asentmax_delta", "asentmax_gamma_range", "ssmax_init", "attn_chunk_size", "attn_backend"]
+# name: (config, its keys, sha256 of json.dumps(section) (keys in order, values), config_hash({"model": section})),
+# the hashes computed from the flat dataclasses that the configs were before they held an AttentionSettings
+PINNED_SECTIONS = {
+    "transformer_default": (lambda: ModelConfig(vocab_size=32), TRANSFORMER_KEYS,
+                            "987ea1351286f393", "8361f5ce542ee838"),
+    "transformer_asentmax_nape": (lambda: ModelConfig(vocab_size=32, method="asentmax", positions="nape", topk=8,
+                                                      asentmax_init="reference", attn_backend="reference"),
+                                  TRANSFORMER_KEYS, "6817599f7c469a5f", "28a3ffc98d34fb1f"),
+    "hsa_default": (lambda: HSAConfig(vocab_size=32), HSA_KEYS, "6f67045091d481dd", "ccff462703982ec5"),
+    "hsa_entmax": (lambda: HSAConfig(vocab_size=32, method="entmax", positions="nape", alpha=1.3, attn_topk=8,
+                                     weights="entmax", entmax_cap=3, attn_chunk_size=64),
+                   HSA_KEYS, "52a9185e1dd114cf", "b99f62b2febdcd14"),
+}
+
+
+@pytest.mark.parametrize("name", list(PINNED_SECTIONS))
+def test_flat_model_sections_and_their_hashes_are_pinned(name):
+    make_config, keys, ordered_sha, identity = PINNED_SECTIONS[name]
+    cfg = make_config()
+    section = config_section(cfg)
+    assert list(section) == keys
+    assert hashlib.sha256(json.dumps(section).encode()).hexdigest()[:16] == ordered_sha
+    assert config_hash({"model": section}) == identity
+    rebuilt = model_config(section)                              # the flat form builds the same config
+    assert rebuilt == cfg and list(config_section(rebuilt).items()) == list(section.items())
+
+
+@pytest.mark.parametrize("name", ["transformer_asentmax_nape", "hsa_entmax"])
+def test_checkpoints_written_by_the_flat_configs_load_and_compute_the_same(name):
+    """tiny checkpoints (float32 weights) written before the configs held an AttentionSettings, with the float64
+    logits and greedy tokens of their models then: the stored config reads back key for key, the outputs agree."""
+    path = CHECKPOINTS / f"{name}.pt"
+    stored = read_checkpoint(str(path))["config"]
+    model, extra = load_checkpoint(str(path))
+    assert model.cfg.to_dict() == stored and list(model.cfg.to_dict()) == list(stored)
+    assert model.cfg.learn_alpha and model.cfg.method in ("asentmax", "entmax")
+    exact = copy.deepcopy(model).double().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(exact(extra["input_ids"]), extra["logits"], rtol=0, atol=1e-12)
+    prompt = extra["input_ids"][:, :extra["prompt_len"]]
+    for use_cache in (True, False):
+        assert torch.equal(exact.generate(prompt, 6, use_cache=use_cache), extra["generated"])
+
+
+def test_attention_settings_are_flat_keys_of_every_architecture_config():
+    t = ModelConfig(vocab_size=8, d_model=8, n_heads=2, method="softmax", topk=3)
+    h = HSAConfig(vocab_size=8, d_model=8, n_heads=2, topk=5, attn_topk=3, method="entmax")
+    assert t.attention == AttentionSettings(method="softmax", topk=3)
+    assert h.attention == AttentionSettings(method="entmax", positions="rope", topk=3) and h.topk == 5
+    assert HSAConfig(vocab_size=8).attention == AttentionSettings(method="softmax", positions="rope")
+    t.method, h.attn_topk = "asentmax", 7                         # attributes read and write the settings
+    assert (t.attention.method, h.attention.topk, h.attn_topk) == ("asentmax", 7, 7)
+    # given settings are copied, and flat keys apply over them: no two configs share their settings
+    shared = AttentionSettings(alpha=1.3)
+    a, b = ModelConfig(vocab_size=8, attention=shared), ModelConfig(vocab_size=8, attention=shared, alpha=1.7)
+    a.alpha = 1.2
+    assert (shared.alpha, a.alpha, b.alpha) == (1.3, 1.2, 1.7)
+    assert dataclasses.replace(h, method="sparsemax").attention.method == "sparsemax" and h.method == "entmax"
+    assert h.attention_config("nope").attention == dataclasses.replace(h.attention, positions="nope")
+    assert h.attention_config().attention is not h.attention
+    with pytest.raises(TypeError, match="attention must be an AttentionSettings"):
+        ModelConfig(vocab_size=8, attention={"method": "entmax"})
+    with pytest.raises(ValueError, match="unknown HSAConfig field\\(s\\): attention"):
+        HSAConfig.from_dict({"vocab_size": 8, "attention": {}})      # the stored form is flat only
+    with pytest.raises(ValueError, match="attn_topk must be a positive integer"):
+        HSAConfig(vocab_size=8, attn_topk=0)
+    with pytest.raises(ValueError, match="unknown method 'flash'"):
+        HSAConfig(vocab_size=8, method="flash")
+
+
+# ------------------------------------------------------------------------------- shared greedy generation
+@pytest.mark.parametrize("arch", list(SECTIONS))
+def test_generation_checks_eos_and_mode_are_shared_by_every_architecture(arch):
+    torch.manual_seed(0)
+    model = build_model(SECTIONS[arch], 20).double().train()
+    prompt = torch.randint(0, 20, (2, 9), generator=torch.Generator().manual_seed(1))
+    steps = dict(model.named_buffers()).get("select_steps")
+    before = None if steps is None else int(steps)
+    free = model.generate(prompt, 6)
+    assert model.training and (steps is None or int(steps) == before)   # decoded in eval mode, mode restored
+    with torch.no_grad():
+        assert torch.equal(free, model.eval().generate(prompt, 6, use_cache=False))
+    eos = int(free[0, 2])
+    out = model.generate(prompt, 6, eos_id=eos)
+    for row, tokens in zip(out, free):
+        first = tokens.tolist().index(eos) if eos in tokens.tolist() else 6
+        assert torch.equal(row[:first + 1], tokens[:first + 1]) and (row[first:] == eos).all()
+    assert model.generate(prompt, 0).shape == (2, 0)
+    for bad, kw, msg in [(prompt, dict(max_new_tokens=-1), "max_new_tokens must be >= 0"),
+                         (prompt[:, :0], {}, "prompt_ids must have shape"),
+                         (prompt, dict(attention_mask=torch.ones(2, 8)), "attention_mask must have shape"),
+                         (prompt, dict(attention_mask=torch.zeros(2, 9)), "at least one real")]:
+        with pytest.raises(ValueError, match=msg):
+            model.generate(bad, **{"max_new_tokens": 3, **kw})

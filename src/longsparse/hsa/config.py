@@ -1,13 +1,12 @@
 """HSAConfig: every knob of the hierarchical sparse attention model (docs/method.md §8), validated, and
-round-trippable as a plain dict. The token-attention fields (method, positions, α, scalers, backend) are those
-of ``longsparse.nn.ModelConfig`` and are validated by it (``attention_config``)."""
+round-trippable as a flat plain dict. Its token attention (method, positions, α, scalers, backend) is a
+``longsparse.nn.AttentionSettings``, the decoder's, stored flat among its own fields (``flat_attention_settings``)."""
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from longsparse.nn.config import ModelConfig, strict_from_dict
+from longsparse.nn.config import AttentionSettings, ModelConfig, flat_attention_settings, strict_from_dict
 
 LANDMARKS = ("encoder_cls", "encoder_mean", "mean")
 FUSIONS = ("bypass", "standard")
@@ -18,6 +17,18 @@ LENGTH_SCALES = ("none", "fixed", "learned")
 HSA_IMPLS = ("dense", "gather")
 
 
+def hsa_attention_defaults() -> AttentionSettings:
+    """The token attention of [B]: softmax with RoPE."""
+    return AttentionSettings(method="softmax", positions="rope")
+
+
+@flat_attention_settings(names={"topk": "attn_topk"}, order=(
+    "vocab_size", "d_model", "n_heads", "head_dim", "d_ff", "n_lower", "n_upper", "upper_group_size",
+    "encoder_layers", "chunk_size", "window", "topk", "landmark", "fusion", "weights", "retrieval", "hsa_positions",
+    "retrieval_dim", "entmax_alpha", "entmax_cap", "length_scale", "length_gamma", "gumbel_noise", "select_warmup",
+    "select_warmup_topk", "hsa_local", "hsa_impl", "rope_theta", "norm_eps", "init_std", "branch_gain", "method",
+    "positions", "alpha", "learn_alpha", "max_alpha", "attn_topk", "adatemp_order", "nape_slopes", "asentmax_init",
+    "asentmax_scaler", "asentmax_delta", "asentmax_gamma_range", "ssmax_init", "attn_chunk_size", "attn_backend"))
 @dataclass
 class HSAConfig:
     """Hierarchical sparse attention decoder (docs/method.md §8, paper [B]); defaults = the CPU scale of docs/method.md §8.
@@ -39,12 +50,13 @@ class HSAConfig:
       retrieval, no chunk memory, so nothing beyond the (n_lower + n_upper)·(window − 1) receptive field is
       read; needs ``hsa_local``; landmark/encoder/selection fields are then unused).
     hsa_positions: nope (paper) | rope (absolute positions inside retrieved chunks).
-    method, positions, alpha, learn_alpha, max_alpha, adatemp_order, nape_slopes, asentmax_*, ssmax_init,
-      attn_chunk_size, attn_backend: the token attention of every layer, as in ``longsparse.nn.ModelConfig``
-      (one ``longsparse.nn.Attention`` per layer, calling ``longsparse.attention``): ``method`` (mapping + length
-      scaler) in the sliding windows, the chunk encoder and inside retrieved chunks; ``positions`` in the
-      sliding windows and the chunk encoder (inside retrieved chunks: ``hsa_positions``). ``attn_topk`` is
-      ModelConfig's ``topk`` (the k of the top-k mapping; ``topk`` here counts retrieved chunks). Defaults:
+    attention: the token attention of every layer, a ``longsparse.nn.AttentionSettings`` (one
+      ``longsparse.nn.Attention`` per layer, calling ``longsparse.attention``), whose fields this config takes,
+      reads and stores flat as its own (method, positions, alpha, learn_alpha, max_alpha, adatemp_order,
+      rope_theta, nape_slopes, asentmax_*, ssmax_init, attn_chunk_size, attn_backend): ``method`` (mapping +
+      length scaler) in the sliding windows, the chunk encoder and inside retrieved chunks; ``positions`` in the
+      sliding windows and the chunk encoder (inside retrieved chunks: ``hsa_positions``). ``attn_topk`` is the
+      settings' ``topk`` (the k of the top-k mapping; ``topk`` here counts retrieved chunks). Defaults:
       softmax and RoPE, the model of [B]. Length scalers (ssmax, asentmax) see each query as attending to the
       keys it has: min(t + 1, window) in a sliding window, S + 1 in the chunk encoder, S in a retrieved chunk.
     length_scale: ASEntmax-style multiplier log(n_visible + 1)^γ of the retrieval query: none | fixed γ =
@@ -94,25 +106,10 @@ class HSAConfig:
     select_warmup_topk: int = 4
     hsa_local: bool = True
     hsa_impl: str = "dense"
-    rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
     branch_gain: float = 0.01
-    method: str = "softmax"
-    positions: str = "rope"
-    alpha: float = 1.5
-    learn_alpha: bool = False
-    max_alpha: float = 2.0
-    attn_topk: int = 32
-    adatemp_order: str = "original"
-    nape_slopes: str = "harmonic"
-    asentmax_init: str = "scale_aware"
-    asentmax_scaler: str = "adaptive"
-    asentmax_delta: float = 1.0
-    asentmax_gamma_range: float = 2.0
-    ssmax_init: float = 1.0
-    attn_chunk_size: Optional[int] = None
-    attn_backend: str = "auto"
+    attention: AttentionSettings = field(default_factory=hsa_attention_defaults, kw_only=True)
 
     def __post_init__(self):
         if self.head_dim is None and isinstance(self.n_heads, int) and self.n_heads > 0:
@@ -172,8 +169,9 @@ class HSAConfig:
             raise ValueError(f"length_gamma must be >= 0, got {self.length_gamma}")
         if self.hsa_positions == "rope" and self.head_dim % 2:
             raise ValueError(f"hsa_positions='rope' needs an even head_dim, got {self.head_dim}")
-        for positions in dict.fromkeys((self.positions, self.hsa_positions)):   # ModelConfig's rules
-            self.attention_config(positions)
+        self.attention.validate(self.n_heads, self.head_dim, names=self.ATTENTION_NAMES)
+        if self.norm_eps <= 0 or self.init_std <= 0:
+            raise ValueError("norm_eps and init_std must be > 0")
         if isinstance(self.branch_gain, bool) or not isinstance(self.branch_gain, (int, float)) \
                 or not self.branch_gain >= 0:
             raise ValueError(f"branch_gain must be a number >= 0, got {self.branch_gain!r}")
@@ -181,22 +179,13 @@ class HSAConfig:
     def attention_config(self, positions: Optional[str] = None) -> ModelConfig:
         """The ``ModelConfig`` of this model's ``longsparse.nn.Attention`` layers with the given positions
         (default ``positions``; the attention inside retrieved chunks uses ``hsa_positions``). Its ``n_layers``
-        is unused (1)."""
-        return ModelConfig(
-            vocab_size=self.vocab_size, d_model=self.d_model, n_layers=1, n_heads=self.n_heads, head_dim=self.head_dim,
-            d_ff=self.d_ff, method=self.method, positions=self.positions if positions is None else positions,
-            alpha=self.alpha, learn_alpha=self.learn_alpha, max_alpha=self.max_alpha, topk=self.attn_topk,
-            adatemp_order=self.adatemp_order, rope_theta=self.rope_theta, nape_slopes=self.nape_slopes,
-            asentmax_init=self.asentmax_init, asentmax_scaler=self.asentmax_scaler,
-            asentmax_delta=self.asentmax_delta, asentmax_gamma_range=self.asentmax_gamma_range,
-            ssmax_init=self.ssmax_init, norm_eps=self.norm_eps, init_std=self.init_std,
-            attn_chunk_size=self.attn_chunk_size, attn_backend=self.attn_backend)
-
-    def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        is unused (1); its settings are a copy of ``attention``."""
+        return ModelConfig(vocab_size=self.vocab_size, d_model=self.d_model, n_layers=1, n_heads=self.n_heads,
+                           head_dim=self.head_dim, d_ff=self.d_ff, norm_eps=self.norm_eps, init_std=self.init_std,
+                           attention=self.attention, positions=self.positions if positions is None else positions)
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "HSAConfig":
-        """Strict: unknown fields raise. Dicts written before the token-attention fields existed get their
+        """Strict: unknown keys raise. Dicts written before the token-attention keys existed get their
         defaults (softmax, RoPE): the model they described."""
         return strict_from_dict(cls, d)

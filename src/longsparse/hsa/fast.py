@@ -16,7 +16,8 @@ exactly on demand. So the outputs at positions P need
      cached up to ``max_cached_chunks``).
 
 ``HSAFastEvaluator(model, ids).logits(positions)`` equals ``model(ids)[:, positions]`` up to floating-
-point reassociation (tests check it). ``extend`` appends tokens (greedy decoding).
+point reassociation (tests check it). ``extend`` appends tokens and ``last_logits`` gives the next token's
+logits: the ``Decoding`` of ``HSAModel.generate`` (``longsparse.nn.generation``).
 """
 from __future__ import annotations
 
@@ -131,6 +132,11 @@ class HSAFastEvaluator:
         if len(self._cache) > self.max_cached_chunks:
             self._cache.clear()
         return self.model.head(x[:, rows])
+
+    @torch.no_grad()
+    def last_logits(self) -> Tensor:
+        """Logits (B, V) at the last position: the next token's (greedy decoding, ``longsparse.nn.generation``)."""
+        return self.logits([self.length - 1])[:, -1]
 
     @torch.no_grad()
     def extend(self, new_ids: Tensor) -> None:

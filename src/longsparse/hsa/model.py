@@ -56,6 +56,7 @@ from longsparse.hsa.config import HSAConfig
 from longsparse.hsa.ops import (chunk_weights, length_scale, sample_gumbel, sliding_window_attention,
                                 visible_chunks)
 from longsparse.nn.attention import Attention
+from longsparse.nn.generation import GreedyGeneration
 from longsparse.nn.model import Block, GeGLU, RMSNorm
 from longsparse.nn.scalers import ASEntmaxScaler
 
@@ -386,10 +387,16 @@ class HSABlock(nn.Module):
         return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x + r)))
 
 
-class HSAModel(nn.Module):
+class HSAModel(GreedyGeneration, nn.Module):
     """Hierarchical sparse attention decoder. ``forward(input_ids, attention_mask=None, record=None)``
     → logits (B, N, V). Rows may be right-padded (causal: pads never influence real positions);
-    ``record``: a list that receives, per HSA layer, dict(scores, weights, selected, positions)."""
+    ``record``: a list that receives, per HSA layer, dict(scores, weights, selected, positions).
+
+    ``generate`` is the decoder's greedy decoding (``longsparse.nn.GreedyGeneration``), its incremental path the
+    long-context evaluator (``cached_decoding``). Chunks and sliding windows are laid out by absolute position, so
+    a left-padded batch is decoded one row at a time without its pads (``decodes_padded_rows = False``)."""
+
+    decodes_padded_rows = False
 
     def __init__(self, cfg: HSAConfig):
         super().__init__()
@@ -495,57 +502,9 @@ class HSAModel(nn.Module):
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         return self.head(self.run_upper(mid, positions, memory, record))
 
-    @torch.no_grad()
-    def generate(self, prompt_ids: Tensor, max_new_tokens: int, attention_mask: Optional[Tensor] = None,
-                 eos_id: Optional[int] = None, use_cache: bool = True) -> Tensor:
-        """Greedy decoding with the signature of ``longsparse.nn.Transformer.generate``. Returns the new
-        tokens (B, max_new_tokens), ``eos_id``-filled after a row's EOS. Left-padded rows (``attention_mask``
-        0 on pads) are decoded one row at a time without their pads (exact). use_cache=True decodes through
-        the long-context evaluator (chunk landmarks kept, the upper layers run only on the receptive field
-        of the new position); use_cache=False re-runs the full forward each step. Both give the same tokens."""
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if prompt_ids.dim() != 2 or prompt_ids.shape[1] == 0:
-            raise ValueError(f"prompt_ids must have shape (B, N) with N >= 1, got {tuple(prompt_ids.shape)}")
-        B, dev = prompt_ids.shape[0], prompt_ids.device
-        if attention_mask is not None:
-            mask = attention_mask.to(device=dev, dtype=torch.bool)
-            if mask.shape != prompt_ids.shape:
-                raise ValueError(f"attention_mask must have shape {tuple(prompt_ids.shape)}")
-            if not bool(mask.any(1).all()):
-                raise ValueError("every prompt row needs at least one real (unmasked) token")
-            if not bool(mask.all()):
-                rows = [self.generate(prompt_ids[b, mask[b]][None], max_new_tokens, None, eos_id, use_cache)
-                        for b in range(B)]
-                return torch.cat(rows, 0)
-        out = torch.full((B, max_new_tokens), 0 if eos_id is None else eos_id, dtype=torch.long, device=dev)
-        if max_new_tokens == 0:
-            return out
-        done = torch.zeros(B, dtype=torch.bool, device=dev)
-        was_training = self.training
-        self.eval()
-        try:
-            ids = prompt_ids
-            ev = None
-            if use_cache:
-                from longsparse.hsa.fast import HSAFastEvaluator
-                ev = HSAFastEvaluator(self, prompt_ids)
-            for t in range(max_new_tokens):
-                if ev is not None:
-                    logits = ev.logits([ev.length - 1])
-                else:
-                    logits = self(ids)
-                nxt = logits[:, -1].argmax(-1)
-                if eos_id is not None:
-                    nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-                    done = done | (nxt == eos_id)
-                out[:, t] = nxt
-                if (eos_id is not None and bool(done.all())) or t == max_new_tokens - 1:
-                    break
-                if ev is not None:
-                    ev.extend(nxt[:, None])
-                else:
-                    ids = torch.cat((ids, nxt[:, None]), 1)
-        finally:
-            self.train(was_training)
-        return out
+    def cached_decoding(self, prompt_ids: Tensor, mask: Tensor):
+        """Greedy decoding's incremental path (``longsparse.nn.GreedyGeneration.generate``): the long-context
+        evaluator (``HSAFastEvaluator``: chunk landmarks kept, the upper layers run only on the receptive field of
+        the new position; exact). ``mask`` is all real here (``decodes_padded_rows`` is False)."""
+        from longsparse.hsa.fast import HSAFastEvaluator       # fast.py builds on this module
+        return HSAFastEvaluator(self, prompt_ids)

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from longsparse.nn.attention import Attention, KeyPadding, LayerCache, key_padding
 from longsparse.nn.config import ModelConfig
+from longsparse.nn.generation import GreedyGeneration, KVCacheDecoding
 from longsparse.nn.scalers import ASEntmaxScaler
 
 
@@ -93,10 +94,11 @@ class KVCache:
 LOGITS_FOR = ("all", "last")
 
 
-class Transformer(nn.Module):
+class Transformer(GreedyGeneration, nn.Module):
     """Decoder-only LM. ``forward(input_ids, attention_mask=None, position_ids=None, cache=None,
     logits_for="all")`` → logits (B, N, V), or (B, 1, V) with logits_for="last" (the last layer then
-    computes only the last row: exact, and the cache still receives every key/value)."""
+    computes only the last row: exact, and the cache still receives every key/value). ``generate``: greedy
+    decoding with the KV cache (``longsparse.nn.generation``)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -173,48 +175,9 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         return self.lm_head(self.final_norm(x))
 
-    @torch.no_grad()
-    def generate(self, prompt_ids: Tensor, max_new_tokens: int, attention_mask: Optional[Tensor] = None,
-                 eos_id: Optional[int] = None, use_cache: bool = True) -> Tensor:
-        """Greedy decoding. prompt_ids (B, N), left-padded when rows differ in length (mark pads with
-        ``attention_mask`` = 0). Returns the new tokens (B, max_new_tokens); after a row emits
-        ``eos_id`` it is filled with ``eos_id`` (and decoding stops once every row has).
-        use_cache=False re-runs the full forward each step (the reference the cache must match)."""
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if prompt_ids.dim() != 2 or prompt_ids.shape[1] == 0:
-            raise ValueError(f"prompt_ids must have shape (B, N) with N >= 1, got {tuple(prompt_ids.shape)}")
-        B = prompt_ids.shape[0]
-        dev = prompt_ids.device
-        mask = (torch.ones_like(prompt_ids, dtype=torch.bool) if attention_mask is None
-                else attention_mask.to(device=dev, dtype=torch.bool))
-        if mask.shape != prompt_ids.shape:
-            raise ValueError(f"attention_mask must have shape {tuple(prompt_ids.shape)}, got {tuple(mask.shape)}")
-        if not bool(mask.any(1).all()):
-            raise ValueError("every prompt row needs at least one real (unmasked) token")
-        out = torch.full((B, max_new_tokens), 0 if eos_id is None else eos_id, dtype=torch.long, device=dev)
-        done = torch.zeros(B, dtype=torch.bool, device=dev)
-        if max_new_tokens == 0:
-            return out
-        cache = self.new_cache() if use_cache else None
-        ids, step_ids, step_mask = prompt_ids, prompt_ids, mask
-        for t in range(max_new_tokens):
-            if use_cache:
-                logits = self(step_ids, attention_mask=step_mask, cache=cache, logits_for="last")
-            else:
-                logits = self(ids, attention_mask=mask)
-            nxt = logits[:, -1].argmax(-1)
-            if eos_id is not None:
-                nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-                done = done | (nxt == eos_id)
-            out[:, t] = nxt
-            if eos_id is not None and bool(done.all()):
-                break
-            step_ids, step_mask = nxt[:, None], torch.ones(B, 1, dtype=torch.bool, device=dev)
-            if not use_cache:
-                ids = torch.cat((ids, step_ids), 1)
-                mask = torch.cat((mask, step_mask), 1)
-        return out
+    def cached_decoding(self, prompt_ids: Tensor, mask: Tensor) -> KVCacheDecoding:
+        """Greedy decoding's incremental path (``GreedyGeneration.generate``): the KV cache."""
+        return KVCacheDecoding(self, prompt_ids, mask)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
