@@ -6,20 +6,20 @@ compare one method with itself across two studies (NAPE vs RoPE, reference vs sc
 archived cells) and it does not read the evaluations beyond a study's own lengths (256x, 1,024x) or the HSA / LM
 records. This script relabels the stored per-seed records (nothing is recomputed from models) and runs the
 library's analysis on them. Inputs: the results stores results/synthetic, results/mqmtar256x_26,
-results/flipflop256x_27 and results/maxret256x_26, the HSA eval JSONs docs/hsa/raw/ and the LM study's
-docs/lm/lm_results.json. Run from the repository root (reads only committed files; ~1 min on one core):
+results/flipflop256x_27 and results/maxret256x_26, and the HSA and LM studies' stores results/hsa and
+results/lm. Run from the repository root (reads only committed files; ~1 min on one core):
 
     python docs/findings/cross_study.py            # writes docs/findings/<name>/analysis.{json,md}, forest.png
                                                    # and docs/findings/forest.png (the combined forest plot)
 """
 from __future__ import annotations
 
-import glob
 import json
 import statistics
 from pathlib import Path
 
 from longsparse.report import paired, store
+from longsparse_experiments import lm_study
 from longsparse_experiments.reproduce import load_study, view
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,15 +66,6 @@ def pseudo(named: dict[str, dict], ckpt: str = "last") -> dict:
     return {"studies": {"x": {"series": {f"{label}/x": {ckpt: {str(L): {"per_seed": {str(s): r for s, r in seeds.items()}}
                                                                  for L, seeds in by_len.items()}}
                                          for label, by_len in named.items()}}}}
-
-
-def eval_records(files) -> dict:
-    """{length: record} from `longsparse eval` JSON files (newest file per length wins, as `longsparse report`)."""
-    out = {}
-    for f in sorted(files):
-        for r in json.loads(Path(f).read_text())["results"]:
-            out[str(r["length"])] = {"exact_match": r["exact_match"], "ci": r["exact_match_ci"], "n": r["n"]}
-    return out
 
 
 def write(name: str, result: dict, train_length: int, note: str) -> dict:
@@ -196,13 +187,16 @@ HSA_RUNS = {"hsa": "fl_full", "hsa.meanlm": "fl_mean", "hsa.encmeanlm": "fl_encm
 
 def hsa():
     named = {}
+    stored = records("results/hsa")
     for label, run_prefix in HSA_RUNS.items():
         by_len: dict = {}
-        for d in sorted(glob.glob(str(ROOT / f"docs/hsa/raw/{run_prefix}_s[0-9]"))):
-            seed = d.rsplit("_s", 1)[1]
-            for L, rec in eval_records(glob.glob(f"{d}/eval-*.json")).items():
-                by_len.setdefault(L, {})[seed] = rec
-        named[label] = by_len
+        for rec in stored:                      # store order: a later evaluation of a length wins
+            study, _, name = rec["run"].partition("/")
+            prefix, _, seed = name.rpartition("_s")
+            if study == "hsa_full" and prefix == run_prefix and seed.isdigit():
+                for r in rec["results"]:
+                    by_len.setdefault(str(r["length"]), {})[seed] = {k: r[k] for k in ("exact_match", "ci", "n")}
+        named[label] = {L: dict(sorted(by_len[L].items())) for L in sorted(by_len, key=int)}
     pairs = [("hsa", "dec.softmax_rope"), ("hsa", "swa_only"), ("hsa", "hsa.meanlm"), ("hsa", "hsa.encmeanlm"),
              ("hsa", "hsa.standard"), ("hsa", "hsa.top16"), ("hsa.sb2warm", "hsa"), ("hsa.entmax", "hsa"),
              ("dec.asentmax_nape", "dec.softmax_rope"), ("dec.asentmax_nape", "dec.softmax_nape"),
@@ -210,7 +204,7 @@ def hsa():
              ("hsa", "dec.asentmax_nape")]
     res = run("hsa_passkey", named, pairs, endpoint=16384, lengths=[1024, 4096, 16384, 262144], id_length=256,
               train_length=256,
-               note="HSA passkey study (docs/hsa.md section 4; eval JSONs docs/hsa/raw/), last checkpoint, trained on "
+               note="HSA passkey study (docs/hsa.md section 4; records results/hsa), last checkpoint, trained on "
                     "64–256 tokens (× = length / 256). hsa = fl_full (top-4 softmax over CLS landmarks, bypass); "
                     "dec.* = full-attention decoders on the same data (softmax with RoPE, ASEntmax with NAPE: the "
                     "mapping and the positions differ, so dec.asentmax_nape − dec.softmax_rope is confounded; softmax with NAPE, "
@@ -230,7 +224,7 @@ def hsa():
 
 # 7. Language model (docs/lm.md): perplexity at 8x, 2 seeds --------------------------------------------------
 def lm():
-    runs = load("docs/lm/lm_results.json")["runs"]
+    runs = lm_study.stored_lm_results(ROOT / "results" / "lm")
     ppl = {(r["method"], r["positions"], r["seed"]): r["perplexity"] for r in runs}
     rows = []
     for a, b in ((("asentmax", "nape"), ("softmax", "nape")), (("entmax", "nape"), ("softmax", "nape")),
@@ -248,7 +242,7 @@ def lm():
     best = max(acc for by_len in passkey.values() for acc in by_len.values())
     d = OUT / "lm_perplexity"
     d.mkdir(parents=True, exist_ok=True)
-    note = ("LM study (docs/lm/lm_results.json, per-run test perplexity; T = 128, 8× = 1,024 tokens). Differences in "
+    note = ("LM study (records results/lm, per-run test perplexity; T = 128, 8× = 1,024 tokens). Differences in "
             "perplexity (A − B; negative = A better), 2 seeds: the exact sign-flip p cannot go below 0.5, and no "
             "per-run interval is stored, so 'robust' does not apply.")
     (d / "analysis.json").write_text(json.dumps({"source": note, "rows": rows, "passkey_exact_match": passkey},

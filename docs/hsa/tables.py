@@ -1,110 +1,320 @@
-"""Tables of docs/hsa.md from the eval JSONs of the study runs (newest file per length wins, as in
-`longsparse report`). Usage: python docs/hsa/tables.py runs/hsa/NAME ... > table.md; copies the JSONs to
-docs/hsa/raw/NAME/."""
+"""The tables of docs/hsa.md and the report pages docs/hsa/report*/, rebuilt from the HSA study's results store
+``results/hsa/records.jsonl`` (one record per `longsparse eval` result file of a study run; results/README.md).
+Run from anywhere; reads only the store (nothing from models or run folders, except with --add):
+
+    python docs/hsa/tables.py NAME ...                  # print blocks (stripped, full, decoders, decoders4, tasks)
+    python docs/hsa/tables.py --check                   # exit 1 if a block of docs/hsa.md or a report table differs
+    python docs/hsa/tables.py --write                   # rewrite those blocks, and the report pages with their plots
+    python docs/hsa/tables.py --add STUDY RUN_DIR ...   # append the evaluations of run folders to the store
+
+A block of docs/hsa.md is the text between the lines ``<!-- tables.py NAME -->`` and ``<!-- /tables.py -->``;
+nothing else in the page is written. For a length a run was evaluated at more than once, the later record wins
+(the store's rule). ``--add`` reads a run folder's ``eval/*.json``, its ``metrics.jsonl`` (the logged training
+losses) and the ``train wall N s`` line (the wall clock of `longsparse train`, written by the queue that ran it)
+of ``RUN_DIR/train.log`` or ``RUNS/<run>.train.log``; a result file already stored (same run, same date) is not
+added again. The plots need matplotlib; without it --write rewrites the tables only.
+"""
+from __future__ import annotations
+
+import argparse
 import json
-import shutil
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
+
+from longsparse.io import atomic_write_text, read_json_or_none, read_jsonl, warn_stderr
+from longsparse.report import build_report, store
+from longsparse.train.config import config_hash
+
+ROOT = Path(__file__).resolve().parents[2]
+STORE = ROOT / "results" / "hsa"
+PAGE = ROOT / "docs" / "hsa.md"
+PAGES_DIR = ROOT / "docs" / "hsa"
+# "left the loss plateau": the first logged step below this (chance on single-token passkey, 16 values: 1.39)
+PLATEAU_LOSS = 1.0
+# score_needles counts only the answer tokens from this time on; needle diagnostics written earlier (no
+# ``query_positions`` field) included the EOS-predicting position, so their recall / rank are marked *
+DIAGNOSTICS_FIXED = "2026-11-21T15:16:30"
+DIAGNOSTICS_NOTE = ("Needle diagnostics (HSA runs): recall@k / mean rank of the needle chunk / mean weight on it / "
+                    "exact match given full recall (n) / given a miss (n); eval seconds (score + diagnostics)")
 
 
-def load(run: Path):
-    by_len = {}
-    for f in sorted((run / "eval").glob("*.json")):
-        try:
-            d = json.loads(f.read_text())
-        except json.JSONDecodeError:        # an eval still running / interrupted before its first length
-            continue
-        for r in d["results"]:
-            r["created"] = d["created"]
-            by_len[r["length"]] = r          # newest (sorted by time stamp) wins
-        raw = Path(__file__).parent / "raw" / run.name
-        raw.mkdir(parents=True, exist_ok=True)
-        shutil.copy(f, raw / f.name)
-    return by_len
+@dataclass(frozen=True)
+class Block:
+    """One generated block of docs/hsa.md: the exact-match table of ``runs`` (rows, in this order) and below it
+    the needle diagnostics (``diagnostics``) and a training table (``training``: ``"full"`` = wall clock, final
+    loss, plateau exit; ``"wall"`` = wall clock only; ``"inline"`` = wall clock and final loss as two more
+    columns of the exact-match table). ``ratio_header``: length columns read ``L (L/train×)``."""
+
+    study: str
+    runs: tuple[str, ...]
+    diagnostics: bool = True
+    training: str = "full"
+    ratio_header: bool = False
 
 
-def train_wall(run: Path):
-    log = run.parent / f"{run.name}.train.log"
-    if log.exists():
-        for line in log.read_text().splitlines():
-            if "train wall" in line:
-                return float(line.split()[-2])
-    return None
+def _seeds(*names: str, seeds=(0, 1)) -> tuple[str, ...]:
+    return tuple(f"{n}_s{s}" for n in names for s in seeds)
 
 
-def losses(run: Path):
-    """[(step, loss)] logged in metrics.jsonl (every log_every steps)."""
-    f = run / "metrics.jsonl"
-    out = []
-    if f.exists():
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if "loss" in rec:
-                out.append((rec["step"], rec["loss"]))
-    return out
+FULL_LAYOUT = (_seeds("fl_full", seeds=(0, 1, 2)) + _seeds("fl_sb2warm", "fl_mean", "fl_encmean", "fl_standard",
+                                                          "fl_entmax", "fl_entmax_ls", "fl_dense16", "fl_swa"))
+DECODERS = _seeds("dec_softmax", "dec_asentmax") + _seeds("fl_full", seeds=(0, 1, 2))
+BLOCKS = {
+    "stripped": Block("hsa", ("full_s0", "full_s1", "entmax_s0", "standard_s0", "enccls_s0", "softmax_s0",
+                              "asentmax_s0"), training="wall", ratio_header=True),
+    "full": Block("hsa_full", FULL_LAYOUT),
+    "decoders": Block("hsa_full", DECODERS, diagnostics=False),
+    "decoders4": Block("hsa_full", _seeds("dec4_softmax", "dec4_asentmax"), diagnostics=False, training="inline"),
+    "tasks": Block("hsa_full", ("mqn_full_s0", "mqn_k16_s0", "mqn_dec_softmax_s0", "vt_full_s0", "vt_k16_s0",
+                                "vt_k16_s1", "vt_dec_softmax_s0")),
+}
+# the `longsparse report` pages (table + plot) of docs/hsa/<page>/: the study and its runs, in column order
+REPORT_PAGES = {"report": ("hsa", BLOCKS["stripped"].runs), "report_full": ("hsa_full", FULL_LAYOUT),
+                "report_dec": ("hsa_full", DECODERS)}
 
 
-def final_loss(run: Path):
-    ls = losses(run)
-    return ls[-1][1] if ls else None
+# ---- records ------------------------------------------------------------------------------------------------
+def record(doc: dict, *, study: str, source: str, train: Optional[dict], **extra) -> dict:
+    """The store record of one `longsparse eval` result file ``doc`` of run ``study/<run name>``: every field of
+    every result (the needle diagnostics included), the run's config and its hash, the evaluating commit (and
+    whether its tree had uncommitted changes), the eval command line and the run's training record ``train``."""
+    cfg = doc["config"]
+    command = doc.get("command") or []
+    return store.record_from_eval(
+        doc, study=study, run=f"{study}/{doc['run_name']}", seed=cfg["train"]["seed"], source=source,
+        config_hash=config_hash(cfg), all_result_fields=True, label=doc.get("label"),
+        code_dirty=doc.get("env", {}).get("git", {}).get("dirty"),
+        eval_command=" ".join(["longsparse", *command[1:]]) if command else None,
+        config=cfg, train=train, **extra)
 
 
-def plateau_exit(run: Path, below=1.0):
-    """First logged step whose mean training loss is below ``below`` (chance on passkey value_len 1: 1.39)."""
-    return next((s for s, v in losses(run) if v < below), None)
+def training_record(run_dir: Path, steps: Optional[int] = None) -> dict:
+    """A run folder's training record: ``steps``, ``wall_seconds`` (``/usr/bin/time`` around `longsparse train`,
+    None if no log has it), ``final_loss`` and ``first_step_loss_below_1`` (a step, "never", or None when no
+    losses were logged) from ``metrics.jsonl``, and the logged ``losses`` [[step, loss], ...]."""
+    metrics = run_dir / "metrics.jsonl"
+    losses = [[m["step"], m["loss"]] for m in read_jsonl(metrics) if "loss" in m] if metrics.is_file() else []
+    wall = None
+    for log in (run_dir / "train.log", run_dir.parent / f"{run_dir.name}.train.log"):
+        if wall is None and log.is_file():
+            wall = next((float(line.split()[-2]) for line in log.read_text().splitlines() if "train wall" in line),
+                        None)
+    exit_step = next((s for s, v in losses if v < PLATEAU_LOSS), "never") if losses else None
+    return {"steps": losses[-1][0] if losses else steps, "wall_seconds": wall,
+            "final_loss": losses[-1][1] if losses else None, "first_step_loss_below_1": exit_step,
+            "losses": losses or None}
 
 
-def num(x, fmt):
-    """x formatted, '-' for None / NaN (e.g. the rank of a model without retrieval)."""
-    return "-" if x is None or x != x else format(x, fmt)
+def add_runs(study: str, run_dirs: list[str | Path], store_dir: Path = STORE, printer=print) -> int:
+    """Append the evaluations of ``run_dirs`` (runs of ``study``) that the store lacks; returns how many."""
+    stored = {(r["run"], r["date"]) for r in store.read_records(store_dir)}
+    new = []
+    for run_dir in map(Path, run_dirs):
+        files = sorted((run_dir / "eval").glob("*.json"))
+        if not files:
+            raise SystemExit(f"{run_dir}: no evaluation results in {run_dir / 'eval'}")
+        docs = [(f, read_json_or_none(f, warn_stderr)) for f in files]      # None: cut by an interrupted eval
+        docs = [(f, d) for f, d in docs if d is not None]
+        train = training_record(run_dir, steps=max(d.get("checkpoint_step") or 0 for _, d in docs) or None)
+        for f, doc in docs:
+            rec = record(doc, study=study, source=str(f), train=train)
+            if (rec["run"], rec["date"]) not in stored:
+                new.append(rec)
+    store.append_records(store_dir, sorted(new, key=lambda r: r["date"] or ""))
+    printer(f"appended {len(new)} record(s) to {store.records_path(store_dir)}")
+    return len(new)
 
 
-def pct(x):
+# ---- rendering ----------------------------------------------------------------------------------------------
+def run_view(records: list[dict], study: str, name: str) -> dict:
+    """{"by_length": {L: (result, record)}, "train": ..., "not_evaluated": {L: why}} of run ``study/name``:
+    per length the result of the latest record, the training record of the latest record."""
+    recs = [r for r in records if r["run"] == f"{study}/{name}"]
+    if not recs:
+        raise SystemExit(f"no record of run {study}/{name} in {store.records_path(STORE)}")
+    by_length = {int(r["length"]): (r, rec) for rec in recs for r in rec["results"]}
+    why = {int(L): w for rec in recs for L, w in (rec.get("not_evaluated") or {}).items()}
+    return {"by_length": by_length, "train": recs[-1].get("train") or {}, "train_hi": recs[-1]["train_hi"],
+            "not_evaluated": {L: w for L, w in why.items() if L not in by_length}}
+
+
+def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.0f}"
 
 
-def main(runs):
-    runs = [Path(r) for r in runs]
-    data = {r.name: load(r) for r in runs}
-    lengths = sorted({L for d in data.values() for L in d})
-    print("| run | " + " | ".join(f"{L:,}" for L in lengths) + " |")
-    print("|---|" + "---|" * len(lengths))
-    for name, d in data.items():
-        cells = []
-        for L in lengths:
-            r = d.get(L)
-            if r is None:
-                cells.append("not run")
-            else:
-                lo, hi = r["exact_match_ci"]
-                cells.append(f"{pct(r['exact_match'])} [{pct(lo)}, {pct(hi)}] n={r['n']}")
-        print(f"| {name} | " + " | ".join(cells) + " |")
-    print()
-    print("Needle diagnostics (HSA runs): recall@k / mean rank of the needle chunk / mean weight on it / exact match "
-          "given full recall (n) / given a miss (n); eval seconds (score + diagnostics)")
-    print()
-    print("| run | L | recall@k | full recall | rank | weight | EM given recall | EM given miss | eval s |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, d in data.items():
-        for L in lengths:
-            r = d.get(L)
-            if r is None or "needles" not in r:
-                continue
-            nd = r["needles"]
-            g, m = nd["exact_match_given_recall"], nd["exact_match_given_miss"]
-            # files written before the EOS-position fix of score_needles (15:16:30 UTC) -> marked *
-            old = "" if ("query_positions" in nd or r["created"] >= "2026-11-21T15:16:30") else "*"
-            print(f"| {name}{old} | {L:,} | {num(nd['recall_at_k'], '.2f')} | {num(nd['full_recall']['rate'], '.2f')} | "
-                  f"{num(nd['mean_rank'], '.1f')} | {num(nd['mean_needle_weight'], '.2f')} | "
-                  f"{pct(g['rate'])}% ({g['n']}) | {pct(m['rate'])}% ({m['n']}) | "
-                  f"{r['seconds'] + nd['seconds']:.0f} |")
-    print()
-    print("| run | training wall clock (s) | final training loss | first logged step with loss < 1 |")
-    print("|---|---|---|---|")
-    for r in runs:
-        ex = plateau_exit(r)
-        print(f"| {r.name} | {train_wall(r)} | {num(final_loss(r), '.4f')} | {'never' if ex is None else ex} |")
+def _num(x, fmt: str) -> str:
+    """``x`` formatted, '-' for None / NaN (the needle rank of a model without retrieval)."""
+    return "-" if x is None or x != x else format(x, fmt)
+
+
+def _em_cell(run: dict, length: int) -> str:
+    if length not in run["by_length"]:
+        why = run["not_evaluated"].get(length)
+        return f"not run ({why})" if why else "not run"
+    r = run["by_length"][length][0]
+    lo, hi = r["ci"]
+    return f"{_pct(r['exact_match'])} [{_pct(lo)}, {_pct(hi)}] n={r['n']}"
+
+
+def _wall(train: dict) -> str:
+    note = train.get("wall_note")
+    return f"{train.get('wall_seconds')}" + (f" ({note})" if note else "")
+
+
+def render_block(name: str, records: list[dict]) -> str:
+    """The text of block ``name`` (``BLOCKS``), first line the command that rebuilds it."""
+    b = BLOCKS[name]
+    runs = {n: run_view(records, b.study, n) for n in b.runs}
+    lengths = sorted({L for v in runs.values() for L in v["by_length"]} | {L for v in runs.values()
+                                                                            for L in v["not_evaluated"]})
+    inline = b.training == "inline"
+    if b.ratio_header:
+        hi = runs[b.runs[0]]["train_hi"]
+        head = "| run (EM % [95% Wilson], n) | " + " | ".join(f"{L:,} ({L / hi:g}×)" for L in lengths) + " |"
+    else:
+        head = ("| run | " + " | ".join(f"{L:,}" for L in lengths)
+                + (" | training wall clock (s) | final loss" if inline else "") + " |")
+    lines = [f"*Rebuilt from `results/hsa/records.jsonl` by `python docs/hsa/tables.py {name}`.*", "", head,
+             "|---|" + "---|" * (len(lengths) + 2 * inline)]
+    for n, v in runs.items():
+        cells = [_em_cell(v, L) for L in lengths]
+        if inline:
+            cells += [_wall(v["train"]), _num(v["train"].get("final_loss"), ".4f")]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    if b.diagnostics:
+        lines += ["", DIAGNOSTICS_NOTE, "",
+                  "| run | L | recall@k | full recall | rank | weight | EM given recall | EM given miss | eval s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for n, v in runs.items():
+            for L in lengths:
+                r, rec = v["by_length"].get(L, ({}, None))
+                nd = r.get("needles")
+                if nd is None:
+                    continue
+                g, m = nd["exact_match_given_recall"], nd["exact_match_given_miss"]
+                star = "" if "query_positions" in nd or (rec["date"] or "") >= DIAGNOSTICS_FIXED else "*"
+                lines.append(f"| {n}{star} | {L:,} | {_num(nd['recall_at_k'], '.2f')} | "
+                             f"{_num(nd['full_recall']['rate'], '.2f')} | {_num(nd['mean_rank'], '.1f')} | "
+                             f"{_num(nd['mean_needle_weight'], '.2f')} | {_pct(g['rate'])}% ({g['n']}) | "
+                             f"{_pct(m['rate'])}% ({m['n']}) | {r['seconds'] + nd['seconds']:.0f} |")
+    if b.training == "full":
+        lines += ["", "| run | training wall clock (s) | final training loss | first logged step with loss < 1 |",
+                  "|---|---|---|---|"]
+        for n, v in runs.items():
+            t = v["train"]
+            lines.append(f"| {n} | {_wall(t)} | {_num(t.get('final_loss'), '.4f')} | "
+                         f"{t.get('first_step_loss_below_1')} |")
+    elif b.training == "wall":
+        lines += ["", "| run | training wall clock (s) |", "|---|---|"]
+        lines += [f"| {n} | {_wall(v['train'])} |" for n, v in runs.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _begin(name: str) -> str:
+    return f"<!-- tables.py {name} -->"
+
+
+END = "<!-- /tables.py -->"
+
+
+def page_blocks(text: str) -> dict[str, tuple[int, int]]:
+    """{name: (start, end)} character span of each block's content in the page ``text``."""
+    spans = {}
+    for name in BLOCKS:
+        begin = text.find(_begin(name) + "\n")
+        if begin < 0:
+            raise SystemExit(f"{PAGE}: block {name} missing (line {_begin(name)!r})")
+        start = begin + len(_begin(name)) + 1
+        end = text.find(END, start)
+        if end < 0:
+            raise SystemExit(f"{PAGE}: block {name} has no closing line {END!r}")
+        spans[name] = (start, end)
+    return spans
+
+
+def render_page(text: str, records: list[dict]) -> str:
+    """``text`` (docs/hsa.md) with every block rebuilt from ``records``."""
+    spans = sorted(page_blocks(text).items(), key=lambda kv: kv[1])
+    out, pos = [], 0
+    for name, (start, end) in spans:
+        out += [text[pos:start], render_block(name, records)]
+        pos = end
+    return "".join(out + [text[pos:]])
+
+
+def eval_docs(records: list[dict], study: str, runs: tuple[str, ...]) -> list[dict]:
+    """The records of ``runs`` as `longsparse eval` result documents (what `longsparse report` reads), in the
+    order of ``runs`` and, per run, of the store."""
+    out = []
+    for name in runs:
+        for rec in (r for r in records if r["run"] == f"{study}/{name}"):
+            out.append({"format": "longsparse-eval", "run": rec["run"], "run_name": name, "label": rec["label"],
+                        "task": rec["task"], "method": rec["method"], "positions": rec["positions"],
+                        "train_lengths": rec["config"]["train"]["train_lengths"],
+                        "checkpoint": rec["results"][0]["checkpoint"], "created": rec["date"],
+                        "results": [{**r, "exact_match_ci": r["ci"]} for r in rec["results"]]})
+    return out
+
+
+def render_report_page(page: str, records: list[dict], out: Path, printer=None) -> dict:
+    """`longsparse report` of the page's runs, from the store, into ``out`` (results.md, results.json, plot)."""
+    study, runs = REPORT_PAGES[page]
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for i, doc in enumerate(eval_docs(records, study, runs)):
+            files.append(Path(tmp) / f"{i:03d}.json")
+            files[-1].write_text(json.dumps(doc))
+        return build_report(files, out, printer=printer)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("blocks", nargs="*", help=f"blocks to print: {', '.join(BLOCKS)}")
+    ap.add_argument("--check", action="store_true", help="exit 1 if docs/hsa.md or a report table is stale")
+    ap.add_argument("--write", action="store_true", help="rewrite the blocks of docs/hsa.md and the report pages")
+    ap.add_argument("--add", nargs="+", metavar=("STUDY", "RUN_DIR"), help="append run folders' evaluations")
+    ap.add_argument("--store", default=str(STORE), help="the results store (default results/hsa)")
+    args = ap.parse_args(argv)
+    if args.add:
+        if len(args.add) < 2:
+            ap.error("--add needs a study name and at least one run folder")
+        add_runs(args.add[0], args.add[1:], Path(args.store))
+        return 0
+    records = store.read_records(args.store)
+    for name in args.blocks:
+        if name not in BLOCKS:
+            ap.error(f"unknown block {name!r}; choose from {', '.join(BLOCKS)}")
+        print(render_block(name, records))
+    if not (args.check or args.write):
+        return 0 if args.blocks else ap.error("name a block, or give --check / --write / --add")
+    text = PAGE.read_text(encoding="utf-8")
+    new = render_page(text, records)
+    stale = [] if new == text else [str(PAGE)]
+    with tempfile.TemporaryDirectory() as tmp:
+        for page in REPORT_PAGES:
+            rendered = render_report_page(page, records, Path(tmp) / page)
+            target = PAGES_DIR / page
+            if not (target / "results.md").is_file() or (target / "results.md").read_text() != \
+                    Path(rendered["markdown"]).read_text():
+                stale.append(str(target / "results.md"))
+            if args.write:
+                target.mkdir(parents=True, exist_ok=True)
+                for f in ("results.md", "accuracy_vs_length.png"):
+                    if (Path(tmp) / page / f).is_file():
+                        (target / f).write_bytes((Path(tmp) / page / f).read_bytes())
+    if args.write:
+        if new != text:
+            atomic_write_text(PAGE, new)
+        print(f"wrote {PAGE} and the report pages {', '.join(REPORT_PAGES)} from {args.store}")
+        return 0
+    for s in stale:
+        print(f"stale: {s} (rebuild: python docs/hsa/tables.py --write)", file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main())

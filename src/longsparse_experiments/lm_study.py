@@ -175,7 +175,8 @@ def run_study(cfg: dict, out, *, methods: Optional[Sequence[str]] = None, positi
 METHOD_ORDER = ["softmax", "ssmax", "adatemp", "topk", "entmax", "sparsemax", "asentmax"]
 
 
-def collect(paths: Sequence) -> List[dict]:
+def eval_files(paths: Sequence) -> List[tuple]:
+    """[(eval.json path, its evaluation)] of the study folders, run folders or eval.json files ``paths``."""
     res = []
     for p in paths:
         p = Path(p)
@@ -186,10 +187,15 @@ def collect(paths: Sequence) -> List[dict]:
             if d is None and not p.is_dir():
                 raise ValueError(f"{f}: not readable JSON")
             if d is not None:
-                res.append(d)
+                res.append((f, d))
     if not res:
         raise FileNotFoundError(f"no eval.json found under {', '.join(map(str, paths))}")
     return res
+
+
+def collect(paths: Sequence) -> List[dict]:
+    """The evaluations (eval.json) of the study folders, run folders or eval.json files ``paths``."""
+    return [d for _, d in eval_files(paths)]
 
 
 def _mean(xs):
@@ -407,23 +413,111 @@ def _round(x, digits: int = 5):
     return x
 
 
-def build_lm_report(paths: Sequence, out_dir, printer: Callable = print) -> dict:
+# ---- the results store (longsparse.report.store): one record per evaluated LM run ------------------------------
+LM_STUDY = "lm"
+PER_POSITION = ("per_position_nll", "per_position_delta_nll")
+
+
+def lm_record(result: dict, *, source: str, config_hash: Optional[str] = None) -> dict:
+    """The store record of one LM run's evaluation ``result`` (its eval.json): the passkey exact match per length
+    (n examples each) as the record's results, and the whole evaluation under ``lm_eval`` (perplexity by length,
+    position buckets, passkey by depth and graded, wall clocks; the per-position arrays rounded to 6 significant
+    digits, as in the report's aggregate). The evaluation names no commit or date, so the record has none."""
+    from longsparse.report import store
+
+    lm_eval = {**result, **{f: _round(result[f], 6) for f in PER_POSITION if result.get(f) is not None}}
+    passkey = sorted(result["passkey"].items(), key=lambda kv: int(kv[0]))
+    results = [{"checkpoint": "last", "length": int(L), "n": v["n"], "exact_match": v["accuracy"],
+                "checkpoint_step": result.get("steps")} for L, v in passkey]
+    return store.new_record(study=LM_STUDY, run=f"{LM_STUDY}/{result['run']}", task="lm", method=result["method"],
+                            positions=result["positions"], seed=result["seed"], config_hash=config_hash,
+                            train_hi=result["seq_len"], results=results, source=source,
+                            train={"steps": result.get("steps"), "train_seconds": result.get("train_wall_s"),
+                                   "final_loss": None},
+                            eval_seconds=(result.get("eval_wall_s") or {}).get("total"), lm_eval=lm_eval)
+
+
+def records_from_saved_report(saved: dict, source: str) -> List[dict]:
+    """The records of a saved report (``lm_results.json``), which kept no per-run per-position arrays: each run's
+    record carries its method/positions group's seed-mean arrays from the report's aggregate instead, marked in
+    ``lm_eval.per_position_source``, so that the seed mean of a group's records is that aggregate again."""
+    out = []
+    for r in saved["runs"]:
+        group = saved["aggregate"][f"{r['method']}/{r['positions']}"]
+        mean = {f: group[f] for f in PER_POSITION}
+        seeds = ", ".join(map(str, group["seeds"]))
+        out.append(lm_record({**r, **mean, "per_position_source": f"mean over seeds {seeds} of {r['method']}/"
+                              f"{r['positions']} (the per-run arrays were not kept)"}, source=source))
+    return out
+
+
+def store_lm_results(paths: Sequence, store_dir, printer: Callable = print) -> int:
+    """Append to the results store ``store_dir`` the records of the LM evaluations under ``paths`` (study or run
+    folders, eval.json files, or a saved ``lm_results.json``) that it does not hold yet (an evaluation equal to
+    a stored one of the same run is skipped); returns how many were appended."""
+    from longsparse.report import store
+    from longsparse.train.config import config_hash
+
+    if _is_saved_report(paths):
+        new = records_from_saved_report(read_json(paths[0]), source=str(paths[0]))
+    else:      # a run folder's config.json is its resolved config: hashed as stored (resolving needs the corpus)
+        new = [lm_record(d, source=str(f), config_hash=config_hash(read_json(f.parent / "config.json"))
+                         if (f.parent / "config.json").is_file() else None) for f, d in eval_files(paths)]
+    stored = {}
+    for rec in store.read_records(store_dir):
+        stored.setdefault(rec["run"], []).append(rec.get("lm_eval"))
+    new = [r for r in new if r["lm_eval"] not in stored.get(r["run"], [])]
+    store.append_records(store_dir, new)
+    printer(f"appended {len(new)} record(s) to {store.records_path(store_dir)}")
+    return len(new)
+
+
+def stored_lm_results(store_dir) -> List[dict]:
+    """The evaluation of each LM run of the results store ``store_dir`` (its latest record), in store order."""
+    from longsparse.report import store
+
+    latest: Dict[str, dict] = {}
+    for rec in store.read_records(store_dir):
+        if "lm_eval" in rec:
+            latest[rec["run"]] = rec["lm_eval"]
+    if not latest:
+        raise FileNotFoundError(f"no LM record in the results store {store_dir}")
+    return list(latest.values())
+
+
+def _is_saved_report(paths: Sequence) -> bool:
+    return len(paths) == 1 and Path(paths[0]).is_file() and Path(paths[0]).name == "lm_results.json"
+
+
+def build_lm_report(paths: Sequence, out_dir, printer: Callable = print, store_dir=None) -> dict:
+    """Tables (``lm_results.md``), the report JSON (``lm_results.json``) and plots of the LM runs into
+    ``out_dir``: from ``paths`` (study or run folders, eval.json files, or one saved ``lm_results.json``), whose
+    evaluations are also appended to the results store ``store_dir`` when given; with no ``paths``, from the
+    latest record of each run in ``store_dir``."""
+    if not paths and store_dir is None:
+        raise ValueError("no LM results to report: give study/run folders, eval.json files or a results store")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if len(paths) == 1 and Path(paths[0]).is_file() and Path(paths[0]).name == "lm_results.json":
+    if paths and store_dir is not None:
+        store_lm_results(paths, store_dir, printer=printer)
+    if not paths:
+        results = stored_lm_results(store_dir)
+        agg = aggregate(results)
+        note = f"a view of the results store {store_dir}; the per-position arrays are in its records"
+    elif _is_saved_report(paths):
         saved = read_json(paths[0])       # rebuild tables/plots from a saved report
         results, agg = saved["runs"], saved["aggregate"]
+        note = saved.get("note", "")
     else:
         results = collect(paths)
         agg = aggregate(results)
+        note = "per-run per-position arrays are in runs/<run>/eval.json; the aggregate keeps the seed means"
     table = markdown_tables(agg)
     atomic_write_text(out / "lm_results.md", table)
-    slim = [{k: v for k, v in r.items() if k not in ("per_position_nll", "per_position_delta_nll")} for r in results]
-    agg_small = {k: {**a, **{f: _round(a[f], 6) for f in ("per_position_nll", "per_position_delta_nll")}}
+    slim = [{k: v for k, v in r.items() if k not in (*PER_POSITION, "per_position_source")} for r in results]
+    agg_small = {k: {**a, **{f: _round(a[f], 6) for f in PER_POSITION}}
                  for k, a in agg.items()}   # only the plotted arrays are rounded; table numbers stay exact
-    atomic_write_text(out / "lm_results.json", json.dumps({
-        "note": "per-run per-position arrays are in runs/<run>/eval.json; the aggregate keeps the seed means",
-        "runs": slim, "aggregate": agg_small}) + "\n")
+    atomic_write_text(out / "lm_results.json", json.dumps({"note": note, "runs": slim, "aggregate": agg_small}) + "\n")
     pngs = plot(agg, out)
     printer(table)
     printer(f"wrote {out / 'lm_results.md'}, {out / 'lm_results.json'}" + "".join(f", {p}" for p in pngs))
@@ -448,9 +542,14 @@ def add_cli(sub) -> None:
     r.add_argument("--steps", type=int, default=None, help="override train.steps")
     r.add_argument("--report", default=None, help="write tables/JSON/PNG here (default OUT/report)")
     r.set_defaults(func=_cli_lm_run)
-    p = lsub.add_parser("report", help="tables + JSON + PNG from evaluated LM runs")
-    p.add_argument("runs", nargs="+", help="study folders, run folders or eval.json files")
+    r.add_argument("--store", default=None, help="also append the evaluations to this results store "
+                                                  "(e.g. results/lm)")
+    p = lsub.add_parser("report", help="tables + JSON + PNG from evaluated LM runs or a results store")
+    p.add_argument("runs", nargs="*", help="study folders, run folders, eval.json files or a saved lm_results.json "
+                                           "(none: the runs of --store)")
     p.add_argument("--out", required=True)
+    p.add_argument("--store", default=None, help="results store (e.g. results/lm): with runs, their evaluations "
+                                                 "are appended to it; without, the report is rendered from it")
     p.set_defaults(func=_cli_lm_report)
 
 
@@ -465,9 +564,11 @@ def _cli_lm_run(args) -> int:
     out = args.out or ("runs/lm-quick" if args.quick else "runs/lm")
     run_study(cfg, out, methods=_csv(args.methods), positions=_csv(args.positions), seeds=_csv(args.seeds, int),
               report_dir=args.report or str(Path(out) / "report"))
+    if args.store:
+        store_lm_results([out], args.store)
     return 0
 
 
 def _cli_lm_report(args) -> int:
-    build_lm_report(args.runs, args.out)
+    build_lm_report(args.runs, args.out, store_dir=args.store)
     return 0

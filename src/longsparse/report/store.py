@@ -181,19 +181,28 @@ def import_archive(archive: dict, source: str) -> list[dict]:
 
 
 def record_from_eval(doc: dict, *, study: str, run: str, seed: int, source: str,
-                     config_hash: Optional[str] = None) -> dict:
-    """The record of one ``longsparse eval`` result file (format ``longsparse-eval``) of run ``run``."""
+                     config_hash: Optional[str] = None, all_result_fields: bool = False, **extra) -> dict:
+    """The record of one ``longsparse eval`` result file (format ``longsparse-eval``) of run ``run``.
+
+    ``all_result_fields``: each result also keeps every other field the file has for its length (e.g. ``seconds``,
+    ``n_exact`` and an HSA evaluation's ``needles`` diagnostics); by default only the scored fields. ``extra``
+    keys (e.g. ``train``) are kept in the record as given."""
     if not isinstance(doc, dict) or doc.get("format") != "longsparse-eval":
         raise StoreError(f"{source}: not a longsparse eval result (format tag missing)")
-    results = [{"checkpoint": doc.get("checkpoint"), "length": int(r["length"]), "n": r["n"],
-                "exact_match": r["exact_match"], "ci": r["exact_match_ci"], "token_accuracy": r.get("token_accuracy"),
-                "checkpoint_step": doc.get("checkpoint_step")} for r in doc["results"]]
+    results = []
+    for r in doc["results"]:
+        entry = {"checkpoint": doc.get("checkpoint"), "length": int(r["length"]), "n": r["n"],
+                 "exact_match": r["exact_match"], "ci": r["exact_match_ci"], "token_accuracy": r.get("token_accuracy"),
+                 "checkpoint_step": doc.get("checkpoint_step")}
+        if all_result_fields:
+            entry.update({k: v for k, v in r.items() if k not in entry and k != "exact_match_ci"})
+        results.append(entry)
     git = doc.get("env", {}).get("git", {})
     return new_record(study=study, run=run, task=doc.get("task"), preset=doc.get("task_preset"),
                       method=doc.get("method"), positions=doc.get("positions"), seed=seed,
                       config_hash=config_hash, code_commit=git.get("commit"), date=doc.get("created"),
                       test_seed=doc.get("seed"), train_hi=(doc.get("train_lengths") or [None, None])[1],
-                      results=results, source=source)
+                      results=results, source=source, **extra)
 
 
 # ---- reading records back ---------------------------------------------------------------------------------------
