@@ -34,6 +34,7 @@ mean nothing):
     attention backends ran. No training starts after --budget-s seconds (default 280).
 The JSON is rewritten after every case, so a run cut short still leaves its results.
 """
+
 import argparse
 import collections
 import contextlib
@@ -51,7 +52,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime, timezone
 from pathlib import Path
 
-T0 = time.perf_counter()      # the --budget-s clock starts before torch is imported
+T0 = time.perf_counter()  # the --budget-s clock starts before torch is imported
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch
@@ -62,6 +63,7 @@ def _elapsed() -> float:
 
 
 # ============================================================================ (a) checks
+
 
 def _nape(H: int) -> torch.Tensor:
     """NAPE: the first H/2 heads ALiBi with slopes 1/h, the others NoPE (zero slopes)."""
@@ -79,29 +81,61 @@ def check_cases(dry: bool) -> list:
     cases = []
     for alpha in (1.25, 1.5, 2.0):
         for causal in (True, False):
-            if dry and causal == (alpha == 1.5):        # the dry run keeps one direction per α
+            if dry and causal == (alpha == 1.5):  # the dry run keeps one direction per α
                 continue
-            cases.append((f"alpha{alpha}_{'causal' if causal else 'full'}_nape_qscale",
-                          spec(alpha=alpha, causal=causal, N=n_mid, nape=True, q_scale=True)))
+            cases.append(
+                (
+                    f"alpha{alpha}_{'causal' if causal else 'full'}_nape_qscale",
+                    spec(alpha=alpha, causal=causal, N=n_mid, nape=True, q_scale=True),
+                )
+            )
     cases += [
         ("alpha1.5_causal_plain_longest", spec(N=n_big)),
         ("alpha1.5_causal_nape_odd_N", spec(N=n_odd, nape=True)),
         ("alpha1.5_causal_N77", spec(N=21 if dry else 77, nape=True)),
         ("per_head_alpha", spec(alpha=[1.25, 1.5, 1.75, 2.0], N=n_mid, H=4, nape=True)),
         ("gqa_lengths_masked_rows", spec(N=n_mid, B=3, H=4, Hkv=2, nape=True, lengths=[n_mid, n_mid // 3, 0])),
-        ("gqa_lengths_noncausal", spec(alpha=2.0, causal=False, N=n_mid, B=2, H=4, Hkv=1,
-                                       lengths=[n_mid // 2 + 1, n_mid])),
-        ("left_padding_block", spec(N=n_mid, B=3, H=4, Hkv=2, nape=True, q_scale=True,
-                                    starts=[0, n_mid // 3 + 1, n_mid - n_mid // 4 + 3])),
-        ("left_right_padding_noncausal", spec(alpha=1.25, causal=False, N=n_odd, B=3, nape=True,
-                                              starts=[n_odd // 5, 0, n_odd // 2], lengths=[n_odd - 3, n_odd // 2, 1])),
+        (
+            "gqa_lengths_noncausal",
+            spec(alpha=2.0, causal=False, N=n_mid, B=2, H=4, Hkv=1, lengths=[n_mid // 2 + 1, n_mid]),
+        ),
+        (
+            "left_padding_block",
+            spec(N=n_mid, B=3, H=4, Hkv=2, nape=True, q_scale=True, starts=[0, n_mid // 3 + 1, n_mid - n_mid // 4 + 3]),
+        ),
+        (
+            "left_right_padding_noncausal",
+            spec(
+                alpha=1.25,
+                causal=False,
+                N=n_odd,
+                B=3,
+                nape=True,
+                starts=[n_odd // 5, 0, n_odd // 2],
+                lengths=[n_odd - 3, n_odd // 2, 1],
+            ),
+        ),
         ("decode_Nq1_auto", spec(N=n_dec, Nq=1, H=4, Hkv=2, nape=True, decode=True if dry else None)),
         ("decode_Nq5_decode_path", spec(N=n_dec, Nq=5, nape=True, q_scale=True, decode=True)),
         ("decode_Nq5_block_path", spec(N=n_dec, Nq=5, nape=True, decode=False)),
-        ("decode_per_head_alpha_lengths", spec(alpha=[1.25, 2.0], N=n_dec, Nq=3, B=2,
-                                               lengths=[n_dec, n_dec // 5], decode=True)),
-        ("decode_left_padding", spec(N=n_dec, Nq=1, B=2, H=4, Hkv=2, nape=True, q_scale=True,
-                                     starts=[n_dec // 3 + 5, 0], decode=True if dry else None)),
+        (
+            "decode_per_head_alpha_lengths",
+            spec(alpha=[1.25, 2.0], N=n_dec, Nq=3, B=2, lengths=[n_dec, n_dec // 5], decode=True),
+        ),
+        (
+            "decode_left_padding",
+            spec(
+                N=n_dec,
+                Nq=1,
+                B=2,
+                H=4,
+                Hkv=2,
+                nape=True,
+                q_scale=True,
+                starts=[n_dec // 3 + 5, 0],
+                decode=True if dry else None,
+            ),
+        ),
         ("bf16_inputs", spec(N=n_mid, nape=True, dtype="bfloat16")),
         ("fp16_inputs", spec(N=n_mid, nape=True, dtype="float16")),
         ("torch_compile_fullgraph", spec(N=24 if dry else n_mid, nape=True, q_scale=True, compile=True)),
@@ -156,9 +190,18 @@ def run_check(name: str, spec: dict, device: str) -> dict:
         causal = spec["causal"]
 
         def kernel(*ts):
-            return te.entmax_attention_triton(ts[0], ts[1], ts[2], alpha=alpha, is_causal=causal,
-                                              alibi_slopes=slopes, q_scale=ts[3] if len(ts) > 3 else None,
-                                              key_start=starts, key_end=lengths, decode=spec.get("decode"))
+            return te.entmax_attention_triton(
+                ts[0],
+                ts[1],
+                ts[2],
+                alpha=alpha,
+                is_causal=causal,
+                alibi_slopes=slopes,
+                q_scale=ts[3] if len(ts) > 3 else None,
+                key_start=starts,
+                key_end=lengths,
+                decode=spec.get("decode"),
+            )
 
         fn = kernel
         if spec.get("compile"):
@@ -168,16 +211,24 @@ def run_check(name: str, spec: dict, device: str) -> dict:
         # reference: float64 for fp32 inputs, float32 on the rounded inputs for 16-bit ones
         rdt = torch.float64 if dtype == torch.float32 else torch.float32
         rl = [t.detach().to(rdt).requires_grad_() for t in leaves]
-        mask = None          # the key ranges as the dense mask the reference takes
+        mask = None  # the key ranges as the dense mask the reference takes
         if lengths is not None or starts is not None:
             j = torch.arange(Nk, device=device)[None, :]
-            mask = ((j >= (0 if starts is None else starts[:, None]))
-                    & (j < (Nk if lengths is None else lengths[:, None]))).view(B, 1, 1, Nk)
-        ref = ls.attention(rl[0], rl[1], rl[2], mapping="entmax",
-                           alpha=alpha.to(rdt) if isinstance(alpha, torch.Tensor) else alpha, is_causal=causal,
-                           alibi_slopes=None if slopes is None else slopes.to(rdt),
-                           q_scale=rl[3].squeeze(-1) if len(rl) > 3 else None, attn_mask=mask,
-                           **_named_path(ls, "reference"))
+            mask = (
+                (j >= (0 if starts is None else starts[:, None])) & (j < (Nk if lengths is None else lengths[:, None]))
+            ).view(B, 1, 1, Nk)
+        ref = ls.attention(
+            rl[0],
+            rl[1],
+            rl[2],
+            mapping="entmax",
+            alpha=alpha.to(rdt) if isinstance(alpha, torch.Tensor) else alpha,
+            is_causal=causal,
+            alibi_slopes=None if slopes is None else slopes.to(rdt),
+            q_scale=rl[3].squeeze(-1) if len(rl) > 3 else None,
+            attn_mask=mask,
+            **_named_path(ls, "reference"),
+        )
         ref_grads = torch.autograd.grad((ref * up.to(rdt)).sum(), rl)
         errors, scales = {}, {}
         for gname, a, b in zip(("out", "dq", "dk", "dv", "dq_scale"), (out, *grads), (ref, *ref_grads)):
@@ -189,8 +240,13 @@ def run_check(name: str, spec: dict, device: str) -> dict:
         tol = _tolerance(spec.get("dtype", "float32"))
         # fp32: absolute errors; 16-bit: relative to the largest reference entry (gradients grow with N)
         relative = dtype != torch.float32
-        row.update(errors=errors, ref_abs_max=scales, tolerance=tol, tolerance_kind="relative" if relative else "abs",
-                   ok=all(e <= tol * (scales[n] if relative else 1.0) for n, e in errors.items()))
+        row.update(
+            errors=errors,
+            ref_abs_max=scales,
+            tolerance=tol,
+            tolerance_kind="relative" if relative else "abs",
+            ok=all(e <= tol * (scales[n] if relative else 1.0) for n, e in errors.items()),
+        )
     except Exception as exc:  # noqa: BLE001 - recorded, and the run goes on
         row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], traceback=traceback.format_exc()[-3000:])
     row["seconds"] = round(time.perf_counter() - t0, 2)
@@ -209,6 +265,7 @@ def backends_used():
         def run(call):
             counts[backend.name] += 1
             return backend.run(call)
+
         return dataclasses.replace(backend, run=run)
 
     BACKENDS.update({name: counted(b) for name, b in saved.items()})
@@ -232,8 +289,16 @@ def generation_check(name: str, device: str, dry: bool) -> dict:
         n, new, layers = (24, 2, 1) if dry else (1100, 8, 2)
         pads = (n // 3, 0)
         torch.manual_seed(0)
-        cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=layers, n_heads=4, d_ff=128, method="asentmax",
-                          positions="nape", attn_backend="triton" if dry else "auto")
+        cfg = ModelConfig(
+            vocab_size=64,
+            d_model=64,
+            n_layers=layers,
+            n_heads=4,
+            d_ff=128,
+            method="asentmax",
+            positions="nape",
+            attn_backend="triton" if dry else "auto",
+        )
         model = Transformer(cfg).to(device).eval()
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(0, 64, (len(pads), n), generator=g).to(device)
@@ -245,7 +310,7 @@ def generation_check(name: str, device: str, dry: bool) -> dict:
         def teacher_forced(prompt, prompt_mask, steps):
             cache = model.new_cache()
             out = [model(prompt, attention_mask=prompt_mask, cache=cache, logits_for="last")]
-            out += [model(steps[:, t:t + 1], cache=cache, logits_for="last") for t in range(steps.shape[1])]
+            out += [model(steps[:, t : t + 1], cache=cache, logits_for="last") for t in range(steps.shape[1])]
             return torch.cat(out, 1)
 
         with torch.no_grad(), backends_used() as used:
@@ -254,12 +319,20 @@ def generation_check(name: str, device: str, dry: bool) -> dict:
         err, same = 0.0, True
         with torch.no_grad():
             for b, s in enumerate(pads):
-                same &= torch.equal(tokens[b:b + 1], model.generate(ids[b:b + 1, s:], new))
-                alone = teacher_forced(ids[b:b + 1, s:], None, follow[b:b + 1])
-                err = max(err, (logits[b:b + 1] - alone).abs().max().item())
-        row.update(prompt=n, pads=list(pads), new_tokens=new, backends=dict(used), tokens_equal=bool(same),
-                   errors={"logits": err}, tolerance=1e-4, tolerance_kind="abs",
-                   ok=bool(same) and err <= 1e-4 and set(used) == {"triton"})
+                same &= torch.equal(tokens[b : b + 1], model.generate(ids[b : b + 1, s:], new))
+                alone = teacher_forced(ids[b : b + 1, s:], None, follow[b : b + 1])
+                err = max(err, (logits[b : b + 1] - alone).abs().max().item())
+        row.update(
+            prompt=n,
+            pads=list(pads),
+            new_tokens=new,
+            backends=dict(used),
+            tokens_equal=bool(same),
+            errors={"logits": err},
+            tolerance=1e-4,
+            tolerance_kind="abs",
+            ok=bool(same) and err <= 1e-4 and set(used) == {"triton"},
+        )
     except Exception as exc:  # noqa: BLE001 - recorded, and the run goes on
         row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], traceback=traceback.format_exc()[-3000:])
     row["seconds"] = round(time.perf_counter() - t0, 2)
@@ -278,10 +351,14 @@ def tile_skip_fraction(device: str, dry: bool) -> dict:
         _, _, mask = te.threshold_stats(q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes, decode=False)
         n_qb, n_kt = mask.shape[-2:]
         bq, bk = -(-N // n_qb), -(-N // n_kt)
-        visited = torch.tensor([[(b * bk) <= min(N - 1, a * bq + bq - 1) for b in range(n_kt)] for a in range(n_qb)],
-                               device=mask.device)
-        out[label] = {"live_tiles": int((mask.bool() & visited).sum()), "visited_tiles": int(visited.sum()) * H,
-                      "heads": H}
+        visited = torch.tensor(
+            [[(b * bk) <= min(N - 1, a * bq + bq - 1) for b in range(n_kt)] for a in range(n_qb)], device=mask.device
+        )
+        out[label] = {
+            "live_tiles": int((mask.bool() & visited).sum()),
+            "visited_tiles": int(visited.sum()) * H,
+            "heads": H,
+        }
         out[label]["live_fraction"] = out[label]["live_tiles"] / out[label]["visited_tiles"]
     return out
 
@@ -312,6 +389,7 @@ def _pool_task(kind: str, name: str, spec: dict, device: str, dry: bool):
 
 
 # ============================================================================ (b) timings
+
 
 def _sync(device: str) -> None:
     if device == "cuda":
@@ -364,8 +442,9 @@ def _sdpa_context(device: str, decode: bool = False):
 
     if device != "cuda":
         return contextlib.nullcontext()
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION] if decode
-                       else SDPBackend.FLASH_ATTENTION)
+    return sdpa_kernel(
+        [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION] if decode else SDPBackend.FLASH_ATTENTION
+    )
 
 
 def _methods(N: int, H: int, device: str, chunked_max_n: int) -> dict:
@@ -384,23 +463,34 @@ def _methods(N: int, H: int, device: str, chunked_max_n: int) -> dict:
     methods = {
         "sdpa_flash": sdpa,
         "triton_entmax15": lambda q, k, v: te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True),
-        "triton_entmax15_alibi": lambda q, k, v: te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True,
-                                                                             alibi_slopes=slopes),
+        "triton_entmax15_alibi": lambda q, k, v: te.entmax_attention_triton(
+            q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes
+        ),
     }
     try:
         import adasplash
+
         methods["adasplash_entmax15"] = lambda q, k, v: adasplash.adasplash(q, k, v, alpha=1.5, is_causal=True)
     except ImportError:
         pass
     if N <= chunked_max_n:
         chunked = _named_path(ls, "chunked")
-        methods["ls_chunked_entmax15"] = lambda q, k, v: ls.attention(q, k, v, mapping="entmax", alpha=1.5,
-                                                                      is_causal=True, **chunked)
+        methods["ls_chunked_entmax15"] = lambda q, k, v: ls.attention(
+            q, k, v, mapping="entmax", alpha=1.5, is_causal=True, **chunked
+        )
     return methods
 
 
-def _time_interleaved(calls: dict, rows: dict, base: str, rounds: int, deadline: float, device: str,
-                      calls_per_timing: int = 1, method_cap_s: float = math.inf) -> None:
+def _time_interleaved(
+    calls: dict,
+    rows: dict,
+    base: str,
+    rounds: int,
+    deadline: float,
+    device: str,
+    calls_per_timing: int = 1,
+    method_cap_s: float = math.inf,
+) -> None:
     """Times the warmed-up ``calls`` (name -> no-argument function) interleaved: each of ``rounds`` rounds times
     every method once, in turn (``_time_call`` of ``calls_per_timing`` back-to-back calls), so that load changes
     hit all of them alike. No call starts after ``deadline`` (perf_counter seconds); a method stops once its timed
@@ -422,12 +512,21 @@ def _time_interleaved(calls: dict, rows: dict, base: str, rounds: int, deadline:
                 rows[name]["vs_sdpa"] = rows[name]["median_s"] / base_s
 
 
-SLOW_CALL_S = 1.5        # a method slower than this per call is not timed at longer N (same D, direction)
-METHOD_CAP_S = 4.0       # timed seconds per method and group, beyond which its rounds stop
+SLOW_CALL_S = 1.5  # a method slower than this per call is not timed at longer N (same D, direction)
+METHOD_CAP_S = 4.0  # timed seconds per method and group, beyond which its rounds stop
 
 
-def time_group(N: int, D: int, backward: bool, rounds: int, deadline: float, chunked_max_n: int,
-               too_slow: set, device: str = "cuda", H: int = 16) -> list:
+def time_group(
+    N: int,
+    D: int,
+    backward: bool,
+    rounds: int,
+    deadline: float,
+    chunked_max_n: int,
+    too_slow: set,
+    device: str = "cuda",
+    H: int = 16,
+) -> list:
     """Every method at one (N, D, direction), interleaved; rows with median seconds, ratio to SDPA, peak memory.
     `too_slow` holds methods that took over SLOW_CALL_S per call at a shorter N: they are skipped (and the
     set is updated)."""
@@ -436,8 +535,16 @@ def time_group(N: int, D: int, backward: bool, rounds: int, deadline: float, chu
     up = torch.randn(q.shape, device=device, dtype=q.dtype, generator=g)
     calls, rows = {}, {}
     for name, f in _methods(N, H, device, chunked_max_n).items():
-        row = {"N": N, "D": D, "H": H, "B": 1, "dtype": "bfloat16", "causal": True,
-               "direction": "fwd+bwd" if backward else "fwd", "method": name}
+        row = {
+            "N": N,
+            "D": D,
+            "H": H,
+            "B": 1,
+            "dtype": "bfloat16",
+            "causal": True,
+            "direction": "fwd+bwd" if backward else "fwd",
+            "method": name,
+        }
         rows[name] = row
         if name in too_slow or time.perf_counter() > deadline:
             row["skipped"] = f"slower than {SLOW_CALL_S} s per call at a shorter N" if name in too_slow else "budget"
@@ -448,9 +555,11 @@ def time_group(N: int, D: int, backward: bool, rounds: int, deadline: float, chu
             def call(f=f, leaves=leaves):
                 torch.autograd.grad(f(*leaves), leaves, up)
         else:
+
             def call(f=f):
                 with torch.no_grad():
                     f(q, k, v)
+
         if _first_call(call, device, row):
             calls[name] = call
     _time_interleaved(calls, rows, "sdpa_flash", rounds, deadline, device, method_cap_s=METHOD_CAP_S)
@@ -474,11 +583,13 @@ def time_decode(Nk: int, D: int, rounds: int, deadline: float, device: str = "cu
         with _sdpa_context(device, decode=True):
             return F.scaled_dot_product_attention(q, k, v)
 
-    methods = {"sdpa": sdpa,
-               "triton_entmax15_decode": lambda: te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True,
-                                                                            decode=True),
-               "triton_entmax15_alibi_decode": lambda: te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True,
-                                                                                  alibi_slopes=slopes, decode=True)}
+    methods = {
+        "sdpa": sdpa,
+        "triton_entmax15_decode": lambda: te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True, decode=True),
+        "triton_entmax15_alibi_decode": lambda: te.entmax_attention_triton(
+            q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes, decode=True
+        ),
+    }
     calls, rows = {}, {}
     for name, f in methods.items():
         rows[name] = {"Nk": Nk, "Nq": 1, "D": D, "H": H, "dtype": "bfloat16", "direction": "decode", "method": name}
@@ -486,6 +597,7 @@ def time_decode(Nk: int, D: int, rounds: int, deadline: float, device: str = "cu
         def call(f=f):
             with torch.no_grad():
                 f()
+
         if _first_call(call, device, rows[name]):
             calls[name] = call
     _time_interleaved(calls, rows, "sdpa", rounds, deadline, device, calls_per_timing=5)
@@ -507,11 +619,23 @@ def train_steps(method: str, device: str, dry: bool, deadline: float) -> dict:
     from longsparse.train import build_config, train
 
     row = {"task": "mqmtar", "preset": "paper", "method": method}
-    sets = [f"train.device={device}", "train.val_every=0", "train.val_lengths=[64]", "train.val_samples=1",
-            "train.log_every=1000"]
+    sets = [
+        f"train.device={device}",
+        "train.val_every=0",
+        "train.val_lengths=[64]",
+        "train.val_samples=1",
+        "train.log_every=1000",
+    ]
     if dry:
-        sets += ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.head_dim=16", "model.d_ff=32",
-                 "train.batch_size=2", "train.bf16=false"]
+        sets += [
+            "model.n_layers=1",
+            "model.d_model=32",
+            "model.n_heads=2",
+            "model.head_dim=16",
+            "model.d_ff=32",
+            "train.batch_size=2",
+            "train.bf16=false",
+        ]
     warm, short = (1, 2) if dry else (5, 10)
 
     def run(steps):
@@ -533,15 +657,22 @@ def train_steps(method: str, device: str, dry: bool, deadline: float) -> dict:
             return row
         t_long, used, _ = run(short + extra)
         m = cfg["model"]
-        row.update(steps=extra, seconds=round(t_long - t_short, 3), steps_per_s=extra / max(t_long - t_short, 1e-9),
-                   attention_backends=used, batch_size=cfg["train"]["batch_size"], bf16=cfg["train"]["bf16"],
-                   model={k: m.get(k) for k in ("n_layers", "d_model", "n_heads", "head_dim", "positions")})
+        row.update(
+            steps=extra,
+            seconds=round(t_long - t_short, 3),
+            steps_per_s=extra / max(t_long - t_short, 1e-9),
+            attention_backends=used,
+            batch_size=cfg["train"]["batch_size"],
+            bf16=cfg["train"]["bf16"],
+            model={k: m.get(k) for k in ("n_layers", "d_model", "n_heads", "head_dim", "positions")},
+        )
     except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
         row["error"] = f"{type(exc).__name__}: {exc}"[:500]
     return row
 
 
 # ============================================================================ driver
+
 
 def _write(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -550,15 +681,21 @@ def _write(path: Path, data: dict) -> None:
 
 
 def _env(device: str) -> dict:
-    env = {"python": platform.python_version(), "torch": torch.__version__, "device": device,
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": device,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
     try:
         import triton
+
         env["triton"] = triton.__version__
     except ImportError:
         env["triton"] = None
     try:
         import adasplash
+
         env["adasplash"] = getattr(adasplash, "__version__", "installed")
     except ImportError:
         env["adasplash"] = None
@@ -573,8 +710,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes, no timing")
     ap.add_argument("--budget-s", type=float, default=280.0, help="no new case starts after this many seconds")
-    ap.add_argument("--train-reserve-s", type=float, default=60.0,
-                    help="seconds kept from the timings for the training steps at the end")
+    ap.add_argument(
+        "--train-reserve-s",
+        type=float,
+        default=60.0,
+        help="seconds kept from the timings for the training steps at the end",
+    )
     ap.add_argument("--workers", type=int, default=None, help="processes for the checks (compilation in parallel)")
     ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096, 16384, 32768])
     ap.add_argument("--dims", type=int, nargs="*", default=[64, 128])
@@ -595,24 +736,37 @@ def main(argv=None) -> int:
         return 2
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = T0 + args.budget_s                   # no training starts after this
+    deadline = T0 + args.budget_s  # no training starts after this
     timing_deadline = deadline - (0.0 if args.skip_training else args.train_reserve_s)
-    data = {"benchmark": "gpu_check", "dry_run": dry, "env": _env(device), "config": vars(args),
-            "checks": [], "tile_skip": None, "timings": [], "decode": [], "training": [], "warm": [], "notes": []}
+    data = {
+        "benchmark": "gpu_check",
+        "dry_run": dry,
+        "env": _env(device),
+        "config": vars(args),
+        "checks": [],
+        "tile_skip": None,
+        "timings": [],
+        "decode": [],
+        "training": [],
+        "warm": [],
+        "notes": [],
+    }
     _write(out_path, data)
 
     # (a) checks, with the timing kernels compiled alongside
     if not args.skip_checks:
         cases = [("check", n, s) for n, s in check_cases(dry)] + [("generate", "model_generate_left_padded", {})]
         tasks = [c for c in cases if not args.cases or any(x in c[1] for x in args.cases)] + [("skip", "tile_skip", {})]
-        if not dry:      # the timing phase's kernel variants, and the training's (head dim 32)
+        if not dry:  # the timing phase's kernel variants, and the training's (head dim 32)
             dims = ([] if args.skip_timing else list(args.dims)) + ([] if args.skip_training else [32])
             tasks = [("warm", f"warm_D{d}", {"D": d}) for d in dict.fromkeys(dims)] + tasks
         workers = args.workers or (2 if dry else max(1, min(8, (os.cpu_count() or 2) - 1)))
         import multiprocessing as mp
+
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(_pool_task, kind, name, spec, device, dry): (kind, name)
-                       for kind, name, spec in tasks}
+            futures = {
+                pool.submit(_pool_task, kind, name, spec, device, dry): (kind, name) for kind, name, spec in tasks
+            }
             for fut in as_completed(futures):
                 kind, name = futures[fut]
                 try:
@@ -621,8 +775,11 @@ def main(argv=None) -> int:
                     res = {"case": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
                 if kind in ("check", "generate"):
                     data["checks"].append(res)
-                    print(f"[{_elapsed():6.1f}s] check {name}: {'ok' if res.get('ok') else 'FAIL'} "
-                          f"{res.get('errors', res.get('error'))}", flush=True)
+                    print(
+                        f"[{_elapsed():6.1f}s] check {name}: {'ok' if res.get('ok') else 'FAIL'} "
+                        f"{res.get('errors', res.get('error'))}",
+                        flush=True,
+                    )
                 elif kind == "skip":
                     data["tile_skip"] = res.get("tile_skip", res)
                 else:
@@ -639,7 +796,10 @@ def main(argv=None) -> int:
     if dry:
         args.lengths, args.dims, args.decode_lengths, rounds_for = [32], [16], [48], (lambda n: 1)
     else:
-        rounds_for = (lambda n: 10 if n <= 4096 else 5 if n <= 16384 else 3)
+
+        def rounds_for(n):
+            return 10 if n <= 4096 else 5 if n <= 16384 else 3
+
     heads = 2 if dry else 16
     if not args.skip_timing:
         for Nk in args.decode_lengths:
@@ -652,27 +812,47 @@ def main(argv=None) -> int:
                 rows = [{"Nk": Nk, "direction": "decode", "error": f"{type(exc).__name__}: {exc}"[:500]}]
             data["decode"] += rows
             for r in rows:
-                print(f"[{_elapsed():6.1f}s] decode Nk={Nk} {r.get('method')}: {r.get('median_s', r.get('error'))} "
-                      f"vs_sdpa={r.get('vs_sdpa')}", flush=True)
+                print(
+                    f"[{_elapsed():6.1f}s] decode Nk={Nk} {r.get('method')}: {r.get('median_s', r.get('error'))} "
+                    f"vs_sdpa={r.get('vs_sdpa')}",
+                    flush=True,
+                )
             _write(out_path, data)
         too_slow = {(b, d): set() for b in (False, True) for d in args.dims}
-        for N in args.lengths:            # all directions and dims at one N before the next N
+        for N in args.lengths:  # all directions and dims at one N before the next N
             for backward in (False, True):
                 for D in args.dims:
                     if time.perf_counter() > timing_deadline:
-                        data["notes"].append(f"budget reached before N={N} D={D} "
-                                             f"{'fwd+bwd' if backward else 'fwd'}")
+                        data["notes"].append(f"budget reached before N={N} D={D} {'fwd+bwd' if backward else 'fwd'}")
                         continue
                     try:
-                        rows = time_group(N, D, backward, rounds_for(N), timing_deadline, args.chunked_max_n,
-                                          too_slow[(backward, D)], device=device, H=heads)
+                        rows = time_group(
+                            N,
+                            D,
+                            backward,
+                            rounds_for(N),
+                            timing_deadline,
+                            args.chunked_max_n,
+                            too_slow[(backward, D)],
+                            device=device,
+                            H=heads,
+                        )
                     except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
-                        rows = [{"N": N, "D": D, "direction": "fwd+bwd" if backward else "fwd",
-                                 "error": f"{type(exc).__name__}: {exc}"[:500]}]
+                        rows = [
+                            {
+                                "N": N,
+                                "D": D,
+                                "direction": "fwd+bwd" if backward else "fwd",
+                                "error": f"{type(exc).__name__}: {exc}"[:500],
+                            }
+                        ]
                     data["timings"] += rows
                     for r in rows:
-                        print(f"[{_elapsed():6.1f}s] {r.get('direction')} N={N} D={D} {r.get('method')}: "
-                              f"{r.get('median_s', r.get('error'))} vs_sdpa={r.get('vs_sdpa')}", flush=True)
+                        print(
+                            f"[{_elapsed():6.1f}s] {r.get('direction')} N={N} D={D} {r.get('method')}: "
+                            f"{r.get('median_s', r.get('error'))} vs_sdpa={r.get('vs_sdpa')}",
+                            flush=True,
+                        )
                     _write(out_path, data)
                     if device == "cuda":
                         torch.cuda.empty_cache()
@@ -687,8 +867,11 @@ def main(argv=None) -> int:
             share = time.perf_counter() + (deadline - time.perf_counter()) / (len(TRAIN_METHODS) - i)
             row = train_steps(method, device, dry, share)
             data["training"].append(row)
-            print(f"[{_elapsed():6.1f}s] train mqmtar paper {method}: {row.get('steps_per_s', row.get('error'))} "
-                  f"steps/s over {row.get('steps')} steps, attention {row.get('attention_backends')}", flush=True)
+            print(
+                f"[{_elapsed():6.1f}s] train mqmtar paper {method}: {row.get('steps_per_s', row.get('error'))} "
+                f"steps/s over {row.get('steps')} steps, attention {row.get('attention_backends')}",
+                flush=True,
+            )
             _write(out_path, data)
     data["total_seconds"] = round(_elapsed(), 1)
     _write(out_path, data)

@@ -32,6 +32,7 @@ copy exists (a warm machine keeps ``runs/``, which is newer).
 ``--device cpu`` is the dry run: the study with a tiny model, few steps and short lengths (``dry_study``), one
 worker, the whole path end to end in about a minute.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,14 +53,21 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "src") not in sys.path:    # the GPU machine has the source tree, not an installed package
+if str(REPO / "src") not in sys.path:  # the GPU machine has the source tree, not an installed package
     sys.path.insert(0, str(REPO / "src"))
 
 from longsparse.io import atomic_write_text, is_temp_name, read_jsonl, write_new  # noqa: E402
 from longsparse.train.config import deep_merge  # noqa: E402
 from longsparse_experiments.presets import presets_dir  # noqa: E402
-from longsparse_experiments.reproduce import (build_report, cell_config, cells, load_study,  # noqa: E402
-                                              parse_shard, samples_for, update_archive)
+from longsparse_experiments.reproduce import (
+    build_report,
+    cell_config,
+    cells,
+    load_study,  # noqa: E402
+    parse_shard,
+    samples_for,
+    update_archive,
+)
 
 STUDY_NAME = "gpu_scale"
 CHECKPOINT = "last"
@@ -72,19 +80,29 @@ LENGTH_SHARE = 0.5
 # The device tool's limits on what comes back from one call.
 MAX_FILES, MAX_FILE_BYTES, MAX_BYTES = 8, 16 << 20, 64 << 20
 PART_BYTES = 15 << 20
-RESERVE_BYTES = 1 << 20          # headroom for the records growing by the summary written after sizing
+RESERVE_BYTES = 1 << 20  # headroom for the records growing by the summary written after sizing
 # Time split of one call (seconds): after training and evaluation, workers still running are stopped at
 # `end - pack`, leaving `pack` for the report, the checks and the files; a worker's own evaluation deadline
 # is `grace` before that; training must end `eval_min` before the evaluation deadline.
-SPLIT = {"cuda": {"pack": 35, "grace": 15, "eval_min": 45},
-         "cpu": {"pack": 20, "grace": 5, "eval_min": 15}}
+SPLIT = {"cuda": {"pack": 35, "grace": 15, "eval_min": 45}, "cpu": {"pack": 20, "grace": 5, "eval_min": 15}}
 # The dry run: the study's cells with a tiny model (2 layers, d 32, 6 steps) and three short lengths; the last
 # one is the "long" length, so the barrier and the partial-evaluation path run too.
-DRY_OVERRIDES = {"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "head_dim": 16, "d_ff": 64},
-                 "train": {"steps": 6, "warmup_steps": 2, "batch_size": 4, "val_samples": 2, "val_every": 3,
-                           "ckpt_every": 3, "log_every": 3, "device": "cpu", "threads": 1}}
+DRY_OVERRIDES = {
+    "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "head_dim": 16, "d_ff": 64},
+    "train": {
+        "steps": 6,
+        "warmup_steps": 2,
+        "batch_size": 4,
+        "val_samples": 2,
+        "val_every": 3,
+        "ckpt_every": 3,
+        "log_every": 3,
+        "device": "cpu",
+        "threads": 1,
+    },
+}
 DRY = {"lengths": [64, 256, 1024], "id_samples": 8, "samples": 4, "long_from": 1024, "long_samples": 3}
-CAP_ENV = "GPU_SCALE_EVAL_CAP"   # tests: at most this many examples per long length and call
+CAP_ENV = "GPU_SCALE_EVAL_CAP"  # tests: at most this many examples per long length and call
 
 
 def study_path() -> Path:
@@ -135,11 +153,30 @@ def dry_study(src: Path, dest: Path) -> Path:
     spec = load_study(path=str(src))
     lines = [f"# The CPU dry run of {_shown(src)} (benchmarks/gpu_scale.py --device cpu); written by the script."]
     for s in spec["studies"]:
-        s = {**s, **DRY, "name": s["name"] + "_cpu_dry", "overrides": deep_merge(s["overrides"], DRY_OVERRIDES),
-             "description": f"CPU dry run of {s['name']} (tiny model and lengths; tests the script, not the task)"}
+        s = {
+            **s,
+            **DRY,
+            "name": s["name"] + "_cpu_dry",
+            "overrides": deep_merge(s["overrides"], DRY_OVERRIDES),
+            "description": f"CPU dry run of {s['name']} (tiny model and lengths; tests the script, not the task)",
+        }
         lines.append("\n[[study]]")
-        for k in ("name", "task", "preset", "description", "methods", "positions", "seeds", "checkpoints",
-                  "test_seed", "lengths", "id_samples", "samples", "long_from", "long_samples"):
+        for k in (
+            "name",
+            "task",
+            "preset",
+            "description",
+            "methods",
+            "positions",
+            "seeds",
+            "checkpoints",
+            "test_seed",
+            "lengths",
+            "id_samples",
+            "samples",
+            "long_from",
+            "long_samples",
+        ):
             if k in s:
                 lines.append(f"{k} = {_toml_value(s[k])}")
         lines += toml_table("study.overrides", s["overrides"])
@@ -230,11 +267,16 @@ def _counts(st: dict) -> dict:
 
     lo, hi = wilson_interval(st["n_exact"], st["done"])
     tlo, thi = wilson_interval(st["n_correct_tokens"], st["n_tokens"])
-    return {"n": st["done"], "n_exact": st["n_exact"],
-            "exact_match": st["n_exact"] / st["done"] if st["done"] else float("nan"),
-            "exact_match_ci": [lo, hi], "n_tokens": st["n_tokens"], "n_correct_tokens": st["n_correct_tokens"],
-            "token_accuracy": st["n_correct_tokens"] / st["n_tokens"] if st["n_tokens"] else float("nan"),
-            "token_accuracy_ci": [tlo, thi]}
+    return {
+        "n": st["done"],
+        "n_exact": st["n_exact"],
+        "exact_match": st["n_exact"] / st["done"] if st["done"] else float("nan"),
+        "exact_match_ci": [lo, hi],
+        "n_tokens": st["n_tokens"],
+        "n_correct_tokens": st["n_correct_tokens"],
+        "token_accuracy": st["n_correct_tokens"] / st["n_tokens"] if st["n_tokens"] else float("nan"),
+        "token_accuracy_ci": [tlo, thi],
+    }
 
 
 # ---- worker -------------------------------------------------------------------------------------------------
@@ -284,7 +326,7 @@ class Worker:
         cap = os.environ.get(CAP_ENV)
         self.cap = int(cap) if cap else None
         self.models: dict = {}
-        self.per_example: dict = {}      # run -> (length, tokens per example, seconds per example) last measured
+        self.per_example: dict = {}  # run -> (length, tokens per example, seconds per example) last measured
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] shard {self.k}/{self.n}: {msg}", flush=True)
@@ -297,7 +339,7 @@ class Worker:
         for idx, study, c in self.mine:
             try:
                 self.train_cell(study, c)
-            finally:      # the barrier of the long lengths counts ended trainings, whatever the outcome
+            finally:  # the barrier of the long lengths counts ended trainings, whatever the outcome
                 (self.state / f"trained-{idx}").touch()
         items = []
         for idx, study, c in self.mine:
@@ -307,8 +349,11 @@ class Worker:
             if step is None or step < cfg["train"]["steps"]:
                 self.log(f"{c['run']}: training unfinished (checkpoint step {step}); not evaluated")
                 continue
-            items += [(L, idx, study, c) for L in study["lengths"]
-                      if (CHECKPOINT, L, samples_for(study, L)) not in completed(run, study["test_seed"])]
+            items += [
+                (L, idx, study, c)
+                for L in study["lengths"]
+                if (CHECKPOINT, L, samples_for(study, L)) not in completed(run, study["test_seed"])
+            ]
         items.sort(key=lambda x: (x[0], x[1]))
         for i, (L, idx, study, c) in enumerate(items):
             if L >= study["long_from"]:
@@ -320,7 +365,7 @@ class Worker:
             share = left if i == len(items) - 1 else LENGTH_SHARE * left
             try:
                 self.eval_item(study, c, L, time.time() + share)
-            except Exception as e:     # one length's failure (e.g. out of memory) must not stop the others
+            except Exception as e:  # one length's failure (e.g. out of memory) must not stop the others
                 self.log(f"{c['run']} L={L}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
                 self.event({"phase": "eval", "run": c["run"], "length": L, "stop": f"error: {type(e).__name__}: {e}"})
         return 0
@@ -340,8 +385,10 @@ class Worker:
         elif left <= 1:
             status = "not started: no training time left"
         else:
-            self.log(f"{c['run']}: training ({cfg['train']['steps']} steps, from checkpoint step {before}); "
-                     f"time guard {left:.0f} s")
+            self.log(
+                f"{c['run']}: training ({cfg['train']['steps']} steps, from checkpoint step {before}); "
+                f"time guard {left:.0f} s"
+            )
             try:
                 with alarm(left):
                     train(cfg, str(run), progress=False, printer=lambda s: self.log(f"{c['run']}: {s}"))
@@ -352,10 +399,19 @@ class Worker:
                 self.log(f"{c['run']}: {status}\n{traceback.format_exc()}")
         after = checkpoint_step(run)
         if status == "complete" and (after is None or after < cfg["train"]["steps"]):
-            status = "stopped by the training time guard"    # the guard fired as train() returned
+            status = "stopped by the training time guard"  # the guard fired as train() returned
         self.log(f"{c['run']}: {status}; checkpoint step {before} -> {after} in {time.time() - t0:.0f} s")
-        self.event({"phase": "train", "run": c["run"], "status": status, "seconds": round(time.time() - t0, 1),
-                    "step_before": before, "step_after": after, "steps": cfg["train"]["steps"]})
+        self.event(
+            {
+                "phase": "train",
+                "run": c["run"],
+                "status": status,
+                "seconds": round(time.time() - t0, 1),
+                "step_before": before,
+                "step_after": after,
+                "steps": cfg["train"]["steps"],
+            }
+        )
 
     def wait_for_trainings(self) -> None:
         marks = [self.state / f"trained-{i}" for i, _, _ in self.entries]
@@ -375,7 +431,7 @@ class Worker:
 
             dev = torch.device(self.args.device)
             model, cfg, extra = load_run_model(run, CHECKPOINT, dev)
-            self.models = {run: (model, cfg, int(extra["step"]), make_task(cfg["task"]), dev)}   # one at a time
+            self.models = {run: (model, cfg, int(extra["step"]), make_task(cfg["task"]), dev)}  # one at a time
         return self.models[run]
 
     def eval_item(self, study: dict, c: dict, L: int, until: float) -> None:
@@ -389,14 +445,27 @@ class Worker:
         st = read_partial(run, L, n, seed)
         if st is not None and st.get("checkpoint_step") != step:
             os.replace(partial_path(run, L, n, seed), partial_path(run, L, n, seed).with_suffix(".stale.json"))
-            self.log(f"{c['run']} L={L}: partial evaluation of checkpoint step {st.get('checkpoint_step')} set aside "
-                     f"(the checkpoint is at step {step})")
+            self.log(
+                f"{c['run']} L={L}: partial evaluation of checkpoint step {st.get('checkpoint_step')} set aside "
+                f"(the checkpoint is at step {step})"
+            )
             st = None
         rng = task.rng(seed, "test")
         if st is None:
-            st = {"checkpoint": CHECKPOINT, "checkpoint_step": step, "length": L, "samples": n, "seed": seed,
-                  "done": 0, "n_exact": 0, "n_tokens": 0, "n_correct_tokens": 0, "seconds": 0.0,
-                  "batch_size": bs_full, "pieces": []}
+            st = {
+                "checkpoint": CHECKPOINT,
+                "checkpoint_step": step,
+                "length": L,
+                "samples": n,
+                "seed": seed,
+                "done": 0,
+                "n_exact": 0,
+                "n_tokens": 0,
+                "n_correct_tokens": 0,
+                "seconds": 0.0,
+                "batch_size": bs_full,
+                "pieces": [],
+            }
         else:
             v, state, g = st["rng"]
             rng.setstate((v, tuple(state), g))
@@ -408,7 +477,7 @@ class Worker:
             est = prev[2] * (tokens / prev[1]) ** 2
         capped = self.cap is not None and L >= study["long_from"]
         piece = {"examples": 0, "seconds": 0.0, "device": str(dev), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        st["pieces"].append(piece)     # this call's piece, updated in place as batches finish
+        st["pieces"].append(piece)  # this call's piece, updated in place as batches finish
         stop = None
         while st["done"] < n:
             bs = min(bs_full, n - st["done"])
@@ -418,7 +487,7 @@ class Worker:
                     break
                 bs = min(bs, self.cap - piece["examples"])
             if est is None and L >= study["long_from"]:
-                bs = 1      # a probe: its time sizes the next batches
+                bs = 1  # a probe: its time sizes the next batches
             left = until - time.time()
             if est is not None and est * bs > left:
                 bs = int(left // est)
@@ -430,14 +499,18 @@ class Worker:
             sc = task.score(predict(model, task, batch).cpu(), batch)
             dt = time.perf_counter() - t0
             v, state, g = rng.getstate()
-            st.update(done=st["done"] + bs, n_exact=st["n_exact"] + sc.n_exact,
-                      n_tokens=st["n_tokens"] + sc.n_tokens,
-                      n_correct_tokens=st["n_correct_tokens"] + sc.n_correct_tokens,
-                      seconds=st["seconds"] + dt, rng=[v, list(state), g])
+            st.update(
+                done=st["done"] + bs,
+                n_exact=st["n_exact"] + sc.n_exact,
+                n_tokens=st["n_tokens"] + sc.n_tokens,
+                n_correct_tokens=st["n_correct_tokens"] + sc.n_correct_tokens,
+                seconds=st["seconds"] + dt,
+                rng=[v, list(state), g],
+            )
             piece["examples"] += bs
             piece["seconds"] = round(piece["seconds"] + dt, 3)
             est = piece["seconds"] / piece["examples"]
-            if st["done"] < n:       # the stream's position after every batch: a kill loses one batch at most
+            if st["done"] < n:  # the stream's position after every batch: a kill loses one batch at most
                 partial_path(run, L, n, seed).parent.mkdir(exist_ok=True)
                 atomic_write_text(partial_path(run, L, n, seed), json.dumps(st) + "\n")
         if piece["examples"]:
@@ -449,12 +522,24 @@ class Worker:
             partial_path(run, L, n, seed).unlink(missing_ok=True)
             stop = "complete"
         res = _counts(st)
-        self.log(f"{c['run']} L={L}: {st['done']}/{n} ({piece['examples']} in {piece['seconds']:.1f} s this call); "
-                 f"exact match so far {100 * res['exact_match']:.1f} %; {stop}")
-        self.event({"phase": "eval", "run": c["run"], "length": L, "target": n, "done": st["done"],
-                    "examples": piece["examples"], "seconds": round(piece["seconds"], 2),
-                    "s_per_example": round(piece["seconds"] / piece["examples"], 4) if piece["examples"] else None,
-                    "batch_size": bs_full, "stop": stop})
+        self.log(
+            f"{c['run']} L={L}: {st['done']}/{n} ({piece['examples']} in {piece['seconds']:.1f} s this call); "
+            f"exact match so far {100 * res['exact_match']:.1f} %; {stop}"
+        )
+        self.event(
+            {
+                "phase": "eval",
+                "run": c["run"],
+                "length": L,
+                "target": n,
+                "done": st["done"],
+                "examples": piece["examples"],
+                "seconds": round(piece["seconds"], 2),
+                "s_per_example": round(piece["seconds"] / piece["examples"], 4) if piece["examples"] else None,
+                "batch_size": bs_full,
+                "stop": stop,
+            }
+        )
 
     def known_rate(self, study: dict, run: Path, L: int):
         """(length, tokens per example, seconds per example) of the longest shorter length of ``run`` evaluated in
@@ -478,17 +563,39 @@ class Worker:
         from longsparse.train.rundir import environment, now
 
         L = st["length"]
-        r = {"length": L, **_counts(st), "batch_size": st["batch_size"], "seconds": round(st["seconds"], 3),
-             "seed": st["seed"], "split": "test", "ratio": L / cfg["train"]["train_lengths"][1]}
-        res = {"format": "longsparse-eval", "version": 1, "run": str(run.resolve()), "run_name": run.name,
-               "label": run_label(cfg), "task": cfg["task"]["name"], "task_preset": cfg["task"].get("preset"),
-               "method": cfg["model"]["method"], "positions": cfg["model"]["positions"], "checkpoint": CHECKPOINT,
-               "checkpoint_step": step, "train_lengths": cfg["train"]["train_lengths"], "samples": st["samples"],
-               "seed": st["seed"], "results": [r], "config": cfg, "env": environment(1, str(dev)), "created": now(),
-               "command": sys.argv,
-               "evaluated_by": "benchmarks/gpu_scale.py: batches under a time guard, continued across calls from "
-                               "the saved stream position; pieces = one entry per call",
-               "pieces": st["pieces"]}
+        r = {
+            "length": L,
+            **_counts(st),
+            "batch_size": st["batch_size"],
+            "seconds": round(st["seconds"], 3),
+            "seed": st["seed"],
+            "split": "test",
+            "ratio": L / cfg["train"]["train_lengths"][1],
+        }
+        res = {
+            "format": "longsparse-eval",
+            "version": 1,
+            "run": str(run.resolve()),
+            "run_name": run.name,
+            "label": run_label(cfg),
+            "task": cfg["task"]["name"],
+            "task_preset": cfg["task"].get("preset"),
+            "method": cfg["model"]["method"],
+            "positions": cfg["model"]["positions"],
+            "checkpoint": CHECKPOINT,
+            "checkpoint_step": step,
+            "train_lengths": cfg["train"]["train_lengths"],
+            "samples": st["samples"],
+            "seed": st["seed"],
+            "results": [r],
+            "config": cfg,
+            "env": environment(1, str(dev)),
+            "created": now(),
+            "command": sys.argv,
+            "evaluated_by": "benchmarks/gpu_scale.py: batches under a time guard, continued across calls from "
+            "the saved stream position; pieces = one entry per call",
+            "pieces": st["pieces"],
+        }
         return write_new(run / "eval", "eval", json.dumps(res, indent=1) + "\n")
 
 
@@ -506,7 +613,7 @@ def restore(resume: Path, runs: Path, report: Path, log=print) -> list[str]:
     groups: dict[str, list[tuple[int, Path]]] = {}
     for f in sorted(resume.glob("resume-*.tar.gz*")):
         base, _, part = f.name.partition(".tar.gz")
-        k = int(part[len(".part"):]) if part.startswith(".part") else -1
+        k = int(part[len(".part") :]) if part.startswith(".part") else -1
         groups.setdefault(base, []).append((k, f))
     runs.mkdir(parents=True, exist_ok=True)
     for base, parts in sorted(groups.items()):
@@ -532,7 +639,7 @@ def restore(resume: Path, runs: Path, report: Path, log=print) -> list[str]:
                     continue
                 tf.extractall(Path(tmp) / "x", filter="data")
             (runs / top).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(Path(tmp) / "x" / top, runs / top)    # whole or not at all
+            os.replace(Path(tmp) / "x" / top, runs / top)  # whole or not at all
             done.append(top)
             log(f"restore: {top} from {', '.join(f.name for _, f in parts)}")
     arch = resume / "results.json"
@@ -603,9 +710,16 @@ def place_bundles(made: list, out: Path, files: int, total: int, part_bytes: int
                     (out / names[-1]).write_bytes(src.read(part_bytes))
         files += nparts
         total += size
-        manifest["bundles"].append({"run": run, "files": names, "bytes": size,
-                                    "checkpoint": "last.pt without AdamW moments (training finished)" if trained
-                                    else "last.pt whole (training unfinished)"})
+        manifest["bundles"].append(
+            {
+                "run": run,
+                "files": names,
+                "bytes": size,
+                "checkpoint": "last.pt without AdamW moments (training finished)"
+                if trained
+                else "last.pt whole (training unfinished)",
+            }
+        )
     return manifest
 
 
@@ -624,9 +738,15 @@ def summarize(spec: dict, runs: Path, state: Path, t_call: float) -> list[dict]:
     for idx, study, c in all_cells(spec):
         run = runs / c["run"]
         cfg = cell_config(study, c)
-        rec = {"run": c["run"], "method": c["method"], "positions": c["positions"], "seed": c["seed"],
-               "steps": cfg["train"]["steps"], "checkpoint_step": checkpoint_step(run) if run.exists() else None,
-               "run_folder": run.exists()}
+        rec = {
+            "run": c["run"],
+            "method": c["method"],
+            "positions": c["positions"],
+            "seed": c["seed"],
+            "steps": cfg["train"]["steps"],
+            "checkpoint_step": checkpoint_step(run) if run.exists() else None,
+            "run_folder": run.exists(),
+        }
         rec["trained"] = rec["checkpoint_step"] is not None and rec["checkpoint_step"] >= rec["steps"]
         lines = read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
         tr = [x for x in lines if "loss" in x]
@@ -642,29 +762,58 @@ def summarize(spec: dict, runs: Path, state: Path, t_call: float) -> list[dict]:
                     rec["steps_per_s_this_call"] = round((now_[-1]["step"] - now_[0]["step"]) / dt, 2)
         if val:
             rec["last_val"] = {"step": val[-1]["step"], "exact_match": val[-1]["val_mean_exact_match"]}
-        rec["train_this_call"] = next((e for e in reversed(events) if e.get("phase") == "train"
-                                       and e["run"] == c["run"]), None)
+        rec["train_this_call"] = next(
+            (e for e in reversed(events) if e.get("phase") == "train" and e["run"] == c["run"]), None
+        )
         rec["lengths"] = {}
         for L in study["lengths"]:
             n = samples_for(study, L)
-            ev = next((e for e in reversed(events) if e.get("phase") == "eval" and e["run"] == c["run"]
-                       and e["length"] == L), None)
+            ev = next(
+                (e for e in reversed(events) if e.get("phase") == "eval" and e["run"] == c["run"] and e["length"] == L),
+                None,
+            )
             full = latest_result(run, study["test_seed"], L, n) if run.exists() else None
             part = read_partial(run, L, n, study["test_seed"]) if run.exists() else None
-            old = (arch.get(study["name"], {}).get("series", {}).get(f"{c['method']}/{c['positions']}", {})
-                   .get(CHECKPOINT, {}).get(str(L), {}).get("per_seed", {}).get(str(c["seed"])))
+            old = (
+                arch.get(study["name"], {})
+                .get("series", {})
+                .get(f"{c['method']}/{c['positions']}", {})
+                .get(CHECKPOINT, {})
+                .get(str(L), {})
+                .get("per_seed", {})
+                .get(str(c["seed"]))
+            )
             if full is None and part is None and old is not None and old.get("n") == n:
-                x = {"status": "archived", "n": old["n"], "exact_match": old["exact_match"], "ci": old["ci"],
-                     "token_accuracy": old.get("token_accuracy"), "checkpoint_step": old.get("checkpoint_step")}
+                x = {
+                    "status": "archived",
+                    "n": old["n"],
+                    "exact_match": old["exact_match"],
+                    "ci": old["ci"],
+                    "token_accuracy": old.get("token_accuracy"),
+                    "checkpoint_step": old.get("checkpoint_step"),
+                }
             elif full is not None:
-                x = {"status": "complete", "n": full["n"], "exact_match": full["exact_match"],
-                     "ci": full["exact_match_ci"], "token_accuracy": full["token_accuracy"],
-                     "seconds": full.get("seconds"), "checkpoint_step": full.get("checkpoint_step")}
+                x = {
+                    "status": "complete",
+                    "n": full["n"],
+                    "exact_match": full["exact_match"],
+                    "ci": full["exact_match_ci"],
+                    "token_accuracy": full["token_accuracy"],
+                    "seconds": full.get("seconds"),
+                    "checkpoint_step": full.get("checkpoint_step"),
+                }
             elif part is not None and part["done"]:
                 r = _counts(part)
-                x = {"status": "partial", "n": part["done"], "target": n, "exact_match": r["exact_match"],
-                     "ci": r["exact_match_ci"], "token_accuracy": r["token_accuracy"],
-                     "seconds": round(part["seconds"], 2), "checkpoint_step": part["checkpoint_step"]}
+                x = {
+                    "status": "partial",
+                    "n": part["done"],
+                    "target": n,
+                    "exact_match": r["exact_match"],
+                    "ci": r["exact_match_ci"],
+                    "token_accuracy": r["token_accuracy"],
+                    "seconds": round(part["seconds"], 2),
+                    "checkpoint_step": part["checkpoint_step"],
+                }
             else:
                 x = {"status": "none", "target": n}
             if x.get("n") and x.get("seconds"):
@@ -682,8 +831,12 @@ def table(cells_: list[dict], lengths: list[int]) -> str:
     rows = [head, "|---" * (4 + len(lengths)) + "|"]
     for r in cells_:
         ck = r["checkpoint_step"]
-        parts = [r["run"].split("/")[-1], f"{ck if ck is not None else '-'}/{r['steps']}",
-                 str(r.get("steps_per_s_this_call", "-")), str(r.get("final_loss", "-"))]
+        parts = [
+            r["run"].split("/")[-1],
+            f"{ck if ck is not None else '-'}/{r['steps']}",
+            str(r.get("steps_per_s_this_call", "-")),
+            str(r.get("final_loss", "-")),
+        ]
         for L in lengths:
             x = r["lengths"].get(str(L), {})
             if x.get("status") in ("complete", "archived"):
@@ -703,7 +856,7 @@ def _env_info(dest: Path, device: str) -> None:
         import torch
 
         lines.append(f"torch {torch.__version__} cuda {torch.version.cuda}")
-    except Exception as e:   # the record says what failed; the run decides below whether it can go on
+    except Exception as e:  # the record says what failed; the run decides below whether it can go on
         lines.append(f"torch: {type(e).__name__}: {e}")
     if device == "cuda" and shutil.which("nvidia-smi"):
         r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
@@ -723,23 +876,26 @@ def cmd_run(args) -> int:
     if args.train_seconds is not None:
         train_until = min(train_until, t0 + args.train_seconds)
     if train_until - t0 < 10:
-        raise SystemExit(f"gpu_scale: --seconds {args.seconds} leaves no training time "
-                         f"(pack {split['pack']} + grace {split['grace']} + eval_min {split['eval_min']} s)")
+        raise SystemExit(
+            f"gpu_scale: --seconds {args.seconds} leaves no training time "
+            f"(pack {split['pack']} + grace {split['grace']} + eval_min {split['eval_min']} s)"
+        )
     if dev == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise SystemExit("gpu_scale: CUDA is not available (DEVICE=cpu runs the dry run)")
-    runs = Path(args.runs or os.environ.get("GPU_SCALE_RUNS") or
-                REPO / ("runs/gpu_scale_cpu_dry" if dry else "runs/gpu_scale")).resolve()
+    runs = Path(
+        args.runs or os.environ.get("GPU_SCALE_RUNS") or REPO / ("runs/gpu_scale_cpu_dry" if dry else "runs/gpu_scale")
+    ).resolve()
     report, state, out = runs / "report", runs / ".driver", Path(args.out).resolve()
     resume = Path(args.resume).resolve() if args.resume else None
     study = Path(args.study).resolve() if args.study else study_path()
-    os.chdir(REPO)       # study paths are recorded relative to the repository, and workers run there
+    os.chdir(REPO)  # study paths are recorded relative to the repository, and workers run there
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):
         raise SystemExit(f"gpu_scale: {out} is not empty; give an empty OUTDIR")
-    shutil.rmtree(state, ignore_errors=True)      # per-call logs; the last call's came back in its records
+    shutil.rmtree(state, ignore_errors=True)  # per-call logs; the last call's came back in its records
     state.mkdir(parents=True)
     log_f = open(state / "driver.log", "a")
 
@@ -756,25 +912,52 @@ def cmd_run(args) -> int:
     entries = all_cells(spec)
     jobs = args.jobs or (1 if dry else len(entries))
     _env_info(state / "env.txt", dev)
-    log(f"study {spec['path']}: {len(entries)} cells, {jobs} worker(s) on {dev}; "
+    log(
+        f"study {spec['path']}: {len(entries)} cells, {jobs} worker(s) on {dev}; "
         f"training until +{train_until - t0:.0f} s, evaluation until +{eval_until - t0:.0f} s, "
-        f"stop at +{kill_at - t0:.0f} s, end +{args.seconds:.0f} s")
+        f"stop at +{kill_at - t0:.0f} s, end +{args.seconds:.0f} s"
+    )
     mon = None
     if dev == "cuda" and shutil.which("nvidia-smi"):
-        mon = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,utilization.gpu,utilization.memory,memory.used",
-                                "--format=csv", "-l", "5"], stdout=open(state / "gpu.csv", "w"),
-                               stderr=subprocess.DEVNULL)
+        mon = subprocess.Popen(
+            [
+                "nvidia-smi",
+                "--query-gpu=timestamp,utilization.gpu,utilization.memory,memory.used",
+                "--format=csv",
+                "-l",
+                "5",
+            ],
+            stdout=open(state / "gpu.csv", "w"),
+            stderr=subprocess.DEVNULL,
+        )
     procs = []
     for k in range(jobs):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "worker", "--study", spec["path"], "--runs", str(runs),
-               "--state", str(state), "--shard", f"{k}/{jobs}", "--device", dev,
-               "--train-until", repr(train_until), "--eval-until", repr(eval_until)]
-        procs.append(subprocess.Popen(cmd, stdout=open(state / f"worker-{k}.log", "w"), stderr=subprocess.STDOUT,
-                                      cwd=REPO))
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "worker",
+            "--study",
+            spec["path"],
+            "--runs",
+            str(runs),
+            "--state",
+            str(state),
+            "--shard",
+            f"{k}/{jobs}",
+            "--device",
+            dev,
+            "--train-until",
+            repr(train_until),
+            "--eval-until",
+            repr(eval_until),
+        ]
+        procs.append(
+            subprocess.Popen(cmd, stdout=open(state / f"worker-{k}.log", "w"), stderr=subprocess.STDOUT, cwd=REPO)
+        )
     snap = time.time() + 60
     while any(p.poll() is None for p in procs) and time.time() < kill_at:
         time.sleep(1.0)
-        if time.time() >= snap:     # a copy of the records in case the call is cut off before the end
+        if time.time() >= snap:  # a copy of the records in case the call is cut off before the end
             snap = time.time() + 60
             try:
                 update_archive(spec, runs, report, printer=lambda s: None)
@@ -801,11 +984,30 @@ def cmd_run(args) -> int:
         log(f"report failed: {type(e).__name__}: {e}")
     # what `longsparse reproduce` would do with these run folders: the check that it resumes instead of retraining
     try:
-        chk = subprocess.run([sys.executable, "-m", "longsparse_experiments.cli", "reproduce", "synthetic", "--config",
-                              spec["path"], "--out", str(runs), "--report", str(report), "--dry-run"],
-                             capture_output=True, text=True, cwd=REPO, timeout=max(10.0, end - time.time() - 15),
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                 [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])})
+        chk = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "longsparse_experiments.cli",
+                "reproduce",
+                "synthetic",
+                "--config",
+                spec["path"],
+                "--out",
+                str(runs),
+                "--report",
+                str(report),
+                "--dry-run",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=max(10.0, end - time.time() - 15),
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            },
+        )
         dry_out = chk.stdout + chk.stderr
     except subprocess.TimeoutExpired:
         dry_out = "reproduce --dry-run: timed out\n"
@@ -819,25 +1021,52 @@ def cmd_run(args) -> int:
     if (report / "results.json").is_file():
         shutil.copyfile(report / "results.json", out / "results.json")
     fixed = sum(f.stat().st_size for f in out.iterdir()) + RESERVE_BYTES
-    todo = [r for r in cells_ if r["run_folder"] and (not r["trained"] or any(
-        x["status"] not in ("complete", "archived") for x in r["lengths"].values()))]
+    todo = [
+        r
+        for r in cells_
+        if r["run_folder"]
+        and (not r["trained"] or any(x["status"] not in ("complete", "archived") for x in r["lengths"].values()))
+    ]
     manifest = {"bundles": [], "left_out": []}
     if todo:
         tmp = Path(tempfile.mkdtemp(dir=runs, prefix=".bundles-"))
         # fork: the children only read and write files, on the CPU
         with ProcessPoolExecutor(max_workers=min(6, len(todo)), mp_context=multiprocessing.get_context("fork")) as ex:
-            made = list(ex.map(_make_bundle, [str(runs / r["run"]) for r in todo], [str(runs)] * len(todo),
-                               [str(tmp / _bundle_name(r["run"])) for r in todo], [r["trained"] for r in todo]))
-        manifest = place_bundles([(r["run"], Path(path), size, r["trained"]) for r, (path, size) in zip(todo, made)],
-                                 out, len(list(out.iterdir())), fixed)
+            made = list(
+                ex.map(
+                    _make_bundle,
+                    [str(runs / r["run"]) for r in todo],
+                    [str(runs)] * len(todo),
+                    [str(tmp / _bundle_name(r["run"])) for r in todo],
+                    [r["trained"] for r in todo],
+                )
+            )
+        manifest = place_bundles(
+            [(r["run"], Path(path), size, r["trained"]) for r, (path, size) in zip(todo, made)],
+            out,
+            len(list(out.iterdir())),
+            fixed,
+        )
         shutil.rmtree(tmp, ignore_errors=True)
-    summary = {"format": "longsparse-gpu-scale-summary", "study_file": spec["path"], "device": dev, "dry_run": dry,
-               "seconds": args.seconds, "jobs": jobs, "restored": restored,
-               "timeline_s": {"train_until": round(train_until - t0), "eval_until": round(eval_until - t0),
-                              "stop_workers": round(kill_at - t0), "workers_ended": round(t_work - t0),
-                              "packed": round(time.time() - t0)},
-               "cells": cells_, "pack": manifest,
-               "reproduce_dry_run": dry_out.strip().splitlines()}
+    summary = {
+        "format": "longsparse-gpu-scale-summary",
+        "study_file": spec["path"],
+        "device": dev,
+        "dry_run": dry,
+        "seconds": args.seconds,
+        "jobs": jobs,
+        "restored": restored,
+        "timeline_s": {
+            "train_until": round(train_until - t0),
+            "eval_until": round(eval_until - t0),
+            "stop_workers": round(kill_at - t0),
+            "workers_ended": round(t_work - t0),
+            "packed": round(time.time() - t0),
+        },
+        "cells": cells_,
+        "pack": manifest,
+        "reproduce_dry_run": dry_out.strip().splitlines(),
+    }
     atomic_write_text(state / "summary.json", json.dumps(summary, indent=1) + "\n")
     lengths = spec["studies"][0]["lengths"]
     md = table(cells_, lengths)
@@ -849,15 +1078,19 @@ def cmd_run(args) -> int:
     for r in cells_:
         t = r["train_this_call"]
         if t:
-            print(f"{r['run']}: training {t['status']} ({t['seconds']} s, "
-                  f"step {t['step_before']} -> {t['step_after']})")
+            print(
+                f"{r['run']}: training {t['status']} ({t['seconds']} s, step {t['step_before']} -> {t['step_after']})"
+            )
     for b in manifest["bundles"]:
         print(f"bundle {b['run']}: {', '.join(b['files'])} ({b['bytes'] / 1e6:.1f} MB; {b['checkpoint']})")
     for b in manifest["left_out"]:
         print(f"NOT RETURNED (limits): {b['run']} ({b['bytes'] / 1e6:.1f} MB); resume it on the warm machine")
-    print("reproduce --dry-run: " + " | ".join(summary["reproduce_dry_run"][-len(entries):]))
-    print(f"files in {out}: " + ", ".join(f"{k} ({v / 1e6:.2f} MB)" for k, v in sizes.items())
-          + ("  -- OVER THE RETURN LIMITS" if over else ""))
+    print("reproduce --dry-run: " + " | ".join(summary["reproduce_dry_run"][-len(entries) :]))
+    print(
+        f"files in {out}: "
+        + ", ".join(f"{k} ({v / 1e6:.2f} MB)" for k, v in sizes.items())
+        + ("  -- OVER THE RETURN LIMITS" if over else "")
+    )
     log(f"done after {time.time() - t0:.0f} s")
     return 1 if over else 0
 

@@ -4,6 +4,7 @@ q-scales), one thread, median of 9 interleaved rounds.
 
     python benchmarks/short_rows_policy.py [--lengths 32,64,96,128]
 """
+
 import argparse
 import json
 import time
@@ -17,8 +18,9 @@ BACKENDS = ("fused_cpu", "fused_dense", "reference")
 
 def step(backend, q, k, v, slopes, q_scale, mapping, alpha):
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    ls.attention(q, k, v, mapping=mapping, alpha=alpha, is_causal=True, alibi_slopes=slopes, q_scale=q_scale,
-                 backend=backend).sum().backward()
+    ls.attention(
+        q, k, v, mapping=mapping, alpha=alpha, is_causal=True, alibi_slopes=slopes, q_scale=q_scale, backend=backend
+    ).sum().backward()
 
 
 def main() -> None:
@@ -41,8 +43,14 @@ def main() -> None:
                     step(b, q, k, v, slopes, q_scale, mapping, alpha)
                     times[b].append(time.process_time() - t0)
             med = {b: sorted(t)[len(t) // 2] for b, t in times.items()}
-            rows.append({"keys": n, "mapping": mapping, **{f"{b}_ms": round(1e3 * m, 2) for b, m in med.items()},
-                         **{f"{b}/fused_cpu": round(med[b] / med["fused_cpu"], 2) for b in BACKENDS[1:]}})
+            rows.append(
+                {
+                    "keys": n,
+                    "mapping": mapping,
+                    **{f"{b}_ms": round(1e3 * m, 2) for b, m in med.items()},
+                    **{f"{b}/fused_cpu": round(med[b] / med["fused_cpu"], 2) for b in BACKENDS[1:]},
+                }
+            )
             print(json.dumps(rows[-1]))
 
 

@@ -1,6 +1,7 @@
 """Shared helpers for the mapping tests: float64 brute-force references and a switch between the
 two solver paths of longsparse.mappings.entmax (the fused CPU kernel and the pure-PyTorch solver,
 which is what runs under torch.compile and on non-CPU devices)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,13 +11,14 @@ import math
 import pytest
 import torch
 
-M = importlib.import_module("longsparse.mappings.entmax")   # the module (the package re-exports a function of that name)
+M = importlib.import_module("longsparse.mappings.entmax")  # the module (the package re-exports a function of that name)
 
 ALPHAS = [1.01, 1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0]
 
 
 def kernel_available() -> bool:
     from longsparse.mappings import _kernel
+
     return _kernel.get() is not None
 
 
@@ -47,6 +49,7 @@ def path(request):
 
 
 # ----------------------------------------------------------------------------- references
+
 
 def _row_alpha64(alpha, x: torch.Tensor, dim: int) -> torch.Tensor:
     """alpha as float64, broadcast to x's shape with `dim` of size 1, then moved last."""
@@ -79,7 +82,7 @@ def ref_entmax(x: torch.Tensor, alpha, dim: int = -1, iters: int = 200) -> torch
     for _ in range(iters):
         mid = (lo + hi) / 2
         if bool(((mid == lo) | (mid == hi)).all()):
-            break       # the bracket is down to adjacent doubles: further halvings change nothing
+            break  # the bracket is down to adjacent doubles: further halvings change nothing
         f = (X - mid).clamp_min(0).pow(e).sum(-1, keepdim=True) - 1
         lo = torch.where(f >= 0, mid, lo)
         hi = torch.where(f < 0, mid, hi)
@@ -104,10 +107,10 @@ def ref_exact(x: torch.Tensor, alpha: float, dim: int = -1) -> torch.Tensor:
         tau = (c1 - 1) / k
     else:
         mean = c1 / k
-        ss = (Xs * Xs).cumsum(-1) / k - mean * mean       # variance of the top k
+        ss = (Xs * Xs).cumsum(-1) / k - mean * mean  # variance of the top k
         tau = mean - torch.sqrt(((1 / k) - ss).clamp_min(0))
     ok = Xs > tau
-    kstar = ok.to(torch.int64).cumprod(-1).sum(-1, keepdim=True)   # supports are prefixes of the sort
+    kstar = ok.to(torch.int64).cumprod(-1).sum(-1, keepdim=True)  # supports are prefixes of the sort
     t = tau.gather(-1, kstar - 1)
     p = (X - t).clamp_min(0) ** (1 / (alpha - 1))
     return p.movedim(-1, dim)

@@ -3,6 +3,7 @@
 In a test process: ``train(cfg, out, callbacks=[sigkill_after(7)])``. From a subprocess that runs the library's
 command line with the fault (the way a user's run dies): ``python tests/faults.py STEP -- train --task ...``; the
 trainer that command calls gets the callback, so nothing after that step's checkpoint runs."""
+
 from __future__ import annotations
 
 import functools
@@ -13,9 +14,11 @@ import sys
 
 def sigkill_after(step: int):
     """A ``train`` callback that kills this process with SIGKILL once update ``step`` is done."""
+
     def callback(done: int) -> None:
         if done == step:
             os.kill(os.getpid(), signal.SIGKILL)
+
     return callback
 
 

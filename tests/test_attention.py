@@ -1,6 +1,7 @@
 """ls.attention: the reference backend equals a float64 brute-force formula, and the edge cases (masks,
 decoding, GQA, dtypes, block sizes) behave. Every other backend is tested equal to the reference in
 tests/test_backends.py."""
+
 import math
 
 import pytest
@@ -31,8 +32,20 @@ def _run(backend, q, k, v, q_scale=None, **kw):
     return [out] + [t.grad for t in leaves] + ([qs.grad] if qs is not None else [])
 
 
-def brute_force(q, k, v, *, mapping, alpha=1.5, is_causal=True, alibi_slopes=None, q_scale=None,
-                attn_mask=None, topk=32, adatemp_order="original"):
+def brute_force(
+    q,
+    k,
+    v,
+    *,
+    mapping,
+    alpha=1.5,
+    is_causal=True,
+    alibi_slopes=None,
+    q_scale=None,
+    attn_mask=None,
+    topk=32,
+    adatemp_order="original",
+):
     """Float64 loops over (b, h, i): the formulas of docs/method.md §2 written out row by row."""
     q, k, v = q.double(), k.double(), v.double()
     nq, nk = q.shape[2], k.shape[2]
@@ -57,7 +70,7 @@ def brute_force(q, k, v, *, mapping, alpha=1.5, is_causal=True, alibi_slopes=Non
                     if is_causal and j > pos:
                         z[j] = -math.inf
                 if torch.isinf(z).all():
-                    continue            # nothing to attend to: zero output
+                    continue  # nothing to attend to: zero output
                 if mapping == "softmax":
                     p = torch.softmax(z, 0)
                 elif mapping == "entmax":
@@ -102,10 +115,16 @@ CASES = {
     "adatemp": dict(mapping="adatemp"),
     "adatemp_reversed": dict(mapping="adatemp", adatemp_order="reversed"),
     "alibi": dict(mapping="entmax", alibi_slopes=torch.tensor([1.0, 0.5, 0.25, 0.0])),
-    "q_scale": dict(mapping="entmax", q_scale=torch.rand(B, H, N, generator=torch.Generator().manual_seed(3)) * 3 + 0.5),
+    "q_scale": dict(
+        mapping="entmax", q_scale=torch.rand(B, H, N, generator=torch.Generator().manual_seed(3)) * 3 + 0.5
+    ),
     "non_causal": dict(mapping="entmax", is_causal=False),
-    "bool_mask": dict(mapping="entmax", attn_mask=torch.rand(B, 1, N, N, generator=torch.Generator().manual_seed(4)) > 0.3),
-    "additive_mask": dict(mapping="softmax", attn_mask=torch.randn(1, H, N, N, generator=torch.Generator().manual_seed(5))),
+    "bool_mask": dict(
+        mapping="entmax", attn_mask=torch.rand(B, 1, N, N, generator=torch.Generator().manual_seed(4)) > 0.3
+    ),
+    "additive_mask": dict(
+        mapping="softmax", attn_mask=torch.randn(1, H, N, N, generator=torch.Generator().manual_seed(5))
+    ),
 }
 
 
@@ -120,8 +139,22 @@ def test_block_sizes_do_not_change_the_result(backend):
             torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["softmax", "entmax15", "entmax3", "per_head_alpha", "topk", "adatemp", "alibi", "q_scale",
-                                  "bool_mask", "additive_mask", "non_causal"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "softmax",
+        "entmax15",
+        "entmax3",
+        "per_head_alpha",
+        "topk",
+        "adatemp",
+        "alibi",
+        "q_scale",
+        "bool_mask",
+        "additive_mask",
+        "non_causal",
+    ],
+)
 def test_reference_matches_float64_brute_force(case):
     q, k, v = _qkv(seed=1)
     kw = dict(CASES[case])
@@ -132,12 +165,20 @@ def test_reference_matches_float64_brute_force(case):
 
 def test_softmax_matches_sdpa():
     q, k, v = _qkv()
-    torch.testing.assert_close(ls.attention(q, k, v, mapping="softmax"),
-                               F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        ls.attention(q, k, v, mapping="softmax"),
+        F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        atol=1e-6,
+        rtol=1e-5,
+    )
     mask = torch.rand(B, H, N, N) > 0.2
     mask[..., 0] = True
-    torch.testing.assert_close(ls.attention(q, k, v, mapping="softmax", is_causal=False, attn_mask=mask),
-                               F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        ls.attention(q, k, v, mapping="softmax", is_causal=False, attn_mask=mask),
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        atol=1e-6,
+        rtol=1e-5,
+    )
 
 
 def test_decoding_rows_equal_the_full_rows():
@@ -177,7 +218,7 @@ def test_learned_per_head_alpha_gets_a_gradient():
     q, k, v = _qkv(nq=6, nk=6)
     q, k, v = q.double(), k.double(), v.double()
     alpha = torch.tensor([1.3, 1.5, 1.8, 2.2], dtype=torch.float64, requires_grad=True)
-    out = ls.attention(q, k, v, alpha=alpha)         # auto → reference path, which differentiates α
+    out = ls.attention(q, k, v, alpha=alpha)  # auto → reference path, which differentiates α
     out.sum().backward()
     assert alpha.grad is not None and torch.isfinite(alpha.grad).all() and alpha.grad.abs().sum() > 0
     assert torch.autograd.gradcheck(lambda a: ls.attention(q, k, v, alpha=a), (alpha.detach().requires_grad_(),))
@@ -232,11 +273,15 @@ def test_automatic_blocks_split_heads_exactly(monkeypatch):
     from longsparse.attention import chunked
 
     monkeypatch.setattr(chunked, "_AUTO_CHUNK_ELEMENTS", B * N * 8)
-    monkeypatch.setattr(chunked, "_MIN_ROWS", 8)        # → one head per block, 8 queries per block
+    monkeypatch.setattr(chunked, "_MIN_ROWS", 8)  # → one head per block, 8 queries per block
     q, k, v = _qkv()
-    kw = dict(mapping="entmax", alpha=torch.tensor([1.2, 1.5, 2.0, 1.75]),
-              alibi_slopes=torch.tensor([1.0, 0.5, 0.25, 0.0]), q_scale=torch.rand(B, H, N) + 0.5,
-              attn_mask=torch.rand(H, N, N, generator=torch.Generator().manual_seed(2)) > 0.2)
+    kw = dict(
+        mapping="entmax",
+        alpha=torch.tensor([1.2, 1.5, 2.0, 1.75]),
+        alibi_slopes=torch.tensor([1.0, 0.5, 0.25, 0.0]),
+        q_scale=torch.rand(B, H, N) + 0.5,
+        attn_mask=torch.rand(H, N, N, generator=torch.Generator().manual_seed(2)) > 0.2,
+    )
     ref = _run("reference", q, k, v, **kw)
     fast = _run("chunked", q, k, v, **kw)
     for a, b in zip(ref, fast):

@@ -2,13 +2,14 @@
 (reference, chunked, fused_cpu, sdpa; triton's CPU interpreter is too slow here: tests/test_backends.py) and on
 "auto": α = 1 is softmax, masks are bool or float, non-finite inputs and non-float tensors are refused,
 scale = 0 gives uniform rows."""
+
 import math
 
 import pytest
 import torch
+from conftest import solver_path
 
 import longsparse as ls
-from conftest import solver_path
 from longsparse.attention import BACKENDS
 from longsparse.attention.call import make_call
 from longsparse.nn.mha import EntmaxMultiheadAttention
@@ -28,8 +29,11 @@ def _attention(q, k, v, backend="auto", **kw):
 
 def _qkv(nq, nk, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, nq, D, generator=g, dtype=dtype), torch.randn(B, H, nk, D, generator=g, dtype=dtype),
-            torch.randn(B, H, nk, D, generator=g, dtype=dtype))
+    return (
+        torch.randn(B, H, nq, D, generator=g, dtype=dtype),
+        torch.randn(B, H, nk, D, generator=g, dtype=dtype),
+        torch.randn(B, H, nk, D, generator=g, dtype=dtype),
+    )
 
 
 def _out_and_grads(q, k, v, grad, **kw):
@@ -48,7 +52,7 @@ def _out_and_grads(q, k, v, grad, **kw):
 
 ALPHA_ONE_CASES = {
     "plain": {},
-    "alibi": dict(alibi_slopes=torch.tensor([0.5, 0.25, 0.0, 1.0])),   # still on the fused kernel
+    "alibi": dict(alibi_slopes=torch.tensor([0.5, 0.25, 0.0, 1.0])),  # still on the fused kernel
     "bool_mask": dict(attn_mask=torch.rand(B, 1, 70, 70, generator=torch.Generator().manual_seed(1)) > 0.3),
     "non_causal": dict(is_causal=False),
 }
@@ -56,7 +60,7 @@ ALPHA_ONE_CASES = {
 
 @pytest.mark.parametrize("backend", CHOICES)
 @pytest.mark.parametrize("grad", [False, True])
-@pytest.mark.parametrize("n", [37, 70])          # > 64 keys: "auto" takes a chunked backend with gradients too
+@pytest.mark.parametrize("n", [37, 70])  # > 64 keys: "auto" takes a chunked backend with gradients too
 @pytest.mark.parametrize("case", sorted(ALPHA_ONE_CASES))
 def test_alpha_one_equals_softmax(backend, grad, n, case):
     q, k, v = _qkv(n, n)
@@ -88,7 +92,7 @@ def test_entmax_tensor_alpha_one_rows_are_softmax(solver):
     """ls.entmax with a tensor α holding 1 on some rows: softmax there (values and ∂/∂x) on both solvers."""
     x = torch.randn(3, 5, 9, generator=torch.Generator().manual_seed(2)) * 3
     x[1, 2, :4] = float("-inf")
-    x[2, 0] = float("-inf")                  # a fully masked row: zeros
+    x[2, 0] = float("-inf")  # a fully masked row: zeros
     alpha = torch.tensor([1.0, 1.5, 1.0]).view(3, 1, 1)
     up = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
     with solver_path(solver):
@@ -140,6 +144,7 @@ def test_mha_alpha_one_equals_softmax():
 
 # ----------------------------------------------------------------------------- masks: bool or float only
 
+
 @pytest.mark.parametrize("backend", CHOICES)
 @pytest.mark.parametrize("mapping", ["softmax", "entmax"])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.int32])
@@ -161,6 +166,7 @@ def test_mha_integer_masks_are_refused(dtype):
 
 
 # ----------------------------------------------------------------------------- non-finite inputs are refused
+
 
 @pytest.mark.parametrize("backend", CHOICES)
 @pytest.mark.parametrize("mapping", ["softmax", "entmax", "topk"])
@@ -222,13 +228,14 @@ def test_non_finite_tensor_alpha_is_refused(backend, bad):
 
 # ----------------------------------------------------------------------------- floating-point tensors only
 
+
 @pytest.mark.parametrize("backend", CHOICES)
 @pytest.mark.parametrize("mapping", ["softmax", "entmax"])
 @pytest.mark.parametrize("which", ["q", "k", "v", "all"])
 def test_non_float_inputs_are_refused(backend, mapping, which):
     q, k, v = _qkv(9, 9)
     t = dict(q=q, k=k, v=v)
-    for name in (("q", "k", "v") if which == "all" else (which,)):
+    for name in ("q", "k", "v") if which == "all" else (which,):
         t[name] = (t[name] * 10).long()
     with pytest.raises(TypeError, match="floating-point.*int64"):
         ls.attention(t["q"], t["k"], t["v"], mapping=mapping, backend=backend)

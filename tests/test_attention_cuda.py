@@ -4,6 +4,7 @@ Without a GPU, what it accepts and the argument folding (scale, q_scale) are tes
 `adasplash` module that computes what the real one documents: entmax attention with logits scaled by
 1/√D. On a machine with CUDA and adasplash installed, the real kernels are compared with the reference.
 """
+
 import importlib.util
 import math
 import sys
@@ -19,8 +20,17 @@ from longsparse.attention import cuda as cuda_path
 def _stand_in(calls):
     def adasplash(q, k, v, alpha=1.5, is_causal=True, varlen=None, niter=None):
         calls.append({"alpha": alpha, "is_causal": is_causal, "shape": tuple(q.shape)})
-        return ls.attention(q, k, v, mapping="entmax", alpha=alpha, is_causal=is_causal,
-                            scale=1 / math.sqrt(q.shape[-1]), backend="reference")
+        return ls.attention(
+            q,
+            k,
+            v,
+            mapping="entmax",
+            alpha=alpha,
+            is_causal=is_causal,
+            scale=1 / math.sqrt(q.shape[-1]),
+            backend="reference",
+        )
+
     return types.SimpleNamespace(adasplash=adasplash)
 
 
@@ -77,16 +87,19 @@ def test_adasplash_refuses_what_it_cannot_express(fake_cuda, monkeypatch):
         with pytest.raises(ValueError, match=f"'adasplash' cannot take this call: .*{reason}"):
             ls.attention(q, k, v, backend="adasplash", **kw)
     # decoding, and lengths / head sizes its kernels reject: not a power of two, under its 64-token tile, head dim 8
-    for reason, args in (("decoding", (q[:, :, -4:], k, v)), ("power of two", _qkv(N=96, requires_grad=False)),
-                         ("power of two", [t[:, :, :32] for t in (q, k, v)]),
-                         ("head dim", [t[..., :8] for t in (q, k, v)])):
+    for reason, args in (
+        ("decoding", (q[:, :, -4:], k, v)),
+        ("power of two", _qkv(N=96, requires_grad=False)),
+        ("power of two", [t[:, :, :32] for t in (q, k, v)]),
+        ("head dim", [t[..., :8] for t in (q, k, v)]),
+    ):
         with pytest.raises(ValueError, match=reason):
             ls.attention(*args, backend="adasplash")
     monkeypatch.setenv("LONGSPARSE_ADASPLASH", "0")
     with pytest.raises(ValueError, match="LONGSPARSE_ADASPLASH=0"):
         ls.attention(q, k, v, backend="adasplash")
     monkeypatch.delenv("LONGSPARSE_ADASPLASH")
-    monkeypatch.setitem(sys.modules, "adasplash", None)          # not installed
+    monkeypatch.setitem(sys.modules, "adasplash", None)  # not installed
     with pytest.raises(ValueError, match="not available: adasplash is not installed"):
         ls.attention(q, k, v, backend="adasplash")
     assert fake_cuda == []

@@ -5,6 +5,7 @@ backends that refuse; the path= alias; the model's attn_backend field.
 A backend registered in longsparse.attention.BACKENDS is enrolled in the grid automatically: where it
 supports a call it must match the reference, where it does not, naming it must raise with its reason.
 Triton runs here in its CPU interpreter (slow: a sample of its cases by default, all with -m slow)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,8 +56,8 @@ def _case(mapping, bias, mask, rows, heads):
     """(q, k, v, kwargs) of one grid case; the bool mask leaves query 3 nothing to attend to."""
     nq = NQ_DECODE if rows == "decode" else N
     hkv = H // 2 if heads == "gqa" else H
-    g = torch.Generator().manual_seed(zlib.crc32('-'.join((mapping, bias, mask, rows, heads)).encode()))
-    q = torch.randn(B, H, nq, D, generator=g) * 2          # sharp rows: sparse supports, θ > 1 on some rows
+    g = torch.Generator().manual_seed(zlib.crc32("-".join((mapping, bias, mask, rows, heads)).encode()))
+    q = torch.randn(B, H, nq, D, generator=g) * 2  # sharp rows: sparse supports, θ > 1 on some rows
     k, v = (torch.randn(B, hkv, N, D, generator=g) for _ in range(2))
     kw = dict(MAPPINGS[mapping], is_causal=rows != "non_causal")
     if bias == "alibi":
@@ -101,10 +102,10 @@ def _params():
     out = []
     for name in BACKENDS:
         for case in GRID:
-            slow = (name == "triton" and case[0] in TRITON_MAPPINGS and case[2] == "none"
-                    and case not in TRITON_SAMPLE)
-            out.append(pytest.param(name, case, id=f"{name}-{'-'.join(case)}",
-                                    marks=[pytest.mark.slow] if slow else []))
+            slow = name == "triton" and case[0] in TRITON_MAPPINGS and case[2] == "none" and case not in TRITON_SAMPLE
+            out.append(
+                pytest.param(name, case, id=f"{name}-{'-'.join(case)}", marks=[pytest.mark.slow] if slow else [])
+            )
     return out
 
 
@@ -148,12 +149,14 @@ def test_explain_answers_for_every_call_and_auto_runs_its_choice(case, grad):
     assert all(choice.passed_over.values())
     text = str(choice)
     assert all(name in text for name in BACKENDS)
-    assert choice.passed_over["adasplash"]            # opt-in: never auto
-    torch.testing.assert_close(ls.attention(q, k, v, **kw), ls.attention(q, k, v, **kw, backend=choice.backend),
-                               atol=0, rtol=0)
+    assert choice.passed_over["adasplash"]  # opt-in: never auto
+    torch.testing.assert_close(
+        ls.attention(q, k, v, **kw), ls.attention(q, k, v, **kw, backend=choice.backend), atol=0, rtol=0
+    )
 
 
 # ----------------------------------------------------------------------------- the selection policy
+
 
 def _call(nq=N, nk=N, mapping="entmax", grad=False, device_type="cpu", **kw):
     g = torch.Generator().manual_seed(0)
@@ -183,9 +186,11 @@ def test_policy_never_picks_triton_for_cpu_tensors():
 
 
 def test_policy_gradient_of_alpha_slopes_or_mask_goes_to_the_reference():
-    for kw in (dict(alpha=torch.full((H,), 1.5, requires_grad=True)),
-               dict(alibi_slopes=torch.full((H,), 0.5, requires_grad=True)),
-               dict(attn_mask=torch.zeros(300, 300, requires_grad=True), mapping="softmax")):
+    for kw in (
+        dict(alpha=torch.full((H,), 1.5, requires_grad=True)),
+        dict(alibi_slopes=torch.full((H,), 0.5, requires_grad=True)),
+        dict(attn_mask=torch.zeros(300, 300, requires_grad=True), mapping="softmax"),
+    ):
         choice = select_backend(_call(nk=300, nq=300, **kw), supports=_all_support)
         assert choice.backend == "reference" and "gradient" in choice.why
 
@@ -198,8 +203,12 @@ def test_policy_softmax_forms_go_to_sdpa_within_its_size_limit(monkeypatch):
     monkeypatch.setattr(policy, "SDPA_MAX_ELEMENTS", N * N - 1)
     # plain causal softmax needs no bias; ALiBi, a mask or decoding do, top-k / adatemp their logits
     assert select_backend(_call(mapping="softmax"), supports=_all_support).backend == "sdpa"
-    for kw in (dict(mapping="softmax", alibi_slopes=torch.ones(H)), dict(mapping="topk"), dict(mapping="adatemp"),
-               dict(mapping="softmax", attn_mask=torch.ones(N, N, dtype=torch.bool))):
+    for kw in (
+        dict(mapping="softmax", alibi_slopes=torch.ones(H)),
+        dict(mapping="topk"),
+        dict(mapping="adatemp"),
+        dict(mapping="softmax", attn_mask=torch.ones(N, N, dtype=torch.bool)),
+    ):
         choice = select_backend(_call(**kw), supports=_all_support)
         assert choice.backend == "fused_cpu" and "limit" in choice.passed_over["sdpa"]
 
@@ -228,8 +237,12 @@ def test_policy_short_rows_with_gradients_go_to_fused_dense_when_it_takes_them(m
     assert select_backend(_call(nk=96, nq=96, grad=True), supports=not_sdpa).backend == "fused_dense"
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert select_backend(_call(grad=True), supports=not_sdpa).backend == "fused_dense"
-    for call, why in ((_call(nk=97, nq=97, grad=True), "too long"), (_call(nk=64, nq=64), "no gradient"),
-                      (_call(grad=True, chunk_size=8), "chunk_size"), (_call(mapping="sparsemax", grad=True), "α = 2")):
+    for call, why in (
+        (_call(nk=97, nq=97, grad=True), "too long"),
+        (_call(nk=64, nq=64), "no gradient"),
+        (_call(grad=True, chunk_size=8), "chunk_size"),
+        (_call(mapping="sparsemax", grad=True), "α = 2"),
+    ):
         choice = select_backend(call, supports=not_sdpa)
         assert choice.backend == "fused_cpu" and why in choice.passed_over["fused_dense"]
     choice = select_backend(_call(nk=64, nq=64, grad=True), supports=_only("fused_cpu"))
@@ -254,18 +267,28 @@ def test_policy_never_picks_adasplash():
 def test_policy_with_the_real_backends_on_cpu():
     """The CPU routes: what each kind of call runs (the kernel is built on this machine)."""
     from conftest import kernel_available
+
     if not kernel_available():
         pytest.skip("fused CPU kernel not available")
     expect = {
-        "fused_cpu": [_call(nk=300, nq=300), _call(nk=300, nq=300, grad=True), _call(alibi_slopes=torch.ones(H)),
-                      _call(mapping="sparsemax", nq=3), _call(nk=128, nq=128, grad=True),
-                      _call(mapping="sparsemax", grad=True)],
-        "chunked": [_call(attn_mask=torch.ones(300, 300, dtype=torch.bool), nk=300, nq=300),
-                    _call(mapping="topk", chunk_size=4)],
+        "fused_cpu": [
+            _call(nk=300, nq=300),
+            _call(nk=300, nq=300, grad=True),
+            _call(alibi_slopes=torch.ones(H)),
+            _call(mapping="sparsemax", nq=3),
+            _call(nk=128, nq=128, grad=True),
+            _call(mapping="sparsemax", grad=True),
+        ],
+        "chunked": [
+            _call(attn_mask=torch.ones(300, 300, dtype=torch.bool), nk=300, nq=300),
+            _call(mapping="topk", chunk_size=4),
+        ],
         "sdpa": [_call(mapping="softmax"), _call(mapping="adatemp", grad=True)],
         "fused_dense": [_call(grad=True), _call(nk=96, nq=96, grad=True)],
-        "reference": [_call(grad=True, attn_mask=torch.ones(N, N, dtype=torch.bool)),
-                      _call(alpha=torch.full((H,), 1.5, requires_grad=True))],
+        "reference": [
+            _call(grad=True, attn_mask=torch.ones(N, N, dtype=torch.bool)),
+            _call(alpha=torch.full((H,), 1.5, requires_grad=True)),
+        ],
     }
     for name, calls in expect.items():
         for call in calls:
@@ -273,6 +296,7 @@ def test_policy_with_the_real_backends_on_cpu():
 
 
 # ----------------------------------------------------------------------------- named backends, aliases, overrides
+
 
 def test_a_named_backend_that_cannot_take_the_call_raises_with_the_reason():
     q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
@@ -316,7 +340,7 @@ def test_kernel_env_override_turns_fused_cpu_off(monkeypatch):
 
 def test_triton_backend_reports_an_import_failure(monkeypatch):
     monkeypatch.setattr(backends, "_TRITON", {})
-    monkeypatch.setitem(sys.modules, "longsparse.attention.triton_entmax", None)     # import fails
+    monkeypatch.setitem(sys.modules, "longsparse.attention.triton_entmax", None)  # import fails
     q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
     reason = BACKENDS["triton"].supports(make_call(q, k, v))
     assert reason.startswith("not available: ")
@@ -327,11 +351,11 @@ def test_triton_backend_reports_an_import_failure(monkeypatch):
 
 def test_triton_on_cpu_only_when_named_in_interpreter_mode(monkeypatch):
     q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
-    mod, _ = backends.triton_module()        # imports triton with the interpreter on (see the top)
+    mod, _ = backends.triton_module()  # imports triton with the interpreter on (see the top)
     if mod is None:
         pytest.skip("triton_entmax does not import here")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    if mod._BUILT is None:       # before the kernels are built, the environment decides
+    if mod._BUILT is None:  # before the kernels are built, the environment decides
         assert "CUDA" in BACKENDS["triton"].supports(make_call(q, k, v))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if mod._BUILT is not False:
@@ -340,6 +364,7 @@ def test_triton_on_cpu_only_when_named_in_interpreter_mode(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- mappings: one registry
+
 
 def test_method_and_mapping_names_come_from_the_registry():
     from longsparse.attention import MAPPINGS as attention_mappings
@@ -360,8 +385,12 @@ def test_scaled_methods_need_their_q_scale(method):
         ls.mappings.get_mapping(method)
     scale = torch.rand(B, H, N) + 0.5
     base = {"asentmax": "entmax", "ssmax": "softmax"}[method]
-    torch.testing.assert_close(ls.attention(q, k, v, mapping=method, q_scale=scale),
-                               ls.attention(q, k, v, mapping=base, q_scale=scale), atol=0, rtol=0)
+    torch.testing.assert_close(
+        ls.attention(q, k, v, mapping=method, q_scale=scale),
+        ls.attention(q, k, v, mapping=base, q_scale=scale),
+        atol=0,
+        rtol=0,
+    )
 
 
 def test_old_import_paths_of_the_mappings_still_work():
@@ -375,6 +404,7 @@ def test_old_import_paths_of_the_mappings_still_work():
 
 
 # ----------------------------------------------------------------------------- the model names a backend
+
 
 def test_model_config_names_a_backend():
     with pytest.raises(ValueError, match="unknown attn_backend 'flash'"):
@@ -394,6 +424,7 @@ def test_model_config_names_a_backend():
 
 
 # ----------------------------------------------------------------------------- layers (docs/architecture.md)
+
 
 @pytest.mark.parametrize("package,allowed", [("mappings", {"mappings"}), ("attention", {"mappings", "attention"})])
 def test_imports_point_down_the_layers(package, allowed):

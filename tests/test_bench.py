@@ -1,4 +1,5 @@
 """The benchmark harness: honest JSON (ratios to softmax/SDPA from the same run) and its markdown."""
+
 import json
 
 import pytest
@@ -27,11 +28,15 @@ def test_bench_is_an_experiments_command_with_its_flags(tmp_path, capsys):
     args = build_parser().parse_args(["bench", "mapping", "--lengths", "64", "--repeats", "1", "--threads", "1"])
     assert (args.what, args.lengths, args.repeats, args.threads) == ("mapping", "64", 1, 1)
     assert args.func is bench.main
-    path = bench.write_result("short", [{"n": 16, "mapping": "entmax", "auto_s": 0.002, "chunked_s": 0.004,
-                                         "auto_vs_chunked": 0.5}], str(tmp_path / "s.json"), {"lengths": [16]})
+    path = bench.write_result(
+        "short",
+        [{"n": 16, "mapping": "entmax", "auto_s": 0.002, "chunked_s": 0.004, "auto_vs_chunked": 0.5}],
+        str(tmp_path / "s.json"),
+        {"lengths": [16]},
+    )
     assert longsparse(["bench", "table", "--out", str(path)]) == 0
     assert "| 16 | entmax | 2.0 | 4.0 | 0.50 |" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as e:              # a count flag rejects 0 in one usage line
+    with pytest.raises(SystemExit) as e:  # a count flag rejects 0 in one usage line
         build_parser().parse_args(["bench", "mapping", "--repeats", "0"])
     assert e.value.code == 2 and "--repeats: must be a positive integer, got 0" in capsys.readouterr().err
 
@@ -39,8 +44,7 @@ def test_bench_is_an_experiments_command_with_its_flags(tmp_path, capsys):
 def test_attention_worker_measures_time_and_memory():
     r = bench.attention_worker("ours_entmax15", n=64, heads=2, dim=8, backward=True, repeats=1)
     assert r["seconds"] > 0 and r["extra_peak_bytes"] >= 0 and "time_vs_sdpa_interleaved" not in r
-    r = bench.attention_worker("ours_entmax15", n=64, heads=2, dim=8, backward=False, repeats=2,
-                               interleave_sdpa=True)
+    r = bench.attention_worker("ours_entmax15", n=64, heads=2, dim=8, backward=False, repeats=2, interleave_sdpa=True)
     assert r["time_vs_sdpa_interleaved"] > 0
     with pytest.raises(ValueError, match="unknown attention method"):
         bench.attention_worker("nope", n=64, heads=2, dim=8, backward=False, repeats=1)
@@ -48,7 +52,9 @@ def test_attention_worker_measures_time_and_memory():
 
 def test_short_benchmark_compares_auto_and_chunked_paths(tmp_path):
     rows = bench.bench_short([16, 32], repeats=1, batch=2, heads=2, dim=4)
-    assert {(r["n"], r["mapping"]) for r in rows} == {(n, m) for n in (16, 32) for m in ("entmax", "adatemp", "sparsemax")}
+    assert {(r["n"], r["mapping"]) for r in rows} == {
+        (n, m) for n in (16, 32) for m in ("entmax", "adatemp", "sparsemax")
+    }
     for r in rows:
         assert r["auto_vs_chunked"] == pytest.approx(r["auto_s"] / r["chunked_s"])
     path = bench.write_result("short", rows, str(tmp_path / "s.json"), {"lengths": [16, 32]})
@@ -72,13 +78,23 @@ def test_train_step_is_the_loops_update():
     from longsparse.train import build_config, train
 
     cfg, task, model, opt = bench._train_setup("mqmtar_inline", "cpu", "asentmax", "nape", TINY)
-    batch = task.batch(tuple(cfg["train"]["train_lengths"]), cfg["train"]["batch_size"],
-                       rng=task.rng(cfg["train"]["seed"], "train"))
+    batch = task.batch(
+        tuple(cfg["train"]["train_lengths"]), cfg["train"]["batch_size"], rng=task.rng(cfg["train"]["seed"], "train")
+    )
     n_target = int((batch.labels != -100).sum())
     loss_sum, _ = bench._step_fn(cfg, model, opt, batch)()
-    res = train(build_config("mqmtar_inline", method="asentmax", positions="nape", steps=1,
-                             sets=TINY + ["train.val_every=0", "train.val_samples=1", "train.val_lengths=[32]"]),
-                None, printer=lambda s: None, progress=False)
+    res = train(
+        build_config(
+            "mqmtar_inline",
+            method="asentmax",
+            positions="nape",
+            steps=1,
+            sets=TINY + ["train.val_every=0", "train.val_samples=1", "train.val_lengths=[32]"],
+        ),
+        None,
+        printer=lambda s: None,
+        progress=False,
+    )
     assert float(loss_sum) / n_target == pytest.approx(res["first_loss"], rel=1e-6)
 
 
@@ -111,7 +127,8 @@ def test_eval_benchmark_scores_the_same_examples_with_each_model(tmp_path):
     rows = bench.bench_eval([32, 64], repeats=2, samples=2, train_steps=1, sets=TINY)
     assert torch.get_num_threads() == threads
     assert [(r["length"], r["model"].split()[0]) for r in rows] == [
-        (n, m) for n in (32, 64) for m in ("softmax/nape", "asentmax/nape")]
+        (n, m) for n in (32, 64) for m in ("softmax/nape", "asentmax/nape")
+    ]
     for r in rows:
         assert r["examples_per_s"] == pytest.approx(2 / r["seconds"]) and len(r["exact_match"]) == 2
     assert {r["backend"] for r in rows} == {"sdpa", "fused_cpu"}

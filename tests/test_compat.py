@@ -1,4 +1,5 @@
 """Drop-in names of the `entmax` package, and the learned-α helpers."""
+
 from __future__ import annotations
 
 import math
@@ -106,6 +107,6 @@ def test_learned_alpha_module():
         opt.step()
         assert ((la() > 1) & (la() < 2)).all()
     a = la().detach()
-    assert a[0] < 1.5 < a[2] and abs(a[1] - 1.5) < 1e-6      # each head moved towards its target α
+    assert a[0] < 1.5 < a[2] and abs(a[1] - 1.5) < 1e-6  # each head moved towards its target α
     with pytest.raises(ValueError):
         ls.LearnedAlpha(init=2.5)

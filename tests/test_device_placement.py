@@ -4,6 +4,7 @@ Without a GPU these tests make the *default* device "meta" while every input liv
 the code creates without ``device=`` then lands on meta, and mixing it with the CPU inputs raises, as a CPU
 tensor mixed with CUDA inputs does on a GPU. The results must equal those computed without the trick.
 """
+
 import dataclasses
 
 import pytest
@@ -42,7 +43,7 @@ def test_attention_makes_nothing_on_the_default_device(mapping, extra, bias, bac
         if reason is not None:
             pytest.skip(f"{backend}: {reason}")
     want = _attention_and_grads(q, k, v, mapping=mapping, backend=backend, **extra)
-    with torch.device("meta"):   # the default device inside the block
+    with torch.device("meta"):  # the default device inside the block
         got = _attention_and_grads(q, k, v, mapping=mapping, backend=backend, **extra)
     for a, b in zip(got, want):
         assert a.device.type == "cpu"
@@ -53,16 +54,17 @@ def test_attention_makes_nothing_on_the_default_device(mapping, extra, bias, bac
 @pytest.mark.parametrize("positions", POSITIONS)
 def test_model_makes_nothing_on_the_default_device(method, positions):
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64, method=method,
-                                    positions=positions))
+    model = Transformer(
+        ModelConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64, method=method, positions=positions)
+    )
     x = torch.randint(0, 50, (2, 40))
     mask = torch.ones(2, 40, dtype=torch.bool)
     mask[1, 30:] = False
-    long_x = torch.randint(0, 50, (1, 300))    # no gradient: the chunked attention path
+    long_x = torch.randint(0, 50, (1, 300))  # no gradient: the chunked attention path
     want = model(x, attention_mask=mask)
     with torch.no_grad():
         want_long = model(long_x)
-    with torch.device("meta"):   # the default device inside the block
+    with torch.device("meta"):  # the default device inside the block
         got = model(x, attention_mask=mask)
         got.backward(torch.ones_like(got))
         with torch.no_grad():

@@ -1,18 +1,28 @@
 """Evaluation: Wilson intervals, batch-size invariance, long lengths through the chunked path, result JSON
 structure, one new file per call (never overwriting), clear errors."""
+
 import json
 import math
 
 import pytest
-import torch
 
 from longsparse.evaluate import evaluate_run, parse_lengths, score_length, wilson_interval
 from longsparse.train import RunDirError, build_config, train
 from longsparse.train.config import make_task
 
-TINY = ["model.d_model=32", "model.d_ff=64", "model.n_heads=2", "train.batch_size=16", "train.lr=3e-3",
-        "train.warmup_steps=2", "train.log_every=5", "train.val_every=0", "train.val_samples=4",
-        "train.threads=1", "train.ckpt_every=5"]
+TINY = [
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.n_heads=2",
+    "train.batch_size=16",
+    "train.lr=3e-3",
+    "train.warmup_steps=2",
+    "train.log_every=5",
+    "train.val_every=0",
+    "train.val_samples=4",
+    "train.threads=1",
+    "train.ckpt_every=5",
+]
 
 
 def test_wilson_interval_known_values():
@@ -37,8 +47,10 @@ def test_parse_lengths():
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("evalruns")
     out = {}
-    for task, extra in (("copy", ["task.params.num_symbols=8", "train.train_lengths=[4, 8]", "train.val_lengths=[8]"]),
-                        ("flip_flop", ["train.val_lengths=[32]"])):
+    for task, extra in (
+        ("copy", ["task.params.num_symbols=8", "train.train_lengths=[4, 8]", "train.val_lengths=[8]"]),
+        ("flip_flop", ["train.val_lengths=[32]"]),
+    ):
         method = "asentmax" if task == "copy" else "softmax"
         cfg = build_config(task, method=method, positions="nape", steps=10, sets=TINY + extra)
         train(cfg, str(root / task), printer=lambda s: None)
@@ -52,7 +64,7 @@ def test_eval_json_structure_and_never_overwrite(runs):
     text1 = p1.read_text()
     p2, r2 = evaluate_run(run, [8], samples=3, checkpoint="best", printer=None)
     assert p1 != p2 and p1.parent == p2.parent == run / "eval"
-    assert p1.read_text() == text1                       # the earlier result is untouched
+    assert p1.read_text() == text1  # the earlier result is untouched
     d = json.loads(text1)
     assert d["format"] == "longsparse-eval" and d["version"] == 1
     assert d["task"] == "copy" and d["method"] == "asentmax" and d["positions"] == "nape"
@@ -64,7 +76,7 @@ def test_eval_json_structure_and_never_overwrite(runs):
         assert r["exact_match"] == pytest.approx(r["n_exact"] / 6)
         lo, hi = r["exact_match_ci"]
         assert 0 <= lo <= r["exact_match"] <= hi <= 1
-        assert r["n_tokens"] == 6 * (r["length"] + 1)    # target + EOS per example
+        assert r["n_tokens"] == 6 * (r["length"] + 1)  # target + EOS per example
         assert r["token_accuracy"] == pytest.approx(r["n_correct_tokens"] / r["n_tokens"])
     assert d["results"][1]["ratio"] == 2.0
     assert {"torch", "python", "longsparse", "git"} <= set(d["env"])
@@ -73,6 +85,7 @@ def test_eval_json_structure_and_never_overwrite(runs):
 
 def test_scores_do_not_depend_on_batch_size(runs):
     from longsparse.evaluate import load_run_model
+
     for name in ("copy", "flip_flop"):
         model, cfg, _ = load_run_model(runs[name], "last")
         task = make_task(cfg["task"])
@@ -87,6 +100,7 @@ def test_scores_do_not_depend_on_batch_size(runs):
 def test_default_batch_tokens_by_task_kind():
     """Generated targets get the wider decoding budget, single-pass tasks the memory one; explicit wins."""
     from longsparse.evaluate import DECODE_BATCH_TOKENS, DEFAULT_BATCH_TOKENS, eval_batch_size
+
     copy, flip = make_task({"name": "copy"}), make_task({"name": "flip_flop"})
     assert eval_batch_size(copy, 2048, 10_000) == DECODE_BATCH_TOKENS // (2 * 2048 + 3)
     assert eval_batch_size(flip, 2048, 10_000) == DEFAULT_BATCH_TOKENS // len(flip.sample(2048, flip.rng(0)).input_ids)
@@ -96,8 +110,7 @@ def test_default_batch_tokens_by_task_kind():
 
 def test_long_length_through_chunked_path(runs):
     """A 16K-token flip-flop example, one at a time (batch size adapts to the length)."""
-    path, res = evaluate_run(runs["flip_flop"], "16k", samples=1, checkpoint="last", printer=None,
-                             batch_tokens=4096)
+    path, res = evaluate_run(runs["flip_flop"], "16k", samples=1, checkpoint="last", printer=None, batch_tokens=4096)
     r = res["results"][0]
     assert r["length"] == 16384 and r["batch_size"] == 1 and r["n"] == 1
     assert math.isfinite(r["token_accuracy"])
@@ -115,6 +128,7 @@ def test_eval_errors(runs, tmp_path):
     n_before = len(list((runs["copy"] / "eval").glob("*.json"))) if (runs["copy"] / "eval").exists() else 0
     # a corrupt checkpoint: clear message, nothing written
     import shutil
+
     broken = tmp_path / "broken"
     shutil.copytree(runs["copy"], broken)
     (broken / "checkpoints" / "best.pt").write_bytes(b"\x00" * 100)

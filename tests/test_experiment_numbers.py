@@ -6,6 +6,7 @@ results store matches records to cells by them, so a changed hash orphans every 
 
 To record new expected numbers after an intended change, rerun the two commands and copy
 ``report/records.jsonl`` and the ``runs`` of ``report/lm_results.json`` (the keys kept in lm_runs.json) here."""
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,15 @@ def differences(want, got, where: str = "") -> list[str]:
     skipped)."""
     if isinstance(want, dict) and isinstance(got, dict):
         keys = (set(want) | set(got)) - NOT_COMPARED
-        return [d for k in sorted(keys, key=str)
-                for d in (differences(want[k], got[k], f"{where}.{k}") if k in want and k in got
-                          else [f"{where}.{k}: {'missing' if k in want else 'unexpected'}"])]
+        return [
+            d
+            for k in sorted(keys, key=str)
+            for d in (
+                differences(want[k], got[k], f"{where}.{k}")
+                if k in want and k in got
+                else [f"{where}.{k}: {'missing' if k in want else 'unexpected'}"]
+            )
+        ]
     if isinstance(want, list) and isinstance(got, list):
         if len(want) != len(got):
             return [f"{where}: {len(got)} items, expected {len(want)}"]
@@ -50,8 +57,12 @@ def test_differences_sees_changed_numbers_and_ignores_timings():
 
 @pytest.mark.slow
 def test_quick_study_gives_the_stored_records(tmp_path):
-    assert main(["reproduce", "synthetic", "--quick", "--out", str(tmp_path / "runs"),
-                 "--report", str(tmp_path / "report")]) == 0
+    assert (
+        main(
+            ["reproduce", "synthetic", "--quick", "--out", str(tmp_path / "runs"), "--report", str(tmp_path / "report")]
+        )
+        == 0
+    )
     want = [json.loads(line) for line in (EXPECTED / "reproduce_records.jsonl").read_text().splitlines() if line]
     got = read_records(tmp_path / "report")
     assert differences(want, got) == []

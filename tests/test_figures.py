@@ -1,5 +1,6 @@
 """The figures' numbers (longsparse_experiments.figures, one module per analysis) on small inputs, and the
 `figures` command."""
+
 import json
 import math
 
@@ -31,16 +32,16 @@ def test_zero_crossing_closed_form_matches_bisection(alpha, z):
         bf = ZC.zero_crossing_bisection(z, alpha, j)
         # α > 2: the solver's τ is bisection-accurate only (~1e-9), which p = [·]^(1/(α−1)) magnifies near 0
         assert bf == pytest.approx(t, rel=1e-9 if alpha <= 2 else 1e-6)
-        assert ls.entmax(zt * t * (1 - 1e-6), alpha)[j] > 0       # alive just before
-        assert ls.entmax(zt * t * (1 + 1e-6), alpha)[j] == 0      # exactly zero just after ...
-        assert ls.entmax(zt * t * 3, alpha)[j] == 0               # ... and for every larger 1/θ
+        assert ls.entmax(zt * t * (1 - 1e-6), alpha)[j] > 0  # alive just before
+        assert ls.entmax(zt * t * (1 + 1e-6), alpha)[j] == 0  # exactly zero just after ...
+        assert ls.entmax(zt * t * 3, alpha)[j] == 0  # ... and for every larger 1/θ
 
 
 def test_zero_crossing_known_values():
-    sp = ZC.zero_crossing_inv_temperature(ZC.Z_DEMO, 2.0)              # sparsemax: t_j = 1 / Σ_{i<j} (z_i − z_j)
+    sp = ZC.zero_crossing_inv_temperature(ZC.Z_DEMO, 2.0)  # sparsemax: t_j = 1 / Σ_{i<j} (z_i − z_j)
     assert sp[0] is None
     assert sp[1:] == pytest.approx([5.0, 1 / 0.6, 1 / 1.2, 0.5])
-    assert ZC.zero_crossing_inv_temperature(ZC.Z_DEMO, 1.5)[1] == pytest.approx(10.0)   # 1/(0.5·0.2)
+    assert ZC.zero_crossing_inv_temperature(ZC.Z_DEMO, 1.5)[1] == pytest.approx(10.0)  # 1/(0.5·0.2)
     assert ZC.zero_crossing_inv_temperature(ZC.Z_DEMO, 1.0) == [None] * 5
 
 
@@ -70,20 +71,21 @@ def test_p0_grid_matches_entmax():
                 else:
                     ref = ls.entmax(z, pan["alpha"])[0]
                 assert pan["p0"][i][j] == pytest.approx(float(ref), abs=1e-4)
-    mid = len(ax) // 2                                           # z = [0, 0, 0]
+    mid = len(ax) // 2  # z = [0, 0, 0]
     for lab in ("softmax", "1.5-entmax", "2-entmax"):
         assert by[lab]["p0"][mid][mid] == pytest.approx(1 / 3, abs=1e-4)
     # sparsemax: p0 = 0 exactly when z1 ≥ 1 or z2 ≥ 1 ... (and softmax never)
     assert by["2-entmax"]["p0"][0][-1] == 0 and by["softmax"]["frac_exact_zero"] == 0
-    d = P0.p0_grid_data(lim=3.0, points=31)             # sparsemax: p0 = 0 iff z1 ≥ 1 or z2 ≥ 1 or z1 + z2 ≥ 1
+    d = P0.p0_grid_data(lim=3.0, points=31)  # sparsemax: p0 = 0 iff z1 ≥ 1 or z2 ≥ 1 or z1 + z2 ≥ 1
     sp = next(p for p in d["panels"] if p["label"] == "2-entmax")["p0"]
     for i, z2 in enumerate(d["axis"]):
         for j, z1 in enumerate(d["axis"]):
             margin = max(z1 - 1, z2 - 1, z1 + z2 - 1)
             if abs(margin) > 1e-9:
                 assert (sp[i][j] == 0) == (margin > 0)
-    assert by["2-entmax"]["frac_exact_zero"] >= by["1.5-entmax"]["frac_exact_zero"] >= by["1.25-entmax"][
-        "frac_exact_zero"]
+    assert (
+        by["2-entmax"]["frac_exact_zero"] >= by["1.5-entmax"]["frac_exact_zero"] >= by["1.25-entmax"]["frac_exact_zero"]
+    )
 
 
 # ---- 3. dispersion -------------------------------------------------------------------------------------------
@@ -91,10 +93,10 @@ def test_synthetic_dispersion_trends():
     d = DISP.synthetic_dispersion_data(ns=(8, 64, 512, 4096), draws=4)
     sm, em = d["series"]["softmax"], d["series"]["1.5-entmax"]
     asm = d["series"]["1.5-entmax(z·log n) (ASEntmax-style)"]
-    assert all(a < b for a, b in zip(sm["entropy"], sm["entropy"][1:]))        # softmax disperses ...
-    assert sm["entropy"][-1] > 0.8 and sm["support"] == [8, 64, 512, 4096]     # ... towards 1, full support
-    assert em["support"][-1] > em["support"][0]                                 # entmax support grows ...
-    assert em["support"][-1] < 0.05 * 4096 and em["entropy"][-1] < 0.5         # ... slowly, entropy bounded
+    assert all(a < b for a, b in zip(sm["entropy"], sm["entropy"][1:]))  # softmax disperses ...
+    assert sm["entropy"][-1] > 0.8 and sm["support"] == [8, 64, 512, 4096]  # ... towards 1, full support
+    assert em["support"][-1] > em["support"][0]  # entmax support grows ...
+    assert em["support"][-1] < 0.05 * 4096 and em["entropy"][-1] < 0.5  # ... slowly, entropy bounded
     assert asm["support"][-1] <= em["support"][-1] and asm["signal_weight"][-1] > 0.9
     assert all(0 <= x <= 1 for s in d["series"].values() for x in s["entropy"])
 
@@ -126,13 +128,13 @@ def test_fits_recover_known_parameters():
 
 # ---- 5. distance profiles ------------------------------------------------------------------------------------
 def test_distance_profile_window():
-    N, w = 40, 5                                       # uniform attention over the last w keys (a hard window)
+    N, w = 40, 5  # uniform attention over the last w keys (a hard window)
     a = torch.zeros(1, 2, N, N)
     for i in range(N):
         lo = max(0, i - w + 1)
-        a[0, 0, i, lo:i + 1] = 1.0 / (i + 1 - lo)
-        a[0, 1, i, : i + 1] = 1.0 / (i + 1)            # head 1: uniform over everything
-    a[0, 1, :, :] *= (torch.arange(N)[:, None] - torch.arange(N)[None, :] != 3).float()   # dead distance 3
+        a[0, 0, i, lo : i + 1] = 1.0 / (i + 1 - lo)
+        a[0, 1, i, : i + 1] = 1.0 / (i + 1)  # head 1: uniform over everything
+    a[0, 1, :, :] *= (torch.arange(N)[:, None] - torch.arange(N)[None, :] != 3).float()  # dead distance 3
     prof = PROF.distance_profile(a)
     h0, h1 = prof["heads"]
     assert h0["reach"] == w - 1 and h0["dead_distances_within_reach"] == 0
@@ -161,7 +163,7 @@ def test_threshold_property():
 
 def test_entmax_logit_threshold():
     z = torch.tensor([1.0, 0.5, -2.0], dtype=torch.float64)
-    thr = TH.entmax_logit_threshold(z, 2.0)              # sparsemax: p = [0.75, 0.25, 0], τ = 0.25
+    thr = TH.entmax_logit_threshold(z, 2.0)  # sparsemax: p = [0.75, 0.25, 0], τ = 0.25
     assert thr == pytest.approx(0.25)
 
 
@@ -177,7 +179,7 @@ def test_cli_writes_figures_analytic(tmp_path):
     assert (tmp_path / "fig6_threshold.md").exists()
     idx = json.loads((tmp_path / "figures.json").read_text())
     assert set(idx["figures"]) == {"zero_crossing", "p0_grid", "threshold"}
-    assert main(["figures", "--out", str(tmp_path), "--only", "7"]) == 2     # usage error, not a traceback
+    assert main(["figures", "--out", str(tmp_path), "--only", "7"]) == 2  # usage error, not a traceback
     with pytest.raises(SystemExit):
         main(["figures", "--bogus"])
 
@@ -186,9 +188,11 @@ def test_cli_trained_figures_quick(tmp_path, monkeypatch):
     """The model figures end to end on 8-step models (shrunk further here to keep the test fast)."""
     from longsparse_experiments.cli import main
 
-    monkeypatch.setattr(context, "DEFAULT_RUNS", (("entmax-nope", "entmax", "nope"),
-                                                  ("asentmax-nope", "asentmax", "nope"),
-                                                  ("entmax-alibi", "entmax", "alibi")))
+    monkeypatch.setattr(
+        context,
+        "DEFAULT_RUNS",
+        (("entmax-nope", "entmax", "nope"), ("asentmax-nope", "asentmax", "nope"), ("entmax-alibi", "entmax", "alibi")),
+    )
     monkeypatch.setattr(context, "QUICK_STEPS", 2)
     assert main(["figures", "--out", str(tmp_path), "--quick", "--only", "dispersion,scales,profiles"]) == 0
     disp = json.loads((tmp_path / "fig3_dispersion.json").read_text())

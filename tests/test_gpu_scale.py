@@ -1,6 +1,7 @@
 """The GPU-scale run (benchmarks/gpu_scale.py, docs/gpu.md) on the CPU: its study file, the training time guard,
 the slimmed checkpoint of a finished run, evaluation cut short and continued, the resume bundles, and (slow) the
 whole dry run of benchmarks/gpu_scale.sh twice, resumed from the first call's files, then `reproduce` on them."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -36,7 +37,8 @@ gs = _module()
 def _mini_study(tmp: Path, seeds=(200,), methods=("softmax",)) -> Path:
     """The gpu_scale study reduced to a few cells with the dry run's tiny model."""
     p = tmp / "mini.toml"
-    p.write_text(f"""[[study]]
+    p.write_text(
+        f"""[[study]]
 name = "mini"
 task = "mqmtar"
 preset = "paper"
@@ -49,14 +51,17 @@ lengths = [64, 256]
 id_samples = 4
 samples = 5
 long_from = 256
-""" + "\n".join(gs.toml_table("study.overrides", gs.DRY_OVERRIDES)) + "\n")
+"""
+        + "\n".join(gs.toml_table("study.overrides", gs.DRY_OVERRIDES))
+        + "\n"
+    )
     return p
 
 
 def test_study_file_is_the_gpu_scale_design():
     spec = load_study(path=str(presets_dir() / "reproduce" / "gpu_scale.toml"))
     (s,) = spec["studies"]
-    assert s["task"] == "mqmtar" and s["preset"] == "paper"          # the paper's format and vocabulary
+    assert s["task"] == "mqmtar" and s["preset"] == "paper"  # the paper's format and vocabulary
     assert s["methods"] == ["softmax", "asentmax"] and s["positions"] == ["nape"]
     assert len(s["seeds"]) == 3 and not set(s["seeds"]) & (set(range(7)) | set(range(100, 106)))
     assert s["checkpoints"] == ["last"] and s["test_seed"] not in (0, 20261126)
@@ -83,8 +88,8 @@ def test_dry_study_keeps_the_cells_and_shrinks_the_rest(tmp_path):
 def test_time_guard_stops_training_at_a_resumable_checkpoint(tmp_path):
     (s,) = load_study(path=str(_mini_study(tmp_path)))["studies"]
     cfg = cell_config(s, cells(s)[0])
-    cfg["train"].update(steps=100000, val_every=0, ckpt_every=2)      # far more than a few seconds' work
-    warm = {**cfg, "train": {**cfg["train"], "steps": 2}}       # lazy imports and first-use set-up, unguarded
+    cfg["train"].update(steps=100000, val_every=0, ckpt_every=2)  # far more than a few seconds' work
+    warm = {**cfg, "train": {**cfg["train"], "steps": 2}}  # lazy imports and first-use set-up, unguarded
     train(warm, None, progress=False, printer=lambda s: None)
     run = tmp_path / "run"
     with pytest.raises(gs.TimeUp):
@@ -92,7 +97,7 @@ def test_time_guard_stops_training_at_a_resumable_checkpoint(tmp_path):
             train(cfg, str(run), progress=False, printer=lambda s: None)
     first = gs.checkpoint_step(run)
     assert first is not None and 0 < first < 100000 and first % 2 == 0
-    with pytest.raises(gs.TimeUp):          # the lock was released and the run resumes from that checkpoint
+    with pytest.raises(gs.TimeUp):  # the lock was released and the run resumes from that checkpoint
         with gs.alarm(1.0):
             train(cfg, str(run), progress=False, printer=lambda s: None)
     assert gs.checkpoint_step(run) >= first
@@ -119,8 +124,15 @@ def _worker_args(study: Path, runs: Path, state: Path, seconds: float = 120):
     import time
 
     state.mkdir(parents=True, exist_ok=True)
-    return gs.argparse.Namespace(study=str(study), runs=str(runs), state=str(state), shard="0/1", device="cpu",
-                                 train_until=time.time() + seconds, eval_until=time.time() + seconds)
+    return gs.argparse.Namespace(
+        study=str(study),
+        runs=str(runs),
+        state=str(state),
+        shard="0/1",
+        device="cpu",
+        train_until=time.time() + seconds,
+        eval_until=time.time() + seconds,
+    )
 
 
 def test_evaluation_cut_short_continues_to_the_one_shot_result(tmp_path, monkeypatch):
@@ -134,19 +146,17 @@ def test_evaluation_cut_short_continues_to_the_one_shot_result(tmp_path, monkeyp
     assert part["done"] == 2 and len(part["pieces"]) == 1
     assert gs.latest_result(run, 7, 256, 5) is None and gs.latest_result(run, 7, 64, 4)["n"] == 4
     monkeypatch.setenv(gs.CAP_ENV, "2")
-    gs.Worker(_worker_args(study, runs, tmp_path / "s2")).main()        # 2 more: still partial
+    gs.Worker(_worker_args(study, runs, tmp_path / "s2")).main()  # 2 more: still partial
     assert gs.read_partial(run, 256, 5, 7)["done"] == 4
     monkeypatch.delenv(gs.CAP_ENV)
     gs.Worker(_worker_args(study, runs, tmp_path / "s3")).main()
     assert gs.read_partial(run, 256, 5, 7) is None
     got = gs.latest_result(run, 7, 256, 5)
-    _, ref = evaluate_run(run, [256], samples=5, checkpoint="last", seed=7, device="cpu", printer=None,
-                          write=False)
+    _, ref = evaluate_run(run, [256], samples=5, checkpoint="last", seed=7, device="cpu", printer=None, write=False)
     (want,) = ref["results"]
     for k in ("n", "n_exact", "n_tokens", "n_correct_tokens", "exact_match_ci", "token_accuracy"):
         assert got[k] == want[k], k
-    d = json.loads(max((run / "eval").glob("*.json"), key=lambda f: json.loads(f.read_text())["created"])
-                   .read_text())
+    d = json.loads(max((run / "eval").glob("*.json"), key=lambda f: json.loads(f.read_text())["created"]).read_text())
     assert [p["examples"] for p in d["pieces"]] == [2, 2, 1] and d["samples"] == 5 and d["seed"] == 7
 
 
@@ -163,8 +173,9 @@ def test_long_lengths_wait_for_the_other_shards_trainings(tmp_path, capsys):
     marked = []
 
     def other_shard():
-        while "\"length\": 64" not in ((state / "events-0.jsonl").read_text()
-                                        if (state / "events-0.jsonl").exists() else ""):
+        while '"length": 64' not in (
+            (state / "events-0.jsonl").read_text() if (state / "events-0.jsonl").exists() else ""
+        ):
             time.sleep(0.2)
         time.sleep(1.0)
         marked.append(time.time())
@@ -196,14 +207,14 @@ def test_bundles_split_within_limits_and_restore_whole(tmp_path, monkeypatch):
     man = gs.place_bundles([(c["run"], Path(path), size, False)], out, 2, 0, part_bytes=size // 3 + 1)
     assert len(man["bundles"][0]["files"]) == 3 and not man["left_out"]
     assert sum(f.stat().st_size for f in out.iterdir()) == size
-    monkeypatch.setattr(gs, "MAX_FILES", 3)       # two files already there: a 3-part bundle no longer fits
+    monkeypatch.setattr(gs, "MAX_FILES", 3)  # two files already there: a 3-part bundle no longer fits
     man = gs.place_bundles([(c["run"], Path(path), size, False)], tmp_path, 2, 0, part_bytes=size // 3 + 1)
     assert man["left_out"][0]["run"] == c["run"]
     fresh = tmp_path / "fresh"
     assert gs.restore(out, fresh, fresh / "report", log=lambda s: None) == [c["run"]]
     for f in ("checkpoints/last.pt", "metrics.jsonl", "config.json"):
         assert (fresh / c["run"] / f).read_bytes() == (runs / c["run"] / f).read_bytes()
-    assert gs.restore(out, fresh, fresh / "report", log=lambda s: None) == []     # a local copy is kept
+    assert gs.restore(out, fresh, fresh / "report", log=lambda s: None) == []  # a local copy is kept
 
 
 @pytest.mark.slow
@@ -212,8 +223,9 @@ def test_dry_run_end_to_end_and_resume(tmp_path):
     it; `reproduce` on call 1's bundles trains nothing either and evaluates the same examples in one piece."""
     env = {**os.environ, "DEVICE": "cpu", "GPU_SCALE_EVAL_CAP": "2", "GPU_SCALE_RUNS": str(tmp_path / "runs1")}
     script = REPO / "benchmarks" / "gpu_scale.sh"
-    r1 = subprocess.run(["bash", str(script), str(tmp_path / "out1"), "200"], env=env, capture_output=True,
-                        text=True, timeout=300)
+    r1 = subprocess.run(
+        ["bash", str(script), str(tmp_path / "out1"), "200"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert r1.returncode == 0, r1.stdout + r1.stderr
     out1 = sorted(p.name for p in (tmp_path / "out1").iterdir())
     assert len(out1) == 8 and "records.tar.gz" in out1 and "results.json" in out1
@@ -236,19 +248,25 @@ def test_dry_run_end_to_end_and_resume(tmp_path):
     shutil.copytree(tmp_path / "out1", resume)
     env2 = {**env, "GPU_SCALE_RUNS": str(tmp_path / "runs2")}
     env2.pop("GPU_SCALE_EVAL_CAP")
-    r2 = subprocess.run(["bash", str(script), str(tmp_path / "out2"), "200", str(resume)], env=env2,
-                        capture_output=True, text=True, timeout=300)
+    r2 = subprocess.run(
+        ["bash", str(script), str(tmp_path / "out2"), "200", str(resume)],
+        env=env2,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r2.returncode == 0, r2.stdout + r2.stderr
     assert sorted(p.name for p in (tmp_path / "out2").iterdir()) == ["records.tar.gz", "results.json"]
     with tarfile.open(tmp_path / "out2" / "records.tar.gz") as tf:
         summary2 = json.load(tf.extractfile("driver/summary.json"))
-    assert len(summary2["restored"]) == 7       # six run folders and the archive
+    assert len(summary2["restored"]) == 7  # six run folders and the archive
     for c in summary2["cells"]:
         assert c["train_this_call"]["status"] == "complete before this call"
         assert all(x["status"] == "complete" for x in c["lengths"].values())
         assert c["lengths"]["1024"]["this_call"]["examples"] == 1
-    for a, b in zip(sorted((tmp_path / "runs1").rglob("metrics.jsonl")),
-                    sorted((tmp_path / "runs2").rglob("metrics.jsonl"))):
+    for a, b in zip(
+        sorted((tmp_path / "runs1").rglob("metrics.jsonl")), sorted((tmp_path / "runs2").rglob("metrics.jsonl"))
+    ):
         assert a.read_bytes() == b.read_bytes()
     arch2 = json.loads((tmp_path / "out2" / "results.json").read_text())["studies"]["gpu_scale_cpu_dry"]
 
@@ -256,11 +274,26 @@ def test_dry_run_end_to_end_and_resume(tmp_path):
     gs.restore(resume, runs3, runs3 / "report", log=lambda s: None)
     before = {p: p.read_bytes() for p in runs3.rglob("metrics.jsonl")}
     study = tmp_path / "runs1" / "study-cpu-dry.toml"
-    r3 = subprocess.run([sys.executable, "-m", "longsparse_experiments.cli", "reproduce", "synthetic", "--config",
-                         str(study),
-                         "--out", str(runs3), "--report", str(runs3 / "report")], capture_output=True, text=True,
-                        timeout=300, cwd=REPO,
-                        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "LONGSPARSE_KERNEL": "0"})
+    r3 = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "longsparse_experiments.cli",
+            "reproduce",
+            "synthetic",
+            "--config",
+            str(study),
+            "--out",
+            str(runs3),
+            "--report",
+            str(runs3 / "report"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "LONGSPARSE_KERNEL": "0"},
+    )
     assert r3.returncode == 0, r3.stdout + r3.stderr
     assert "trained to step" not in r3.stdout
     assert {p: p.read_bytes() for p in runs3.rglob("metrics.jsonl")} == before
@@ -269,5 +302,8 @@ def test_dry_run_end_to_end_and_resume(tmp_path):
         for L, r in by_ck["last"].items():
             for seed, v in r["per_seed"].items():
                 w = arch3["series"][key]["last"][L]["per_seed"][seed]
-                assert (v["n"], v["exact_match"], v["token_accuracy"]) == (w["n"], w["exact_match"],
-                                                                           w["token_accuracy"])
+                assert (v["n"], v["exact_match"], v["token_accuracy"]) == (
+                    w["n"],
+                    w["exact_match"],
+                    w["token_accuracy"],
+                )

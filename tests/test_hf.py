@@ -1,4 +1,5 @@
 """The Hugging Face transformers adapter (longsparse.nn.hf) on tiny models built from configs."""
+
 import os
 
 import pytest
@@ -26,8 +27,13 @@ _TOKENS = {"vocab_size": VOCAB, "pad_token_id": 0, "bos_token_id": None, "eos_to
 
 def _llama(impl="sdpa", alpha=None, **kw):
     register_hf_attention()
-    shape = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "intermediate_size": 128}
+    shape = {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+    }
     cfg = LlamaConfig(attn_implementation=impl, **_TOKENS, **{**shape, **kw})
     torch.manual_seed(0)
     m = LlamaForCausalLM(cfg).eval()
@@ -38,8 +44,17 @@ def _llama(impl="sdpa", alpha=None, **kw):
 
 def _gemma2(impl="eager", **kw):
     register_hf_attention()
-    cfg = Gemma2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                       head_dim=16, intermediate_size=128, attn_implementation=impl, **_TOKENS, **kw)
+    cfg = Gemma2Config(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        attn_implementation=impl,
+        **_TOKENS,
+        **kw,
+    )
     torch.manual_seed(0)
     return Gemma2ForCausalLM(cfg).eval()
 
@@ -72,15 +87,22 @@ def _greedy(model, ids, mask, n):
         logits.append(model(seq, attention_mask=msk, use_cache=False).logits[:, -1])
         nxt = logits[-1].argmax(-1, keepdim=True)
         seq, msk = torch.cat([seq, nxt], 1), torch.cat([msk, torch.ones_like(nxt)], 1)
-    return seq[:, ids.shape[1]:], torch.stack(logits, 1)
+    return seq[:, ids.shape[1] :], torch.stack(logits, 1)
 
 
 @torch.no_grad()
 def _generate(model, ids, mask, n, cache):
     """(tokens, logits) of ``generate`` (greedy) with the given cache implementation."""
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, cache_implementation=cache,
-                         return_dict_in_generate=True, output_logits=True)
-    return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, 1)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=n,
+        do_sample=False,
+        cache_implementation=cache,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    return out.sequences[:, ids.shape[1] :], torch.stack(out.logits, 1)
 
 
 def _assert_same_decoding(got, want, what=""):
@@ -90,10 +112,11 @@ def _assert_same_decoding(got, want, what=""):
 
 # ----------------------------------------------------------------------------- the adapter
 
+
 def test_entmax_adapter_matches_sdpa_at_alpha_1_and_generates():
     assert register_hf_attention() == ("entmax", "asentmax")
     ids, mask = _batch()
-    sdpa, ent1 = _llama("sdpa"), _llama("entmax", alpha=1.0)       # α = 1 is softmax: must equal sdpa
+    sdpa, ent1 = _llama("sdpa"), _llama("entmax", alpha=1.0)  # α = 1 is softmax: must equal sdpa
     with torch.no_grad():
         ref = sdpa(ids, attention_mask=mask).logits
         got = ent1(ids, attention_mask=mask).logits
@@ -131,20 +154,20 @@ def test_gemma2_sliding_window_caches_equal_greedy():
     m = _gemma2("entmax", attn_logit_softcapping=None, sliding_window=4)
     for pad in (0, 3):
         ids, mask = _batch(L=8, pad=pad)
-        want = _greedy(m, ids, mask, 8)               # generation runs past the window
+        want = _greedy(m, ids, mask, 8)  # generation runs past the window
         for cache in (None, "static"):
             _assert_same_decoding(_generate(m, ids, mask, 8, cache), want, f"pad {pad}, cache {cache}")
 
 
 def test_softcap_and_dropout_are_refused():
     ids, _ = _batch(pad=0)
-    m = _gemma2("entmax")                              # Gemma-2 soft-caps attention logits by default (50)
+    m = _gemma2("entmax")  # Gemma-2 soft-caps attention logits by default (50)
     with pytest.raises(ValueError, match="soft-capping.*attn_logit_softcapping = None"):
         m(ids)
     m = _llama("entmax", attention_dropout=0.1).train()
     with pytest.raises(ValueError, match="attention dropout"):
         m(ids)
-    m.eval()(ids)                                      # no dropout outside training
+    m.eval()(ids)  # no dropout outside training
     with pytest.raises(ValueError, match="attention dropout"):
         apply_papers_config(_llama(attention_dropout=0.1))
 
@@ -177,6 +200,7 @@ def test_from_pretrained_needs_longsparse_settings(tmp_path):
 
 # ----------------------------------------------------------------------------- the papers' configuration
 
+
 def test_papers_config_layout():
     m = apply_papers_config(_llama())
     assert m.config._attn_implementation == "asentmax" and m.config.longsparse["positions"] == "nape"
@@ -184,7 +208,7 @@ def test_papers_config_layout():
     for layer in m.model.layers:
         attn = layer.self_attn
         torch.testing.assert_close(attn._longsparse_slopes, torch.tensor([1.0, 0.5, 0.0, 0.0]))
-        assert attn.longsparse_scaler.scaled_heads.tolist() == [2, 3]      # the NoPE heads only
+        assert attn.longsparse_scaler.scaled_heads.tolist() == [2, 3]  # the NoPE heads only
     # NoPE on the rotary side: the attention sees q and k as projected
     x = torch.randn(1, 5, 64)
     cos, sin = m.model.rotary_emb(x, torch.arange(5).unsqueeze(0))
@@ -226,7 +250,7 @@ def test_papers_config_generation_and_left_padding(build):
     want = _greedy(m, ids, mask, 6)
     for cache in (None, "static"):
         _assert_same_decoding(_generate(m, ids, mask, 6, cache), want, f"cache {cache}")
-    with torch.no_grad():        # a left-padded row equals the same tokens unpadded (no position_ids passed)
+    with torch.no_grad():  # a left-padded row equals the same tokens unpadded (no position_ids passed)
         padded = m(ids, attention_mask=mask).logits[0, 3:]
         alone = m(ids[:1, 3:]).logits[0]
     torch.testing.assert_close(padded, alone, atol=1e-5, rtol=1e-5)

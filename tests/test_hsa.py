@@ -1,6 +1,7 @@
 """HSA model (longsparse.hsa): causality for every switch combination, the exact long-context path,
 the chunk visibility rule, chunk weighting (top-k stick-breaking / softmax, entmax), the bypass and
 standard residual formulas, training steps for every ablation, diagnostics and config validation."""
+
 from __future__ import annotations
 
 import itertools
@@ -10,9 +11,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from longsparse.hsa import (HSAConfig, HSAFastEvaluator, HSAModel, chunk_weights, hsa_fast_logits, length_scale,
-                            needle_diagnostics, retrieval_diagnostics, sliding_window_attention, visible_chunks)
-from longsparse.hsa.model import HSABlock, ChunkMemory
+from longsparse.hsa import (
+    HSAConfig,
+    HSAFastEvaluator,
+    HSAModel,
+    chunk_weights,
+    hsa_fast_logits,
+    length_scale,
+    needle_diagnostics,
+    retrieval_diagnostics,
+    sliding_window_attention,
+    visible_chunks,
+)
+from longsparse.hsa.model import ChunkMemory, HSABlock
 
 V = 24
 
@@ -21,8 +32,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(**kw) -> HSAConfig:
-    base = dict(vocab_size=V, d_model=32, n_heads=2, d_ff=48, n_lower=1, n_upper=2, encoder_layers=1,
-                chunk_size=4, window=5, topk=2)
+    base = dict(
+        vocab_size=V,
+        d_model=32,
+        n_heads=2,
+        d_ff=48,
+        n_lower=1,
+        n_upper=2,
+        encoder_layers=1,
+        chunk_size=4,
+        window=5,
+        topk=2,
+    )
     base.update(kw)
     return HSAConfig(**base)
 
@@ -37,13 +58,27 @@ def ids(B, N, seed=0):
 
 
 LANDMARK_ENC = [("encoder_cls", 1), ("encoder_mean", 2), ("mean", 0)]
-COMBOS = list(itertools.product(LANDMARK_ENC, ["bypass", "standard"], ["stickbreaking", "softmax", "entmax"],
-                                ["token", "chunk"], ["nope", "rope"]))
+COMBOS = list(
+    itertools.product(
+        LANDMARK_ENC,
+        ["bypass", "standard"],
+        ["stickbreaking", "softmax", "entmax"],
+        ["token", "chunk"],
+        ["nope", "rope"],
+    )
+)
 
 
 def combo_kw(lm_enc, fusion, weights, retrieval, pos):
-    return dict(landmark=lm_enc[0], encoder_layers=lm_enc[1], fusion=fusion, weights=weights, retrieval=retrieval,
-                hsa_positions=pos, length_scale="learned" if weights == "entmax" else "none")
+    return dict(
+        landmark=lm_enc[0],
+        encoder_layers=lm_enc[1],
+        fusion=fusion,
+        weights=weights,
+        retrieval=retrieval,
+        hsa_positions=pos,
+        length_scale="learned" if weights == "entmax" else "none",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- causality
@@ -54,14 +89,21 @@ def test_causal_every_switch_combination(lm_enc, fusion, weights, retrieval, pos
     out = m(x)
     for t in (9, 20, 28):
         y = x.clone()
-        y[:, t] = (y[:, t] - 4 + 7) % (V - 4) + 4            # a different real token
+        y[:, t] = (y[:, t] - 4 + 7) % (V - 4) + 4  # a different real token
         out2 = m(y)
         assert torch.equal(out[:, :t], out2[:, :t]), f"changing token {t} changed an earlier output"
-        assert not torch.allclose(out[:, t:], out2[:, t:])   # and the model does depend on it
+        assert not torch.allclose(out[:, t:], out2[:, t:])  # and the model does depend on it
 
 
-@pytest.mark.parametrize("kw", [dict(upper_group_size=2), dict(hsa_local=False), dict(n_lower=0),
-                                dict(weights="entmax", entmax_cap=2, length_scale="fixed")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(upper_group_size=2),
+        dict(hsa_local=False),
+        dict(n_lower=0),
+        dict(weights="entmax", entmax_cap=2, length_scale="fixed"),
+    ],
+)
 def test_causal_other_layouts(kw):
     m = make(**kw)
     x = ids(1, 33)
@@ -101,7 +143,7 @@ def test_retrieval_none_never_reads_beyond_the_window(n_lower, n_upper, group):
     far, near = t - R - 1, t - R
     y = x.clone()
     y[:, far] = (y[:, far] - 4 + 7) % (V - 4) + 4
-    for cut in range(far + 1):                       # every token beyond the window, one at a time
+    for cut in range(far + 1):  # every token beyond the window, one at a time
         z = x.clone()
         z[:, cut] = (z[:, cut] - 4 + 7) % (V - 4) + 4
         assert torch.equal(m(z)[:, t], out[:, t]), f"token {cut} (distance {t - cut} > {R}) changed position {t}"
@@ -133,26 +175,41 @@ def test_retrieval_none_trains_and_scores_needles():
     assert losses[-1] < losses[0]
     task = get_task("passkey", None, value_len=1, num_values=16, min_distance=8)
     torch.manual_seed(0)
-    m = HSAModel(HSAConfig(vocab_size=task.vocab_size, d_model=32, n_heads=2, d_ff=48, n_lower=1, n_upper=1,
-                           chunk_size=4, window=5, retrieval="none")).eval()
+    m = HSAModel(
+        HSAConfig(
+            vocab_size=task.vocab_size,
+            d_model=32,
+            n_heads=2,
+            d_ff=48,
+            n_lower=1,
+            n_upper=1,
+            chunk_size=4,
+            window=5,
+            retrieval="none",
+        )
+    ).eval()
     nd = score_needles(m, task, 64, 4)
     assert nd["retrieval"] == "none" and nd["recall_at_k"] == 0.0 and nd["mean_needle_weight"] == 0.0
     assert nd["full_recall"]["k"] == 0 and nd["exact_match_given_miss"]["n"] == 4 and math.isnan(nd["mean_rank"])
 
 
 # ------------------------------------------------------------------------------------- exact fast path
-@pytest.mark.parametrize("kw", [
-    dict(), dict(weights="softmax", retrieval="chunk", hsa_positions="rope"),
-    dict(weights="entmax", length_scale="learned", landmark="encoder_mean", encoder_layers=2),
-    dict(weights="entmax", entmax_cap=3, landmark="mean", encoder_layers=0, fusion="standard"),
-    dict(n_lower=2, n_upper=4, upper_group_size=2, topk=3, retrieval="chunk"),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(weights="softmax", retrieval="chunk", hsa_positions="rope"),
+        dict(weights="entmax", length_scale="learned", landmark="encoder_mean", encoder_layers=2),
+        dict(weights="entmax", entmax_cap=3, landmark="mean", encoder_layers=0, fusion="standard"),
+        dict(n_lower=2, n_upper=4, upper_group_size=2, topk=3, retrieval="chunk"),
+    ],
+)
 def test_fast_logits_equal_full_forward(kw):
     m = make(**kw)
     x = ids(2, 203, seed=1)
     full = m(x)
     pos = [0, 3, 57, 150, 199, 202]
-    fast = hsa_fast_logits(m, x, pos, segment_len=24, max_cached_chunks=5)   # tiny cache: recomputation
+    fast = hsa_fast_logits(m, x, pos, segment_len=24, max_cached_chunks=5)  # tiny cache: recomputation
     torch.testing.assert_close(fast, full[:, pos], rtol=0, atol=1e-10)
     last = hsa_fast_logits(m, x, [202])
     torch.testing.assert_close(last, full[:, [202]], rtol=0, atol=1e-10)
@@ -168,7 +225,7 @@ def test_fast_path_records_same_selection_and_gather_equals_dense():
     m.cfg.hsa_impl = "dense"
     HSAFastEvaluator(m, x).logits([119], rec_fast)
     for a, b in zip(rec_full, rec_fast):
-        assert torch.equal(a["selected"][:, 119], b["selected"][:, -1, :a["selected"].shape[-1]])
+        assert torch.equal(a["selected"][:, 119], b["selected"][:, -1, : a["selected"].shape[-1]])
 
 
 def test_fast_path_float32_long_input_runs_in_bounded_work():
@@ -191,7 +248,9 @@ def test_generate_cached_equals_uncached_and_handles_left_padding(kw):
     # left padding: row 1 padded with 3 pads decodes like the unpadded row
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), p[1:, :27]], 1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.bool), torch.ones(1, 27, dtype=torch.bool)], 1)
-    two = m.generate(torch.cat([p[:1], padded]), 5, attention_mask=torch.cat([torch.ones(1, 30, dtype=torch.bool), mask]))
+    two = m.generate(
+        torch.cat([p[:1], padded]), 5, attention_mask=torch.cat([torch.ones(1, 30, dtype=torch.bool), mask])
+    )
     assert torch.equal(two[1], m.generate(p[1:, :27], 5)[0])
     assert torch.equal(two[0], a[0, :5])
 
@@ -202,7 +261,7 @@ def greedy_by_full_forward(m, prompt, steps):
     with torch.no_grad():
         for _ in range(steps):
             seq = torch.cat([seq, m(seq)[:, -1].argmax(-1, keepdim=True)], 1)
-    return seq[:, prompt.shape[1]:]
+    return seq[:, prompt.shape[1] :]
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(method="entmax", positions="nape", weights="entmax", retrieval="chunk")])
@@ -212,18 +271,18 @@ def test_cached_generation_is_greedy_argmax_of_the_full_forward_step_by_step(kw)
     boundaries, for left-padded rows (decoded one at a time without their pads) and with EOS."""
     m = make(**kw)
     g = torch.Generator().manual_seed(3)
-    with torch.no_grad():                        # weights far from init, so greedy decoding does not loop at once
+    with torch.no_grad():  # weights far from init, so greedy decoding does not loop at once
         for p in m.parameters():
             p.add_(0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    prompt = ids(2, 13, seed=7)                  # 3 complete chunks of 4, then 12 steps complete 3 more
+    prompt = ids(2, 13, seed=7)  # 3 complete chunks of 4, then 12 steps complete 3 more
     reference = greedy_by_full_forward(m, prompt, 12)
     decoding = m.cached_decoding(prompt, torch.ones_like(prompt, dtype=torch.bool))
     seq = prompt
     for t in range(12):
         with torch.no_grad():
             torch.testing.assert_close(decoding.last_logits(), m(seq)[:, -1], rtol=0, atol=1e-10)
-        decoding.extend(reference[:, t:t + 1])
-        seq = torch.cat([seq, reference[:, t:t + 1]], 1)
+        decoding.extend(reference[:, t : t + 1])
+        seq = torch.cat([seq, reference[:, t : t + 1]], 1)
     assert torch.equal(m.generate(prompt, 12), reference)
     assert torch.equal(m.generate(prompt, 12, use_cache=False), reference)
     # left padding: row 0 has 5 pads before its 8 real tokens
@@ -261,7 +320,7 @@ def test_invisible_chunks_get_zero_weight_and_are_never_selected(weights, cap):
     pos = torch.arange(N)
     vis = visible_chunks(pos, C, S)
     s = torch.randn(3, N, C, generator=g, dtype=torch.float64)
-    s = torch.where(vis, s, s + 1e4)                 # invisible chunks score far higher
+    s = torch.where(vis, s, s + 1e4)  # invisible chunks score far higher
     noise = torch.randn(3, N, C, generator=g, dtype=torch.float64) * 5
     for nz in (None, noise):
         w, sel = chunk_weights(s, vis[None], weights=weights, topk=2, cap=cap, noise=nz)
@@ -296,7 +355,9 @@ def test_topk_picks_the_best_visible_and_stickbreaking_formula():
     assert sel.tolist() == [[False, True, False, True, False]]
     b1, b3 = torch.sigmoid(s[0, 1]), torch.sigmoid(s[0, 3])
     # recency order: chunk 3 (most recent) breaks the stick first
-    torch.testing.assert_close(w[0], torch.stack([s.new_zeros(()), b1 * (1 - b3), s.new_zeros(()), b3, s.new_zeros(())]))
+    torch.testing.assert_close(
+        w[0], torch.stack([s.new_zeros(()), b1 * (1 - b3), s.new_zeros(()), b3, s.new_zeros(())])
+    )
     w2, _ = chunk_weights(s, vis, weights="softmax", topk=2)
     e = torch.softmax(s[0, [1, 3]], 0)
     torch.testing.assert_close(w2[0, [1, 3]], e)
@@ -311,18 +372,18 @@ def test_entmax_selection_sparse_sums_to_one_and_cap():
     w, sel = chunk_weights(s, vis, weights="entmax", alpha=1.5)
     torch.testing.assert_close(w.sum(-1), torch.ones(200, dtype=s.dtype))
     assert torch.equal(sel, w > 0)
-    assert (sel.sum(-1) < vis.sum(-1)).float().mean() > 0.9       # sparse: most rows drop some chunks
+    assert (sel.sum(-1) < vis.sum(-1)).float().mean() > 0.9  # sparse: most rows drop some chunks
     # exact α-entmax over the visible scores: p_j = [(α−1)s_j − τ]₊^{1/(α−1)}, so √p + s/2 is constant on the support
     for r in range(5):
         sup = sel[r]
         c = w[r, sup].sqrt() - 0.5 * s[r, sup]
         torch.testing.assert_close(c, c[0].expand_as(c))
-        assert torch.all(0.5 * s[r, vis[r] & ~sup] + c[0] <= 1e-9)   # below the threshold τ = −c: no mass
+        assert torch.all(0.5 * s[r, vis[r] & ~sup] + c[0] <= 1e-9)  # below the threshold τ = −c: no mass
     for cap in (1, 2, 3):
         wc, selc = chunk_weights(s, vis, weights="entmax", alpha=1.5, cap=cap)
         assert torch.all(selc.sum(-1) <= cap)
         torch.testing.assert_close(wc.sum(-1), torch.ones(200, dtype=s.dtype))
-        same = sel.sum(-1) <= cap                                   # cap not binding ⇒ identical to uncapped
+        same = sel.sum(-1) <= cap  # cap not binding ⇒ identical to uncapped
         torch.testing.assert_close(wc[same], w[same])
 
 
@@ -337,8 +398,11 @@ def test_length_scale_multiplies_the_retrieval_query():
     h = torch.randn(1, 40, 32, dtype=torch.float64)
     p = torch.arange(40)
     q = hsa.retrieval_query(h, p)
-    torch.testing.assert_close(q, hsa.q_ret(h) * (torch.log(torch.div(p, 4, rounding_mode="floor").clamp_min(1)
-                                                             .double() + 1) ** 0.7)[None, :, None])
+    torch.testing.assert_close(
+        q,
+        hsa.q_ret(h)
+        * (torch.log(torch.div(p, 4, rounding_mode="floor").clamp_min(1).double() + 1) ** 0.7)[None, :, None],
+    )
 
 
 def test_per_chunk_query_is_shared_and_is_the_previous_chunk_mean():
@@ -348,7 +412,7 @@ def test_per_chunk_query_is_shared_and_is_the_previous_chunk_mean():
     q = hsa.retrieval_query(h, torch.arange(20))
     assert torch.all(q[:, :4] == 0)
     for j in range(1, 5):
-        exp = hsa.q_ret(h[:, (j - 1) * 4:j * 4].mean(1))
+        exp = hsa.q_ret(h[:, (j - 1) * 4 : j * 4].mean(1))
         for t in range(j * 4, j * 4 + 4):
             torch.testing.assert_close(q[:, t], exp)
 
@@ -369,7 +433,7 @@ def test_residual_formulas(fusion):
     torch.manual_seed(0)
     cfg = tiny(fusion=fusion)
     blk = HSABlock(cfg).double()
-    for p in blk.parameters():                       # non-trivial norm weights
+    for p in blk.parameters():  # non-trivial norm weights
         if p.dim() == 1:
             torch.nn.init.uniform_(p, 0.5, 1.5)
     x = torch.randn(2, 21, 32, dtype=torch.float64)
@@ -378,9 +442,12 @@ def test_residual_formulas(fusion):
     h = blk.pre_attn_norm(x)
     loc = blk.post_attn_norm(blk.attn(h, pos))
     r = blk.post_hsa_norm(blk.hsa(h, pos, mem))
-    mlp = lambda z: blk.post_mlp_norm(blk.mlp(blk.pre_mlp_norm(z)))
+
+    def mlp(z):
+        return blk.post_mlp_norm(blk.mlp(blk.pre_mlp_norm(z)))
+
     if fusion == "bypass":
-        expected = x + loc + mlp(x + loc + r)       # x_out = x' + MLP(norm(x' + HSA)), x' = x + local
+        expected = x + loc + mlp(x + loc + r)  # x_out = x' + MLP(norm(x' + HSA)), x' = x + local
     else:
         expected = x + loc + r + mlp(x + loc + r)
     torch.testing.assert_close(blk(x, pos, mem), expected)
@@ -395,12 +462,24 @@ def test_residual_formulas(fusion):
 
 
 # ------------------------------------------------------------------------------------------ training
-ABLATIONS = [dict(), dict(landmark="mean", encoder_layers=0), dict(landmark="encoder_mean", encoder_layers=2),
-             dict(fusion="standard"), dict(weights="softmax"), dict(weights="entmax"),
-             dict(weights="entmax", entmax_cap=2, gumbel_noise=1.0, length_scale="fixed"),
-             dict(weights="entmax", length_scale="learned"), dict(topk=1), dict(chunk_size=8), dict(window=3),
-             dict(retrieval="chunk"), dict(hsa_positions="rope"), dict(gumbel_noise=0.5), dict(upper_group_size=2),
-             dict(hsa_local=False)]
+ABLATIONS = [
+    dict(),
+    dict(landmark="mean", encoder_layers=0),
+    dict(landmark="encoder_mean", encoder_layers=2),
+    dict(fusion="standard"),
+    dict(weights="softmax"),
+    dict(weights="entmax"),
+    dict(weights="entmax", entmax_cap=2, gumbel_noise=1.0, length_scale="fixed"),
+    dict(weights="entmax", length_scale="learned"),
+    dict(topk=1),
+    dict(chunk_size=8),
+    dict(window=3),
+    dict(retrieval="chunk"),
+    dict(hsa_positions="rope"),
+    dict(gumbel_noise=0.5),
+    dict(upper_group_size=2),
+    dict(hsa_local=False),
+]
 
 
 @pytest.mark.parametrize("kw", ABLATIONS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "default")
@@ -422,8 +501,9 @@ def test_train_steps_finite_for_every_ablation(kw):
         losses.append(loss.item())
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
     hsa = m.hsa_layers()[0]
-    assert not torch.equal(before[[n for n, p in m.named_parameters() if p is hsa.q_ret.weight][0]], hsa.q_ret.weight), \
-        "the retrieval query gets no gradient"
+    assert not torch.equal(
+        before[[n for n, p in m.named_parameters() if p is hsa.q_ret.weight][0]], hsa.q_ret.weight
+    ), "the retrieval query gets no gradient"
     if kw.get("length_scale") == "learned":
         assert hsa.gamma.grad is not None and torch.isfinite(hsa.gamma.grad)
 
@@ -431,7 +511,7 @@ def test_train_steps_finite_for_every_ablation(kw):
 def test_gumbel_noise_only_in_training():
     m = make(gumbel_noise=5.0, topk=1)
     x = ids(1, 40)
-    assert torch.equal(m(x), m(x))                     # eval: deterministic
+    assert torch.equal(m(x), m(x))  # eval: deterministic
     m.train()
     torch.manual_seed(0)
     a = m(x)
@@ -448,15 +528,15 @@ def test_select_warmup_uses_softmax_topk_then_the_configured_selection():
         model(x, record=rec)
         return int(rec[0]["selected"][0, -1].sum()), rec[0]["weights"][0, -1].sum().item()
 
-    assert n_selected(m.eval())[0] == 2 and int(m.select_steps) == 0      # eval mode: the configured selection
+    assert n_selected(m.eval())[0] == 2 and int(m.select_steps) == 0  # eval mode: the configured selection
     m.train()
-    for step in range(2):                                        # warm-up: softmax over the top 4 (Σw = 1)
+    for step in range(2):  # warm-up: softmax over the top 4 (Σw = 1)
         k, wsum = n_selected(m)
         assert k == 4 and wsum == pytest.approx(1.0)
-    k, wsum = n_selected(m)                                      # then top-2 stick-breaking (Σw < 1)
+    k, wsum = n_selected(m)  # then top-2 stick-breaking (Σw < 1)
     assert k == 2 and wsum < 1 and int(m.select_steps) == 3
     sd = m.state_dict()
-    assert int(sd["select_steps"]) == 3                          # saved in checkpoints: resume is exact
+    assert int(sd["select_steps"]) == 3  # saved in checkpoints: resume is exact
     m2 = make(select_warmup=2, select_warmup_topk=4, topk=2, weights="stickbreaking")
     m2.load_state_dict(sd)
     assert int(m2.select_steps) == 3 and "select_steps" not in make().state_dict()
@@ -465,6 +545,7 @@ def test_select_warmup_uses_softmax_topk_then_the_configured_selection():
 # ---------------------------------------------------------------------------------------- diagnostics
 def test_retrieval_diagnostics_consistent_fast_and_full():
     from longsparse.tasks import get_task
+
     task = get_task("passkey", value_len=2, num_filler=8, min_distance=8, depth=0.1)
     batch = task.batch(60, 3, seed=0, split="test")
     m = make(vocab_size=task.vocab_size, weights="softmax", topk=2)
@@ -472,9 +553,9 @@ def test_retrieval_diagnostics_consistent_fast_and_full():
     d_full = needle_diagnostics(m, task, batch, fast=False)
     for k in ("selected", "rank", "weight", "recall_at_k"):
         torch.testing.assert_close(d_fast[k], d_full[k], equal_nan=True)
-    assert d_fast["selected"].shape == (3, 2, 3)         # B, HSA layers, answer positions
+    assert d_fast["selected"].shape == (3, 2, 3)  # B, HSA layers, answer positions
     ok = ~torch.isnan(d_fast["rank"])
-    assert ok.all()                                       # needle early ⇒ always visible
+    assert ok.all()  # needle early ⇒ always visible
     # top-k (no ties): selected ⇔ rank <= k, and only selected chunks carry weight
     assert torch.equal(d_fast["selected"][ok], d_fast["rank"][ok] <= 2)
     assert torch.all(d_fast["weight"][~d_fast["selected"]] == 0)
@@ -494,11 +575,11 @@ def test_diagnostics_rank_with_planted_scores():
     for hsa in m.hsa_layers():
         hsa.scores = planted
     x = ids(1, 48, seed=7)
-    d = retrieval_diagnostics(m, x, [20, 47], [[9]])                 # needle in chunk 2
+    d = retrieval_diagnostics(m, x, [20, 47], [[9]])  # needle in chunk 2
     assert d["rank"].shape == (1, 2, 2) and torch.all(d["rank"] == 1) and d["selected"].all()
     torch.testing.assert_close(d["weight"], torch.ones(1, 2, 2))
     assert float(d["recall_at_k"][0]) == 1.0
-    d = retrieval_diagnostics(m, x, [20, 47], [[21, 22]])            # chunk 5: invisible at 20, rank 2 at 47
+    d = retrieval_diagnostics(m, x, [20, 47], [[21, 22]])  # chunk 5: invisible at 20, rank 2 at 47
     assert torch.isnan(d["rank"][0, :, 0]).all() and torch.all(d["rank"][0, :, 1] == 2)
     assert not d["selected"].any() and torch.all(d["weight"] == 0) and float(d["recall_at_k"][0]) == 0.0
     d2 = retrieval_diagnostics(m, x, [20, 47], [[21, 22]], fast=False)
@@ -506,20 +587,31 @@ def test_diagnostics_rank_with_planted_scores():
 
 
 # ----------------------------------------------------------------------------------------- config
-@pytest.mark.parametrize("kw,msg", [
-    (dict(landmark="encoder_cls", encoder_layers=0), "needs encoder_layers"),
-    (dict(landmark="nope"), "unknown landmark"), (dict(fusion="x"), "unknown fusion"),
-    (dict(weights="sparsemax"), "unknown weights"), (dict(encoder_layers=3), "0, 1 or 2"),
-    (dict(n_upper=3, upper_group_size=2), "multiple"), (dict(entmax_cap=2), "only applies"),
-    (dict(weights="entmax", gumbel_noise=1.0), "uncapped entmax"), (dict(chunk_size=0), "chunk_size"),
-    (dict(entmax_alpha=1.0, weights="entmax"), "entmax_alpha"), (dict(retrieval="doc"), "unknown retrieval"),
-    (dict(branch_gain=-0.1), "branch_gain"), (dict(retrieval="off"), "unknown retrieval"),
-    (dict(retrieval="none", hsa_local=False), "needs hsa_local"), (dict(select_warmup=-1), "select_warmup"),
-    (dict(select_warmup_topk=0), "select_warmup_topk"),
-    (dict(attn_topk=0), "attn_topk must be a positive integer"), (dict(method="flash"), "unknown method"),
-    (dict(positions="nape", n_heads=3, d_model=33), "positions='nape' needs an even n_heads"),
-    (dict(norm_eps=0.0), "norm_eps and init_std must be > 0"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(landmark="encoder_cls", encoder_layers=0), "needs encoder_layers"),
+        (dict(landmark="nope"), "unknown landmark"),
+        (dict(fusion="x"), "unknown fusion"),
+        (dict(weights="sparsemax"), "unknown weights"),
+        (dict(encoder_layers=3), "0, 1 or 2"),
+        (dict(n_upper=3, upper_group_size=2), "multiple"),
+        (dict(entmax_cap=2), "only applies"),
+        (dict(weights="entmax", gumbel_noise=1.0), "uncapped entmax"),
+        (dict(chunk_size=0), "chunk_size"),
+        (dict(entmax_alpha=1.0, weights="entmax"), "entmax_alpha"),
+        (dict(retrieval="doc"), "unknown retrieval"),
+        (dict(branch_gain=-0.1), "branch_gain"),
+        (dict(retrieval="off"), "unknown retrieval"),
+        (dict(retrieval="none", hsa_local=False), "needs hsa_local"),
+        (dict(select_warmup=-1), "select_warmup"),
+        (dict(select_warmup_topk=0), "select_warmup_topk"),
+        (dict(attn_topk=0), "attn_topk must be a positive integer"),
+        (dict(method="flash"), "unknown method"),
+        (dict(positions="nape", n_heads=3, d_model=33), "positions='nape' needs an even n_heads"),
+        (dict(norm_eps=0.0), "norm_eps and init_std must be > 0"),
+    ],
+)
 def test_config_validation(kw, msg):
     with pytest.raises(ValueError, match=msg):
         tiny(**kw)
@@ -540,10 +632,19 @@ def test_branch_gain_init_keeps_token_identity_and_in_chunk_gradients():
     smaller than with the token states themselves; the encoder/CLS layout then never left chance on passkey.
     With branch_gain the blocks start near identity: same order of gradient with and without the encoder."""
     from longsparse.tasks import IGNORE_INDEX, get_task
+
     task = get_task("passkey", None, value_len=1, num_values=16, min_distance=32)
     batch = task.batch((64, 64), 16, rng=task.rng(0, "train"))
-    base = dict(vocab_size=task.vocab_size, d_model=64, n_heads=4, d_ff=128, n_upper=1, topk=4,
-                weights="softmax", hsa_local=False)
+    base = dict(
+        vocab_size=task.vocab_size,
+        d_model=64,
+        n_heads=4,
+        d_ff=128,
+        n_upper=1,
+        topk=4,
+        weights="softmax",
+        hsa_local=False,
+    )
 
     def probe(**kw):
         torch.manual_seed(0)
@@ -562,5 +663,8 @@ def test_branch_gain_init_keeps_token_identity_and_in_chunk_gradients():
     assert s_tok > 0.9 and s_enc > 0.8 and s_old < 0.5
     assert g_enc > 0.2 * g_tok and g_old < 0.05 * g_tok
     assert all(torch.all(n.weight == 0.01) for n in m.branch_norms())
-    assert all(torch.all(b.post_hsa_norm.weight == 1) and torch.all(b.post_mlp_norm.weight == 1)
-               for b in m.upper if isinstance(b, HSABlock))
+    assert all(
+        torch.all(b.post_hsa_norm.weight == 1) and torch.all(b.post_mlp_norm.weight == 1)
+        for b in m.upper
+        if isinstance(b, HSABlock)
+    )

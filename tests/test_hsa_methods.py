@@ -2,6 +2,7 @@
 chunk encoder, attention inside retrieved chunks) equals a float64 brute force with the method's mapping, values
 and gradients; the whole model stays causal and its long-context evaluator exact; entmax / ASEntmax models train
 and keep the enforced selection sparsity."""
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(**kw) -> HSAConfig:
-    base = dict(vocab_size=V, d_model=32, n_heads=2, d_ff=48, n_lower=1, n_upper=2, encoder_layers=1,
-                chunk_size=4, window=5, topk=2, attn_topk=2)
+    base = dict(
+        vocab_size=V,
+        d_model=32,
+        n_heads=2,
+        d_ff=48,
+        n_lower=1,
+        n_upper=2,
+        encoder_layers=1,
+        chunk_size=4,
+        window=5,
+        topk=2,
+        attn_topk=2,
+    )
     base.update(kw)
     return HSAConfig(**base)
 
@@ -30,7 +42,7 @@ def tiny(**kw) -> HSAConfig:
 def make(seed=0, dtype=torch.float64, **kw) -> HSAModel:
     torch.manual_seed(seed)
     m = HSAModel(tiny(**kw)).to(dtype).eval()
-    with torch.no_grad():               # scalers away from their init and α per head away from 1.5
+    with torch.no_grad():  # scalers away from their init and α per head away from 1.5
         for name, p in m.named_parameters():
             if "scaler" in name or "learned_alpha" in name:
                 p.add_(0.3 * torch.randn_like(p))
@@ -53,8 +65,12 @@ def oracle_map(layer, z: torch.Tensor, grad: bool) -> torch.Tensor:
         a = 2.0 if name == "sparsemax" else alpha
         if not grad:
             return ref_entmax(z, a)
-        return torch.stack([get_mapping("entmax", alpha=float(a[h]) if isinstance(a, torch.Tensor) else a)(z[h])
-                            for h in range(z.shape[0])])
+        return torch.stack(
+            [
+                get_mapping("entmax", alpha=float(a[h]) if isinstance(a, torch.Tensor) else a)(z[h])
+                for h in range(z.shape[0])
+            ]
+        )
     return get_mapping(name, topk=layer.cfg.topk, adatemp_order=layer.cfg.adatemp_order)(z)
 
 
@@ -66,15 +82,18 @@ def oracle_chunk_attention(layer: HSAAttention, h, positions, memory, grad=False
     q = layer.split(layer.q_proj(h))
     if layer.rope is not None:
         q = layer.rope(q, positions)
-    qs = torch.ones(q.shape[:3], dtype=q.dtype) if layer.scaler is None else \
-        layer.scaler(h, torch.full((h.shape[0], h.shape[1]), S - 1))
+    qs = (
+        torch.ones(q.shape[:3], dtype=q.dtype)
+        if layer.scaler is None
+        else layer.scaler(h, torch.full((h.shape[0], h.shape[1]), S - 1))
+    )
     rows = []
     for b in range(h.shape[0]):
         outs = []
         for t in range(h.shape[1]):
             o = q.new_zeros(q.shape[1], q.shape[3])
             for c in sel[b, t].nonzero().flatten().tolist():
-                k = layer.split(layer.k_proj(memory.tokens[b, c]))                  # (H, S, Dh)
+                k = layer.split(layer.k_proj(memory.tokens[b, c]))  # (H, S, Dh)
                 v = layer.split(layer.v_proj(memory.tokens[b, c]))
                 if layer.rope is not None:
                     k = layer.rope(k[None], torch.arange(c * S, (c + 1) * S))[0]
@@ -85,9 +104,17 @@ def oracle_chunk_attention(layer: HSAAttention, h, positions, memory, grad=False
     return layer.o_proj(layer.merge(torch.stack(rows)))
 
 
-METHODS = [dict(method="softmax"), dict(method="entmax"), dict(method="entmax", learn_alpha=True, alpha=1.3),
-           dict(method="sparsemax"), dict(method="topk"), dict(method="adatemp"), dict(method="ssmax"),
-           dict(method="asentmax"), dict(method="asentmax", asentmax_scaler="static")]
+METHODS = [
+    dict(method="softmax"),
+    dict(method="entmax"),
+    dict(method="entmax", learn_alpha=True, alpha=1.3),
+    dict(method="sparsemax"),
+    dict(method="topk"),
+    dict(method="adatemp"),
+    dict(method="ssmax"),
+    dict(method="asentmax"),
+    dict(method="asentmax", asentmax_scaler="static"),
+]
 
 
 def label(kw):
@@ -103,8 +130,10 @@ def test_chunk_attention_equals_float64_oracle_both_impls(kw, hsa_positions):
     g = torch.Generator().manual_seed(1)
     h = torch.randn(2, 23, 32, generator=g, dtype=torch.float64)
     pos = torch.arange(23)
-    mem = ChunkMemory(torch.randn(2, 5, 32, generator=g, dtype=torch.float64),
-                      torch.randn(2, 5, 4, 32, generator=g, dtype=torch.float64))
+    mem = ChunkMemory(
+        torch.randn(2, 5, 32, generator=g, dtype=torch.float64),
+        torch.randn(2, 5, 4, 32, generator=g, dtype=torch.float64),
+    )
     want = oracle_chunk_attention(layer, h, pos, mem)
     for impl in ("dense", "gather"):
         m.cfg.hsa_impl = impl
@@ -117,8 +146,10 @@ def test_chunk_attention_gradients_equal_the_oracle(kw):
     layer = m.hsa_layers()[0]
     g = torch.Generator().manual_seed(2)
     pos = torch.arange(19)
-    mem = ChunkMemory(torch.randn(1, 4, 32, generator=g, dtype=torch.float64),
-                      torch.randn(1, 4, 4, 32, generator=g, dtype=torch.float64))
+    mem = ChunkMemory(
+        torch.randn(1, 4, 32, generator=g, dtype=torch.float64),
+        torch.randn(1, 4, 4, 32, generator=g, dtype=torch.float64),
+    )
     proj = torch.randn(1, 19, 32, generator=g, dtype=torch.float64)
     grads = {}
     for impl in ("dense", "gather", "oracle"):
@@ -130,8 +161,9 @@ def test_chunk_attention_gradients_equal_the_oracle(kw):
             m.cfg.hsa_impl = impl
             out = layer(h, pos, mem)
         (out * proj).sum().backward()
-        grads[impl] = [h.grad] + [p.grad.clone() for p in (layer.q_proj.weight, layer.k_proj.weight,
-                                                             layer.q_ret.weight)]
+        grads[impl] = [h.grad] + [
+            p.grad.clone() for p in (layer.q_proj.weight, layer.k_proj.weight, layer.q_ret.weight)
+        ]
     for impl in ("dense", "gather"):
         for a, b in zip(grads[impl], grads["oracle"]):
             torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9, msg=impl)
@@ -151,8 +183,9 @@ def test_sliding_window_any_mapping_with_alibi_and_q_scale_equals_dense_band(map
         z = (q * qs[..., None]) @ k.transpose(-1, -2) / math.sqrt(D) - slopes[:, None, None] * d
         z = z.masked_fill(~((d >= 0) & (d < W)), float("-inf"))
         want = (torch.softmax(z, -1) if mapping == "softmax" else ref_entmax(z, alpha)) @ v
-        got = sliding_window_attention(q, k, v, W, 1 / math.sqrt(D), q_scale=qs, alibi_slopes=slopes,
-                                       mapping=mapping, alpha=alpha)
+        got = sliding_window_attention(
+            q, k, v, W, 1 / math.sqrt(D), q_scale=qs, alibi_slopes=slopes, mapping=mapping, alpha=alpha
+        )
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10, msg=f"N={N} W={W}")
 
 
@@ -175,10 +208,13 @@ def test_chunk_encoder_attention_is_bidirectional_with_undirected_alibi(position
 
 
 # ------------------------------------------------------------------------------------- whole model
-MODEL_SETUPS = [dict(method="entmax", positions="alibi"), dict(method="asentmax", positions="nape"),
-                dict(method="ssmax", positions="rope", hsa_positions="rope", retrieval="chunk"),
-                dict(method="sparsemax", positions="nope", weights="entmax", length_scale="learned"),
-                dict(method="entmax", learn_alpha=True, positions="nape", n_lower=2, n_upper=2, upper_group_size=2)]
+MODEL_SETUPS = [
+    dict(method="entmax", positions="alibi"),
+    dict(method="asentmax", positions="nape"),
+    dict(method="ssmax", positions="rope", hsa_positions="rope", retrieval="chunk"),
+    dict(method="sparsemax", positions="nope", weights="entmax", length_scale="learned"),
+    dict(method="entmax", learn_alpha=True, positions="nape", n_lower=2, n_upper=2, upper_group_size=2),
+]
 
 
 @pytest.mark.parametrize("kw", MODEL_SETUPS, ids=label)
@@ -190,8 +226,9 @@ def test_causal_and_fast_path_exact_for_other_methods_and_positions(kw):
     y[:, 40] = (y[:, 40] - 4 + 7) % (V - 4) + 4
     assert torch.equal(m(y)[:, :40], full[:, :40]), "a later token changed an earlier output"
     pos = [0, 3, 39, 57, 74]
-    torch.testing.assert_close(hsa_fast_logits(m, x, pos, segment_len=16, max_cached_chunks=3), full[:, pos],
-                               rtol=0, atol=1e-10)
+    torch.testing.assert_close(
+        hsa_fast_logits(m, x, pos, segment_len=16, max_cached_chunks=3), full[:, pos], rtol=0, atol=1e-10
+    )
     a, b = m.generate(x[:, :50], 5, use_cache=True), m.generate(x[:, :50], 5, use_cache=False)
     assert torch.equal(a, b)
 
@@ -204,20 +241,26 @@ def test_method_reaches_every_token_attention():
     x = ids(1, 30, seed=2)
     with torch.no_grad():
         mid_s, mid_e = soft.run_lower(x), ent.run_lower(x)
-        assert not torch.allclose(mid_s, mid_e)                                       # sliding windows
+        assert not torch.allclose(mid_s, mid_e)  # sliding windows
         land_s, tok_s = soft.encode_chunks(mid_s[:, :28])
         land_e, tok_e = ent.encode_chunks(mid_s[:, :28])
-        assert not torch.allclose(land_s, land_e)                                      # chunk encoder
+        assert not torch.allclose(land_s, land_e)  # chunk encoder
         mem = ChunkMemory(land_s, tok_s)
         h = soft.upper[0].pre_attn_norm(mid_s)
-        assert not torch.allclose(soft.hsa_layers()[0](h, torch.arange(30), mem),
-                                  ent.hsa_layers()[0](h, torch.arange(30), mem))     # inside retrieved chunks
+        assert not torch.allclose(
+            soft.hsa_layers()[0](h, torch.arange(30), mem), ent.hsa_layers()[0](h, torch.arange(30), mem)
+        )  # inside retrieved chunks
 
 
-@pytest.mark.parametrize("kw", [dict(method="entmax", weights="stickbreaking", topk=2),
-                                dict(method="asentmax", positions="nape", weights="softmax", topk=2),
-                                dict(method="asentmax", weights="entmax", entmax_cap=2, length_scale="learned")],
-                         ids=label)
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(method="entmax", weights="stickbreaking", topk=2),
+        dict(method="asentmax", positions="nape", weights="softmax", topk=2),
+        dict(method="asentmax", weights="entmax", entmax_cap=2, length_scale="learned"),
+    ],
+    ids=label,
+)
 def test_entmax_and_asentmax_train_and_selection_stays_sparse(kw):
     m = make(dtype=torch.float32, **kw).train()
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
@@ -234,14 +277,14 @@ def test_entmax_and_asentmax_train_and_selection_stays_sparse(kw):
         assert all(p.grad is None or torch.isfinite(p.grad).all() for p in m.parameters())
         opt.step()
         losses.append(loss.item())
-        for r in rec:                         # at most k chunks, only visible ones, weight only on selected
+        for r in rec:  # at most k chunks, only visible ones, weight only on selected
             C = r["selected"].shape[-1]
             future = (torch.arange(C)[None, :] + 1) * 4 > r["positions"][:, None]
             assert int(r["selected"].sum(-1).max()) <= 2
             assert not r["selected"][:, future].any() and torch.all(r["weights"][~r["selected"]] == 0)
             assert r["selected"][:, r["positions"] >= 12].any(-1).all()
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
-    if kw["method"] == "asentmax":            # the scalers of every attention kind are trained
+    if kw["method"] == "asentmax":  # the scalers of every attention kind are trained
         for layer in (m.lower[0].attn, m.encoder.layers[0].attn, m.hsa_layers()[0]):
             name = next(n for n, p in m.named_parameters() if p is layer.scaler.beta_proj.weight)
             assert not torch.equal(before[name], layer.scaler.beta_proj.weight), name

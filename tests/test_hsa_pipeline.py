@@ -1,5 +1,6 @@
 """HSA through the shared pipeline: config resolution (arch hsa: the [hsa] table, --set model.X), training with the
 shared loop, checkpoints + exact resume, `longsparse eval` through the fast path with needle diagnostics."""
+
 import json
 from pathlib import Path
 
@@ -11,11 +12,28 @@ from longsparse.nn import load_checkpoint
 from longsparse.train import ConfigError, build_config, train
 from longsparse.train.config import build_model, run_label
 
-TINY = ["model.d_model=32", "model.n_heads=2", "model.d_ff=32", "model.n_lower=1", "model.n_upper=1",
-        "model.chunk_size=8", "model.window=8", "model.topk=2", "task.params.min_distance=8",
-        "task.params.num_filler=8", "task.params.value_len=2", "train.train_lengths=[32, 48]",
-        "train.batch_size=4", "train.warmup_steps=2", "train.val_every=0", "train.val_lengths=[48]",
-        "train.val_samples=4", "train.ckpt_every=2", "train.log_every=1", "train.threads=1"]
+TINY = [
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.d_ff=32",
+    "model.n_lower=1",
+    "model.n_upper=1",
+    "model.chunk_size=8",
+    "model.window=8",
+    "model.topk=2",
+    "task.params.min_distance=8",
+    "task.params.num_filler=8",
+    "task.params.value_len=2",
+    "train.train_lengths=[32, 48]",
+    "train.batch_size=4",
+    "train.warmup_steps=2",
+    "train.val_every=0",
+    "train.val_lengths=[48]",
+    "train.val_samples=4",
+    "train.ckpt_every=2",
+    "train.log_every=1",
+    "train.threads=1",
+]
 
 
 def tiny(steps=4, extra=()):
@@ -26,9 +44,9 @@ def test_hsa_config_resolution():
     cfg = tiny(extra=["model.fusion=standard", "model.landmark=mean", "model.encoder_layers=0"])
     m = cfg["model"]
     assert m["arch"] == "hsa" and m["fusion"] == "standard"
-    assert (m["method"], m["positions"]) == ("softmax", "rope")    # the token attention of [B] by default
-    assert "n_layers" not in m                      # the Transformer's [model] table is not used
-    label = run_label(cfg)          # hsa + the switches that differ from HSAConfig's defaults
+    assert (m["method"], m["positions"]) == ("softmax", "rope")  # the token attention of [B] by default
+    assert "n_layers" not in m  # the Transformer's [model] table is not used
+    label = run_label(cfg)  # hsa + the switches that differ from HSAConfig's defaults
     assert label.startswith("hsa[") and "landmark=mean" in label and "fusion=standard" in label
     model = build_model(m, 50)
     assert isinstance(model, HSAModel) and model.cfg.fusion == "standard"
@@ -54,7 +72,7 @@ def test_hsa_trains_and_evaluates_with_diagnostics(tmp_path):
     model, extra = load_checkpoint(str(run / "checkpoints" / "last.pt"))
     assert isinstance(model, HSAModel) and extra["step"] == 6
     assert (run / "checkpoints" / "best.pt").exists()
-    again = train(tiny(6), str(run), progress=False, printer=lambda s: None)     # complete: nothing to do
+    again = train(tiny(6), str(run), progress=False, printer=lambda s: None)  # complete: nothing to do
     assert again["resumed"] and again["step"] == 6
 
     path, _ = evaluate_run(run, [48, 96], samples=3, checkpoint="last", printer=None)
@@ -75,15 +93,18 @@ def test_hsa_resume_is_bit_identical(tmp_path):
     import sys
 
     cfg = tiny(6)
-    code = ("import json,sys; sys.path.insert(0, sys.argv[3]); from faults import sigkill_after; "
-            "from longsparse.train import train; "
-            "train(json.load(open(sys.argv[1])), sys.argv[2], progress=False, callbacks=[sigkill_after(3)])")
+    code = (
+        "import json,sys; sys.path.insert(0, sys.argv[3]); from faults import sigkill_after; "
+        "from longsparse.train import train; "
+        "train(json.load(open(sys.argv[1])), sys.argv[2], progress=False, callbacks=[sigkill_after(3)])"
+    )
     cfg_file = tmp_path / "cfg.json"
     cfg_file.write_text(json.dumps(cfg))
     run = tmp_path / "killed"
-    p = subprocess.run([sys.executable, "-c", code, str(cfg_file), str(run), str(Path(__file__).parent)],
-                       capture_output=True)
-    assert p.returncode != 0                                    # killed
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(cfg_file), str(run), str(Path(__file__).parent)], capture_output=True
+    )
+    assert p.returncode != 0  # killed
     assert load_checkpoint(str(run / "checkpoints" / "last.pt"))[1]["step"] == 2
     res = train(cfg, str(run), progress=False, printer=lambda s: None)
     assert res["resumed"] and res["step"] == 6

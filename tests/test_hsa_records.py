@@ -1,5 +1,6 @@
 """The HSA study's results store (results/hsa/records.jsonl) and docs/hsa/tables.py, which renders the tables of
 docs/hsa.md and the report pages docs/hsa/report*/ from it."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,7 +21,7 @@ HSA_STORE = ROOT / "results" / "hsa"
 def _tables():
     spec = importlib.util.spec_from_file_location("hsa_tables", ROOT / "docs" / "hsa" / "tables.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["hsa_tables"] = module          # dataclasses look their module up while the class is made
+    sys.modules["hsa_tables"] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
 
@@ -52,63 +53,104 @@ def test_stored_results_are_consistent_with_their_counts_and_configs():
             assert r["exact_match"] == pytest.approx(r["n_exact"] / r["n"], abs=1e-12)
             assert r["ci"] == pytest.approx(wilson_by_roots(r["n_exact"], r["n"]), abs=1e-9)
             nd = r.get("needles")
-            if nd is not None:      # every scored example is either a full-recall example or a miss
+            if nd is not None:  # every scored example is either a full-recall example or a miss
                 given_recall, given_miss = nd["exact_match_given_recall"], nd["exact_match_given_miss"]
                 assert given_recall["n"] + given_miss["n"] == r["n"] == nd["n"]
                 assert given_recall["k"] + given_miss["k"] == r["n_exact"]
     # the later of two evaluations of a length wins: full_s0 was scored at 65,536 twice
     view = tables.run_view(records, "hsa", "full_s0")
     result, rec = view["by_length"][65536]
-    assert rec["date"] == max(r["date"] for r in records if r["run"] == "hsa/full_s0" and
-                              any(x["length"] == 65536 for x in r["results"]))
+    assert rec["date"] == max(
+        r["date"] for r in records if r["run"] == "hsa/full_s0" and any(x["length"] == 65536 for x in r["results"])
+    )
 
 
 def _eval_doc(run_dir: Path, *, created: str, n_exact: int, n: int, needles: bool = True) -> dict:
-    cfg = {"task": {"name": "passkey", "preset": "cpu", "params": {"value_len": 1}},
-           "model": {"arch": "hsa", "method": "softmax", "positions": "rope", "topk": 4},
-           "train": {"seed": 1, "steps": 50, "train_lengths": [64, 256]}}
-    result = {"length": 1024, "n": n, "n_exact": n_exact, "exact_match": n_exact / n,
-              "exact_match_ci": list(wilson_by_roots(n_exact, n)), "token_accuracy": 1.0, "seconds": 2.4}
-    if needles:         # no query_positions field: the diagnostics of an evaluation before the EOS fix
-        result["needles"] = {"n": n, "recall_at_k": 0.5, "full_recall": {"rate": 0.5}, "mean_rank": float("nan"),
-                             "mean_needle_weight": 0.25, "seconds": 1.3,
-                             "exact_match_given_recall": {"n": 2, "k": 2, "rate": 1.0},
-                             "exact_match_given_miss": {"n": n - 2, "k": n_exact - 2, "rate": None}}
-    return {"format": "longsparse-eval", "run": str(run_dir), "run_name": run_dir.name, "label": "hsa[topk=4]",
-            "task": "passkey", "task_preset": "cpu", "method": "softmax", "positions": "rope", "checkpoint": "last",
-            "checkpoint_step": 50, "train_lengths": [64, 256], "seed": 0, "config": cfg, "created": created,
-            "env": {"git": {"commit": "abc123", "dirty": True}},
-            "command": ["/bin/longsparse", "eval", str(run_dir), "--lengths", "1024"], "results": [result]}
+    cfg = {
+        "task": {"name": "passkey", "preset": "cpu", "params": {"value_len": 1}},
+        "model": {"arch": "hsa", "method": "softmax", "positions": "rope", "topk": 4},
+        "train": {"seed": 1, "steps": 50, "train_lengths": [64, 256]},
+    }
+    result = {
+        "length": 1024,
+        "n": n,
+        "n_exact": n_exact,
+        "exact_match": n_exact / n,
+        "exact_match_ci": list(wilson_by_roots(n_exact, n)),
+        "token_accuracy": 1.0,
+        "seconds": 2.4,
+    }
+    if needles:  # no query_positions field: the diagnostics of an evaluation before the EOS fix
+        result["needles"] = {
+            "n": n,
+            "recall_at_k": 0.5,
+            "full_recall": {"rate": 0.5},
+            "mean_rank": float("nan"),
+            "mean_needle_weight": 0.25,
+            "seconds": 1.3,
+            "exact_match_given_recall": {"n": 2, "k": 2, "rate": 1.0},
+            "exact_match_given_miss": {"n": n - 2, "k": n_exact - 2, "rate": None},
+        }
+    return {
+        "format": "longsparse-eval",
+        "run": str(run_dir),
+        "run_name": run_dir.name,
+        "label": "hsa[topk=4]",
+        "task": "passkey",
+        "task_preset": "cpu",
+        "method": "softmax",
+        "positions": "rope",
+        "checkpoint": "last",
+        "checkpoint_step": 50,
+        "train_lengths": [64, 256],
+        "seed": 0,
+        "config": cfg,
+        "created": created,
+        "env": {"git": {"commit": "abc123", "dirty": True}},
+        "command": ["/bin/longsparse", "eval", str(run_dir), "--lengths", "1024"],
+        "results": [result],
+    }
 
 
 def test_add_stores_a_run_folder_once_and_renders_it(tmp_path, monkeypatch):
     run = tmp_path / "runs" / "toy_s1"
     (run / "eval").mkdir(parents=True)
-    (run / "eval" / "eval-1.json").write_text(json.dumps(_eval_doc(run, created="2026-11-21T10:00:00+00:00",
-                                                                   n_exact=3, n=4)))
-    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in [
-        {"step": 25, "loss": 1.5}, {"step": 30, "val_exact_match": 0.5}, {"step": 50, "loss": 0.75}]))
+    (run / "eval" / "eval-1.json").write_text(
+        json.dumps(_eval_doc(run, created="2026-11-21T10:00:00+00:00", n_exact=3, n=4))
+    )
+    (run / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps(m) + "\n"
+            for m in [{"step": 25, "loss": 1.5}, {"step": 30, "val_exact_match": 0.5}, {"step": 50, "loss": 0.75}]
+        )
+    )
     (tmp_path / "runs" / "toy_s1.train.log").write_text("run: toy\ntrain wall 12.5 s\n")
     st = tmp_path / "store"
     assert tables.add_runs("toys", [run], st, printer=lambda *_: None) == 1
-    assert tables.add_runs("toys", [run], st, printer=lambda *_: None) == 0        # stored already
+    assert tables.add_runs("toys", [run], st, printer=lambda *_: None) == 0  # stored already
     (rec,) = store.read_records(st)
     assert rec["run"] == "toys/toy_s1" and rec["seed"] == 1 and rec["code_dirty"] is True
     assert rec["eval_command"] == f"longsparse eval {run} --lengths 1024"
-    assert rec["train"] == {"steps": 50, "wall_seconds": 12.5, "final_loss": 0.75, "first_step_loss_below_1": 50,
-                            "losses": [[25, 1.5], [50, 0.75]]}
-    assert rec["results"][0]["needles"]["mean_needle_weight"] == 0.25       # every result field is kept
+    assert rec["train"] == {
+        "steps": 50,
+        "wall_seconds": 12.5,
+        "final_loss": 0.75,
+        "first_step_loss_below_1": 50,
+        "losses": [[25, 1.5], [50, 0.75]],
+    }
+    assert rec["results"][0]["needles"]["mean_needle_weight"] == 0.25  # every result field is kept
 
     monkeypatch.setitem(tables.BLOCKS, "toy", tables.Block("toys", ("toy_s1",)))
     lo, hi = wilson_by_roots(3, 4)
     text = tables.render_block("toy", store.read_records(st))
     assert f"| toy_s1 | 75 [{100 * lo:.0f}, {100 * hi:.0f}] n=4 |" in text
-    assert "| toy_s1* | 1,024 | 0.50 | 0.50 | - | 0.25 | 100% (2) | -% (2) | 4 |" in text    # NaN rank: '-'
+    assert "| toy_s1* | 1,024 | 0.50 | 0.50 | - | 0.25 | 100% (2) | -% (2) | 4 |" in text  # NaN rank: '-'
     assert "| toy_s1 | 12.5 | 0.7500 | 50 |" in text
 
     # a later evaluation of the same length wins, and its diagnostics (written after the fix) are not starred
-    (run / "eval" / "eval-2.json").write_text(json.dumps(_eval_doc(run, created="2026-11-22T10:00:00+00:00",
-                                                                   n_exact=4, n=4)))
+    (run / "eval" / "eval-2.json").write_text(
+        json.dumps(_eval_doc(run, created="2026-11-22T10:00:00+00:00", n_exact=4, n=4))
+    )
     assert tables.add_runs("toys", [run], st, printer=lambda *_: None) == 1
     text = tables.render_block("toy", store.read_records(st))
     assert "| toy_s1 | 100 [" in text and "| toy_s1 | 1,024 |" in text and "toy_s1*" not in text

@@ -2,13 +2,14 @@
 with key tiles and query blocks small enough that rows span many tiles, candidates get pruned and blocks cut
 the causal diagonal (the backend grid of tests/test_backends.py runs at N = 37, one tile); the α-entmax rows
 of the mapping longer than one segment, with wide supports (pruning) and near-uniform rows."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import kernel_available, ref_entmax, solver_path
 
 import longsparse as ls
-from conftest import kernel_available, ref_entmax, solver_path
 from longsparse.attention import chunked
 from longsparse.mappings import _kernel
 
@@ -69,8 +70,12 @@ def _assert_equal_to_reference(got, want, mapping):
 def test_fused_attention_over_many_tiles_equals_the_reference(small_tiles, mapping, rows, q_mult):
     nq, nk = (11, 150) if rows == "decode" else (150, 150)
     q, k, v = _qkv(nq, nk, q_mult)
-    kw = dict(MAPPINGS[mapping], is_causal=rows != "non_causal", alibi_slopes=torch.tensor([0.5, 0.0, 0.1, 0.02]),
-              q_scale=torch.rand(B, H, nq, generator=torch.Generator().manual_seed(3)) + 0.5)
+    kw = dict(
+        MAPPINGS[mapping],
+        is_causal=rows != "non_causal",
+        alibi_slopes=torch.tensor([0.5, 0.0, 0.1, 0.02]),
+        q_scale=torch.rand(B, H, nq, generator=torch.Generator().manual_seed(3)) + 0.5,
+    )
     got = _out_and_grads(q, k, v, "fused_cpu", **kw)
     want = _out_and_grads(q, k, v, "reference", **kw)
     _assert_equal_to_reference(got, want, mapping)
@@ -98,7 +103,7 @@ def test_fused_attention_takes_half_precision_inputs(small_tiles, dtype):
 
 def test_fused_attention_refuses_overflowing_logits():
     q, k, v = _qkv(20, 20, 1.0)
-    q[0, 1, 5] = 1e30                       # finite inputs whose q·kᵀ overflows to ±inf
+    q[0, 1, 5] = 1e30  # finite inputs whose q·kᵀ overflows to ±inf
     k[0, 1] = 1e30
     with pytest.raises(ValueError, match="NaN or \\+inf"):
         ls.attention(q, k, v, backend="fused_cpu")
@@ -123,20 +128,22 @@ def test_kernel_key_ranges_equal_a_key_mask():
     keep = (torch.arange(30) >= lo[:, None]) & (torch.arange(30) < hi[:, None])
     for alpha in ([1.5, 1.5, 1.3, 2.0], [1.0, 1.0, 1.0, 1.0]):
         a = torch.tensor(alpha, dtype=torch.float64)
-        args = (a, D ** -0.5, True, torch.empty(0, dtype=torch.float64), lo, hi, 4, 5)
+        args = (a, D**-0.5, True, torch.empty(0, dtype=torch.float64), lo, hi, 4, 5)
         out, stats, bad = _kernel.get().attention_forward(q, k, v, *args)
         up = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
         dq, dk, dv = _kernel.get().attention_backward(q, k, v, up, out, stats, *args)
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        ref = ls.attention(*leaves, mapping="entmax", alpha=torch.tensor(alpha), attn_mask=keep[:, None, None, :],
-                           backend="reference")
+        ref = ls.attention(
+            *leaves, mapping="entmax", alpha=torch.tensor(alpha), attn_mask=keep[:, None, None, :], backend="reference"
+        )
         (ref * up).sum().backward()
-        assert bad == 0 and (out[:, :, :3][0] == 0).all()      # batch row 0: queries 0-2 see no key
+        assert bad == 0 and (out[:, :, :3][0] == 0).all()  # batch row 0: queries 0-2 see no key
         for a_, b_ in zip((out, dq, dk, dv), [ref.detach()] + [t.grad for t in leaves]):
             torch.testing.assert_close(a_, b_, atol=2e-5, rtol=2e-5)
 
 
 # ----------------------------------------------------------------------------- the mapping's rows
+
 
 @pytest.mark.parametrize("alpha", [1.5, 2.0, 1.3, 1.05, 2.5])
 @pytest.mark.parametrize("scale", [0.002, 1.0, 30.0])

@@ -8,6 +8,7 @@ dense mask.
 * the model: left-padded prompts reach attention as key ranges (no mask), so auto picks triton for every
   call of a CUDA generation; cached generation of a left-padded batch equals each row alone, per backend.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
+from test_backends import MAPPINGS as BACKEND_GRID_MAPPINGS
+from test_backends import B, H, N, _run
+from test_backends import _case as backend_grid_case
 
 import longsparse as ls
 import longsparse.nn.attention as nn_attention
@@ -26,9 +30,8 @@ from longsparse.attention import BACKENDS
 from longsparse.attention.call import make_call
 from longsparse.attention.policy import select_backend
 from longsparse.nn import ModelConfig, Transformer
-from test_backends import B, H, MAPPINGS as BACKEND_GRID_MAPPINGS, N, _case as backend_grid_case, _run
 
-PADS = (13, 0)               # left pads of the batch rows (the decode queries stay after them)
+PADS = (13, 0)  # left pads of the batch rows (the decode queries stay after them)
 assert len(PADS) == B
 
 # tests/test_backends.py's cases without their masks, and without α = 3 (its gradients need a relative
@@ -40,8 +43,11 @@ HEADS = ("mha", "gqa")
 GRID = [(m, b, r, h) for m in MAPPINGS for b in BIASES for r in ROWS for h in HEADS]
 
 # triton in the CPU interpreter costs ~1-3 s per case: these run by default, all with -m slow
-TRITON_SAMPLE = {("entmax15", "alibi", "decode", "gqa"), ("per_head_alpha", "q_scale", "causal", "mha"),
-                 ("sparsemax", "none", "non_causal", "gqa")}
+TRITON_SAMPLE = {
+    ("entmax15", "alibi", "decode", "gqa"),
+    ("per_head_alpha", "q_scale", "causal", "mha"),
+    ("sparsemax", "none", "non_causal", "gqa"),
+}
 TRITON_MAPPINGS = {"entmax15", "entmax13", "per_head_alpha", "sparsemax"}
 
 
@@ -49,7 +55,7 @@ def _case(mapping, bias, rows, heads):
     """(q, k, v, kwargs without key ranges, upstream gradient zero on the pads' query rows)."""
     q, k, v, kw = backend_grid_case(mapping, bias, "none", rows, heads)
     up = torch.randn(q.shape, generator=torch.Generator().manual_seed(7))
-    if q.shape[2] == N:                 # the pads' own query rows: their outputs are not compared
+    if q.shape[2] == N:  # the pads' own query rows: their outputs are not compared
         for b, s in enumerate(PADS):
             up[b, :, :s] = 0
     return q, k, v, kw, up
@@ -57,13 +63,13 @@ def _case(mapping, bias, rows, heads):
 
 def _keys(t, b, s):
     """Batch row b of a key-indexed (B, h, N, ·) tensor without its s pads."""
-    return t[b:b + 1, :, s:]
+    return t[b : b + 1, :, s:]
 
 
 def _queries(t, b, s):
     """Batch row b of a query-indexed (B, h, Nq[, ·]) tensor without the pads' own query rows (with Nq < Nk
     the queries sit at the last positions, after every pad)."""
-    return t[b:b + 1, :, s:] if t.shape[2] == N else t[b:b + 1]
+    return t[b : b + 1, :, s:] if t.shape[2] == N else t[b : b + 1]
 
 
 def _params():
@@ -71,8 +77,9 @@ def _params():
     for name in BACKENDS:
         for case in GRID:
             slow = name == "triton" and case[0] in TRITON_MAPPINGS and case not in TRITON_SAMPLE
-            out.append(pytest.param(name, case, id=f"{name}-{'-'.join(case)}",
-                                    marks=[pytest.mark.slow] if slow else []))
+            out.append(
+                pytest.param(name, case, id=f"{name}-{'-'.join(case)}", marks=[pytest.mark.slow] if slow else [])
+            )
     return out
 
 
@@ -89,18 +96,24 @@ def test_left_padded_batch_equals_each_row_alone(name, case):
             ls.attention(q, k, v, **kw, key_start=start, chunk_size=5, backend=name)
         return
     got = _run(q, k, v, kw, up, key_start=start, chunk_size=5, backend=name)
-    tol = 5e-5 if name == "triton" else 1e-5       # the kernels' general-α solve stops at a τ step of 1e-6
-    cuts = (_queries, _queries, _keys, _keys, _queries)         # out, dq, dk, dv, dq_scale
+    tol = 5e-5 if name == "triton" else 1e-5  # the kernels' general-α solve stops at a τ step of 1e-6
+    cuts = (_queries, _queries, _keys, _keys, _queries)  # out, dq, dk, dv, dq_scale
     for b, s in enumerate(PADS):
         row_kw = dict(kw)
         if "q_scale" in kw:
             row_kw["q_scale"] = _queries(kw["q_scale"], b, s)
-        alone = _run(_queries(q, b, s), _keys(k, b, s), _keys(v, b, s), row_kw, _queries(up, b, s),
-                     chunk_size=5, backend=name)
+        alone = _run(
+            _queries(q, b, s), _keys(k, b, s), _keys(v, b, s), row_kw, _queries(up, b, s), chunk_size=5, backend=name
+        )
         for i, (cut, a, want) in enumerate(zip(cuts, got, alone)):
-            torch.testing.assert_close(cut(a, b, s), want, atol=tol * max(1.0, want.abs().max().item()), rtol=tol,
-                                       msg=lambda m, i=i, b=b: f"row {b}, result {i}: {m}")
-        assert (got[2][b, :, :s] == 0).all() and (got[3][b, :, :s] == 0).all()     # dk, dv of the pads
+            torch.testing.assert_close(
+                cut(a, b, s),
+                want,
+                atol=tol * max(1.0, want.abs().max().item()),
+                rtol=tol,
+                msg=lambda m, i=i, b=b: f"row {b}, result {i}: {m}",
+            )
+        assert (got[2][b, :, :s] == 0).all() and (got[3][b, :, :s] == 0).all()  # dk, dv of the pads
 
 
 @pytest.mark.parametrize("name", [n for n in BACKENDS if n != "reference"])
@@ -145,8 +158,8 @@ def test_key_range_arguments_are_validated_and_explained():
             ls.attention(q, k, v, key_start=bad)
     choice = ls.explain_attention(q, k, v, key_start=torch.tensor(PADS), key_end=torch.tensor([N, 20]))
     assert "key_start" in choice.call and "key_end" in choice.call
-    if BACKENDS["fused_cpu"].supports(make_call(q, k, v)) is None:      # the C++ kernel is built here
-        assert choice.backend == "fused_cpu"                            # it reads the key ranges natively
+    if BACKENDS["fused_cpu"].supports(make_call(q, k, v)) is None:  # the C++ kernel is built here
+        assert choice.backend == "fused_cpu"  # it reads the key ranges natively
     # any integer is a range: past the ends it clamps, an empty one gives zeros
     out = ls.attention(q, k, v, key_start=torch.tensor([-4, N + 3]), key_end=torch.tensor([99, N + 9]))
     torch.testing.assert_close(out[0], ls.attention(q[:1], k[:1], v[:1])[0])
@@ -172,8 +185,16 @@ V = 23
 
 def _model(backend="auto", method="asentmax", positions="nape", dtype=torch.float64):
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=2, d_ff=64, method=method, positions=positions,
-                      attn_backend=backend)
+    cfg = ModelConfig(
+        vocab_size=V,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        d_ff=64,
+        method=method,
+        positions=positions,
+        attn_backend=backend,
+    )
     return Transformer(cfg).to(dtype).eval()
 
 
@@ -211,18 +232,19 @@ def test_model_passes_padding_as_key_ranges(monkeypatch):
 
     for c in seen(attention_mask=left):
         assert c["attn_mask"] is None and c["key_end"] is None and c["key_start"].tolist() == [3, 0]
-    for c in seen(attention_mask=left.flip(1)):                 # right padding, no cache
+    for c in seen(attention_mask=left.flip(1)):  # right padding, no cache
         assert c == {"attn_mask": None, "key_start": None, "key_end": None}
     cache = model.new_cache()
-    for c in seen(attention_mask=left.flip(1), cache=cache):    # right padding with a cache: later queries see it
+    for c in seen(attention_mask=left.flip(1), cache=cache):  # right padding with a cache: later queries see it
         assert c["attn_mask"] is None and c["key_start"] is None and c["key_end"].tolist() == [5, 8]
     calls.clear()
-    model(ids[:, :1], cache=cache)                             # pads now sit between real keys
+    model(ids[:, :1], cache=cache)  # pads now sit between real keys
     assert all(kw["attn_mask"] is not None and kw.get("key_start") is None for _, kw in calls)
     calls.clear()
     model.generate(ids, 3, attention_mask=left)
-    assert len(calls) == 2 * 3 and all(kw.get("attn_mask") is None and kw["key_start"].tolist() == [3, 0]
-                                       for _, kw in calls)
+    assert len(calls) == 2 * 3 and all(
+        kw.get("attn_mask") is None and kw["key_start"].tolist() == [3, 0] for _, kw in calls
+    )
 
 
 def test_auto_picks_triton_for_every_call_of_a_left_padded_cuda_generation(monkeypatch):
@@ -240,8 +262,10 @@ def test_auto_picks_triton_for_every_call_of_a_left_padded_cuda_generation(monke
         assert choice.backend == "triton", choice
 
 
-@pytest.mark.parametrize("backend,method", [("auto", "asentmax"), ("reference", "entmax"), ("chunked", "softmax"),
-                                            ("sdpa", "ssmax"), ("triton", "asentmax")])
+@pytest.mark.parametrize(
+    "backend,method",
+    [("auto", "asentmax"), ("reference", "entmax"), ("chunked", "softmax"), ("sdpa", "ssmax"), ("triton", "asentmax")],
+)
 def test_cached_generation_of_a_left_padded_batch_equals_each_row_alone(backend, method, monkeypatch):
     """Prefill of left-padded prompts with a cache, then cached steps: the logits of every row equal those of
     the row generated alone without padding, and so do the greedy tokens (float64; triton: float32, its
@@ -249,6 +273,7 @@ def test_cached_generation_of_a_left_padded_batch_equals_each_row_alone(backend,
     decode_flags = []
     if backend == "triton":
         from longsparse.attention import triton_entmax as te
+
         op = te._attention_op
         monkeypatch.setattr(te, "DECODE_MIN_KEYS", 9)
         monkeypatch.setattr(te, "_attention_op", lambda *args: decode_flags.append(args[-1]) or op(*args))
@@ -261,17 +286,17 @@ def test_cached_generation_of_a_left_padded_batch_equals_each_row_alone(backend,
     def teacher_forced(prompt, mask, follow):
         cache = model.new_cache()
         out = [model(prompt, attention_mask=mask, cache=cache, logits_for="last")]
-        out += [model(follow[:, t:t + 1], cache=cache, logits_for="last") for t in range(follow.shape[1])]
+        out += [model(follow[:, t : t + 1], cache=cache, logits_for="last") for t in range(follow.shape[1])]
         return torch.cat(out, 1)
 
     batch = teacher_forced(ids, left, steps)
     tol = 2e-5 if dtype == torch.float32 else 1e-10
     for b, s in enumerate(pads):
-        alone = teacher_forced(ids[b:b + 1, s:], None, steps[b:b + 1])
-        torch.testing.assert_close(batch[b:b + 1], alone, atol=tol, rtol=tol)
+        alone = teacher_forced(ids[b : b + 1, s:], None, steps[b : b + 1])
+        torch.testing.assert_close(batch[b : b + 1], alone, atol=tol, rtol=tol)
     if backend == "triton":
-        assert True in decode_flags and False in decode_flags        # the cached steps; the 8-token prefills
+        assert True in decode_flags and False in decode_flags  # the cached steps; the 8-token prefills
     if dtype == torch.float64:
         tokens = model.generate(ids, 4, attention_mask=left)
         for b, s in enumerate(pads):
-            assert torch.equal(tokens[b:b + 1], model.generate(ids[b:b + 1, s:], 4))
+            assert torch.equal(tokens[b : b + 1], model.generate(ids[b : b + 1, s:], 4))

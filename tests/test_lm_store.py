@@ -1,5 +1,6 @@
 """The LM study's results store (results/lm/records.jsonl): `longsparse lm report` appends run folders'
 evaluations to it and renders docs/lm from it."""
+
 from __future__ import annotations
 
 import json
@@ -39,25 +40,50 @@ def test_imported_records_carry_their_groups_seed_mean_curves():
         group = agg[f"{rec['method']}/{rec['positions']}"]
         assert ev["per_position_nll"] == group["per_position_nll"] and len(ev["per_position_nll"]) == 2048
         assert ev["per_position_source"].startswith("mean over seeds 0, 1 of")
-        assert [r["exact_match"] for r in rec["results"]] == [ev["passkey"][str(r["length"])]["accuracy"]
-                                                              for r in rec["results"]]
+        assert [r["exact_match"] for r in rec["results"]] == [
+            ev["passkey"][str(r["length"])]["accuracy"] for r in rec["results"]
+        ]
 
 
 def _eval(run: str, method: str, seed: int, T: int = 4) -> dict:
     """A small LM evaluation (the fields of eval.json), with values exact in 6 significant digits."""
     per_pos = [2.0 + 0.125 * ((p * (seed + 3)) % 5) for p in range(4 * T)]
     delta = [0.0] * T + [0.0625 * ((p + seed) % 3 - 1) for p in range(T, 4 * T)]
-    ppl = {str(L): {"nll": 2.5 + 0.25 * seed - 0.125 * i, "ppl": math.exp(2.5 + 0.25 * seed - 0.125 * i),
-                    "n_targets": 16} for i, L in enumerate((2, 4, 8, 16))}
-    passkey = {str(L): {"accuracy": 0.5 * (seed + i) % 1, "by_depth": {"0.0": 0.5, "1.0": 0.0}, "n": 2,
-                        "digit_accuracy": 0.25, "answer_nll": 2.25} for i, L in enumerate((4, 8, 16))}
-    return {"run": run, "method": method, "positions": "nape", "seed": seed, "seq_len": T, "split": "test",
-            "eval_config": {}, "train_wall_s": 10.0 + seed, "params": 100, "steps": 5, "perplexity": ppl,
-            "per_position_nll": per_pos, "position_buckets": bucket_positions(per_pos, T),
-            "per_position_delta_nll": delta,
-            "position_delta_buckets": [{"start": b["start"], "end": b["end"], "delta_nll": b["nll"]}
-                                       for b in bucket_positions(delta, T)],
-            "passkey": passkey, "eval_wall_s": {"perplexity": 1.0, "total": 2.0}}
+    ppl = {
+        str(L): {"nll": 2.5 + 0.25 * seed - 0.125 * i, "ppl": math.exp(2.5 + 0.25 * seed - 0.125 * i), "n_targets": 16}
+        for i, L in enumerate((2, 4, 8, 16))
+    }
+    passkey = {
+        str(L): {
+            "accuracy": 0.5 * (seed + i) % 1,
+            "by_depth": {"0.0": 0.5, "1.0": 0.0},
+            "n": 2,
+            "digit_accuracy": 0.25,
+            "answer_nll": 2.25,
+        }
+        for i, L in enumerate((4, 8, 16))
+    }
+    return {
+        "run": run,
+        "method": method,
+        "positions": "nape",
+        "seed": seed,
+        "seq_len": T,
+        "split": "test",
+        "eval_config": {},
+        "train_wall_s": 10.0 + seed,
+        "params": 100,
+        "steps": 5,
+        "perplexity": ppl,
+        "per_position_nll": per_pos,
+        "position_buckets": bucket_positions(per_pos, T),
+        "per_position_delta_nll": delta,
+        "position_delta_buckets": [
+            {"start": b["start"], "end": b["end"], "delta_nll": b["nll"]} for b in bucket_positions(delta, T)
+        ],
+        "passkey": passkey,
+        "eval_wall_s": {"perplexity": 1.0, "total": 2.0},
+    }
 
 
 def test_report_from_run_folders_stores_them_once_and_renders_the_same_from_the_store(tmp_path):
@@ -67,18 +93,24 @@ def test_report_from_run_folders_stores_them_once_and_renders_the_same_from_the_
             d = runs / f"{method}-nape-s{seed}"
             d.mkdir(parents=True)
             (d / "eval.json").write_text(json.dumps(_eval(d.name, method, seed)))
-    (runs / "softmax-nape-s0" / "config.json").write_text(json.dumps({"task": {"name": "lm"}, "model": {},
-                                                                      "train": {"seed": 0}}))
+    (runs / "softmax-nape-s0" / "config.json").write_text(
+        json.dumps({"task": {"name": "lm"}, "model": {}, "train": {"seed": 0}})
+    )
     st = tmp_path / "store"
     assert main(["lm", "report", str(runs), "--out", str(tmp_path / "a"), "--store", str(st)]) == 0
     assert main(["lm", "report", str(runs), "--out", str(tmp_path / "a"), "--store", str(st)]) == 0
     records = store.read_records(st)
-    assert sorted(r["run"] for r in records) == ["lm/asentmax-nape-s0", "lm/asentmax-nape-s1",
-                                                 "lm/softmax-nape-s0", "lm/softmax-nape-s1"]    # stored once
+    assert sorted(r["run"] for r in records) == [
+        "lm/asentmax-nape-s0",
+        "lm/asentmax-nape-s1",
+        "lm/softmax-nape-s0",
+        "lm/softmax-nape-s1",
+    ]  # stored once
     by_run = {r["run"]: r for r in records}
-    assert by_run["lm/softmax-nape-s0"]["config_hash"] == config_hash({"task": {"name": "lm"}, "model": {},
-                                                                       "train": {"seed": 0}})
-    assert by_run["lm/softmax-nape-s1"]["config_hash"] is None            # that run folder has no config.json
+    assert by_run["lm/softmax-nape-s0"]["config_hash"] == config_hash(
+        {"task": {"name": "lm"}, "model": {}, "train": {"seed": 0}}
+    )
+    assert by_run["lm/softmax-nape-s1"]["config_hash"] is None  # that run folder has no config.json
     assert by_run["lm/asentmax-nape-s1"]["train"]["train_seconds"] == 11.0
     assert main(["lm", "report", "--store", str(st), "--out", str(tmp_path / "b")]) == 0
     assert (tmp_path / "b" / "lm_results.md").read_text() == (tmp_path / "a" / "lm_results.md").read_text()
@@ -87,8 +119,7 @@ def test_report_from_run_folders_stores_them_once_and_renders_the_same_from_the_
     again = _eval("softmax-nape-s1", "softmax", 1)
     again["perplexity"]["16"]["ppl"] = 99.0
     (runs / "softmax-nape-s1" / "eval.json").write_text(json.dumps(again))
-    assert main(["lm", "report", str(runs / "softmax-nape-s1"), "--out", str(tmp_path / "c"), "--store",
-                 str(st)]) == 0
+    assert main(["lm", "report", str(runs / "softmax-nape-s1"), "--out", str(tmp_path / "c"), "--store", str(st)]) == 0
     assert len(store.read_records(st)) == 5
     assert main(["lm", "report", "--store", str(st), "--out", str(tmp_path / "d")]) == 0
     assert "99.0" in (tmp_path / "d" / "lm_results.md").read_text()

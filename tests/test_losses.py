@@ -1,13 +1,13 @@
 """Fenchel–Young losses against the `entmax` package (1.3) and their defining properties."""
+
 from __future__ import annotations
 
-import entmax as E
 import entmax.losses as EL
 import pytest
 import torch
+from conftest import ref_entmax
 
 import longsparse as ls
-from conftest import ref_entmax
 
 FUNCS = [  # (ours, package's, alpha)
     (ls.entmax15_loss, EL.entmax15_loss, 1.5),
@@ -70,9 +70,9 @@ def test_distribution_targets(alpha):
     loss = ls.entmax_bisect_loss(z, y, alpha)
     p = ref_entmax(z, alpha)
     if alpha == 1.0:
-        H = lambda q: -(q * torch.log(q.clamp_min(1e-300))).sum(-1)     # noqa: E731
+        H = lambda q: -(q * torch.log(q.clamp_min(1e-300))).sum(-1)  # noqa: E731
     else:
-        H = lambda q: _tsallis(q, alpha)                                 # noqa: E731
+        H = lambda q: _tsallis(q, alpha)  # noqa: E731
     expected = ((p - y) * z.detach()).sum(-1) + H(p) - H(y)
     torch.testing.assert_close(loss, expected, rtol=1e-9, atol=1e-10)
     assert (loss >= 0).all()
@@ -97,16 +97,21 @@ def test_zero_loss_when_target_is_the_mapping(alpha):
 @pytest.mark.parametrize("reduction", ["elementwise_mean", "sum", "none"])
 @pytest.mark.parametrize("cls_pair", ["entmax15", "sparsemax", "bisect"])
 def test_loss_modules_vs_entmax_package(reduction, cls_pair):
-    ours_cls, pkg_cls = {"entmax15": (ls.Entmax15Loss, EL.Entmax15Loss),
-                         "sparsemax": (ls.SparsemaxLoss, EL.SparsemaxLoss),
-                         "bisect": (ls.EntmaxBisectLoss, EL.EntmaxBisectLoss)}[cls_pair]
+    ours_cls, pkg_cls = {
+        "entmax15": (ls.Entmax15Loss, EL.Entmax15Loss),
+        "sparsemax": (ls.SparsemaxLoss, EL.SparsemaxLoss),
+        "bisect": (ls.EntmaxBisectLoss, EL.EntmaxBisectLoss),
+    }[cls_pair]
     kw = {"alpha": 1.7} if cls_pair == "bisect" else {}
     z, y = _data(seed=6)
-    y[:3] = 2                                   # several ignored positions
-    for ignore_index in (2, -100):              # the package honours ignore_index only when ≥ 0
+    y[:3] = 2  # several ignored positions
+    for ignore_index in (2, -100):  # the package honours ignore_index only when ≥ 0
         ours = ours_cls(ignore_index=ignore_index, reduction=reduction, **kw)
-        pkg = pkg_cls(ignore_index=ignore_index, reduction=reduction,
-                      **({"alpha": 1.7, "n_iter": 100} if cls_pair == "bisect" else {}))
+        pkg = pkg_cls(
+            ignore_index=ignore_index,
+            reduction=reduction,
+            **({"alpha": 1.7, "n_iter": 100} if cls_pair == "bisect" else {}),
+        )
         z1, z2 = z.clone().requires_grad_(), z.clone().requires_grad_()
         l1, l2 = ours(z1, y), pkg(z2, y)
         torch.testing.assert_close(l1, l2, rtol=1e-9, atol=1e-10)
@@ -123,7 +128,7 @@ def test_ignore_index_all_ignored_and_negative():
     z, y = _data(seed=7)
     loss = ls.Entmax15Loss(ignore_index=-100)
     y2 = y.clone()
-    y2[::2] = -100                              # our default ignore_index is honoured
+    y2[::2] = -100  # our default ignore_index is honoured
     full = ls.entmax15_loss(z[1::2], y[1::2])
     torch.testing.assert_close(loss(z, y2), full.mean())
     torch.testing.assert_close(ls.Entmax15Loss(reduction="sum")(z, y2), full.sum())
@@ -138,8 +143,11 @@ def test_ignore_index_all_ignored_and_negative():
 def test_loss_modules_accept_distribution_targets():
     z, _ = _data(seed=8)
     y = ls.entmax15(torch.randn_like(z) * 2)
-    for mod, fn in ((ls.Entmax15Loss(), ls.entmax15_loss), (ls.SparsemaxLoss(reduction="sum"), ls.sparsemax_loss),
-                    (ls.EntmaxBisectLoss(1.3, reduction="none"), lambda a, b: ls.entmax_bisect_loss(a, b, 1.3))):
+    for mod, fn in (
+        (ls.Entmax15Loss(), ls.entmax15_loss),
+        (ls.SparsemaxLoss(reduction="sum"), ls.sparsemax_loss),
+        (ls.EntmaxBisectLoss(1.3, reduction="none"), lambda a, b: ls.entmax_bisect_loss(a, b, 1.3)),
+    ):
         out = mod(z, y)
         ref = fn(z, y)
         ref = {"elementwise_mean": ref.mean(), "mean": ref.mean(), "sum": ref.sum(), "none": ref}[mod.reduction]
@@ -158,17 +166,17 @@ def test_fp32_and_half_logits():
 def test_bad_targets_raise():
     z, y = _data(seed=11)
     with pytest.raises(ValueError):
-        ls.entmax15_loss(z, y[:-1])                         # wrong number of class indices
+        ls.entmax15_loss(z, y[:-1])  # wrong number of class indices
     with pytest.raises(ValueError):
-        ls.entmax15_loss(z, y.view(-1, 1))                  # (n, 1) indices
+        ls.entmax15_loss(z, y.view(-1, 1))  # (n, 1) indices
     with pytest.raises(ValueError):
-        ls.sparsemax_loss(z, torch.rand(z.shape[0], z.shape[1] + 1, dtype=z.dtype))   # distribution, wrong C
+        ls.sparsemax_loss(z, torch.rand(z.shape[0], z.shape[1] + 1, dtype=z.dtype))  # distribution, wrong C
     with pytest.raises(ValueError):
-        ls.sparsemax_loss(z, torch.full_like(y, z.shape[1]))    # index out of range
+        ls.sparsemax_loss(z, torch.full_like(y, z.shape[1]))  # index out of range
     with pytest.raises(ValueError):
-        ls.sparsemax_loss(z, torch.full_like(y, -3))            # negative index
+        ls.sparsemax_loss(z, torch.full_like(y, -3))  # negative index
     with pytest.raises(ValueError):
-        ls.entmax15_loss(z.view(3, 4, -1), y)                   # logits must be (n, C)
+        ls.entmax15_loss(z.view(3, 4, -1), y)  # logits must be (n, C)
     with pytest.raises(ValueError):
         ls.Entmax15Loss(reduction="avg")
     with pytest.raises(TypeError):

@@ -1,17 +1,17 @@
 """Hypothesis properties of α-entmax: simplex output, shift invariance, permutation equivariance,
 monotonicity, sparsity non-decreasing in α, and fp32-vs-float64-reference accuracy on adversarial rows."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import ALPHAS, PATHS, ref_entmax, solver_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import longsparse as ls
-from conftest import ALPHAS, PATHS, ref_entmax, solver_path
 
-SETTINGS = settings(max_examples=50, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 finite = st.floats(min_value=-50, max_value=50, allow_nan=False, allow_infinity=False, width=32)
 rows = st.lists(finite, min_size=1, max_size=24)
@@ -69,7 +69,7 @@ def test_order_preserving(path, row, alpha):
     order = torch.argsort(x, stable=True)
     xs, ps = x[order], p[order]
     assert (ps[1:] >= ps[:-1]).all()
-    assert (ps[1:][xs[1:] == xs[:-1]] == ps[:-1][xs[1:] == xs[:-1]]).all()   # ties get equal weight
+    assert (ps[1:][xs[1:] == xs[:-1]] == ps[:-1][xs[1:] == xs[:-1]]).all()  # ties get equal weight
 
 
 @SETTINGS

@@ -1,23 +1,31 @@
 """α-entmax values and gradients against float64 references and the `entmax` package (1.3), on both
 solver paths (fused CPU kernel, pure PyTorch); robustness and error handling; torch.compile."""
-from __future__ import annotations
 
-import time
+from __future__ import annotations
 
 import entmax as E
 import pytest
 import torch
+from conftest import ALPHAS, boundary_margin, ref_entmax, ref_exact, spaced_scores
 
 import longsparse as ls
-from conftest import (ALPHAS, PATHS, boundary_margin, ref_entmax, ref_exact, solver_path,
-                      spaced_scores)
 
-TOL = 1e-6     # acceptance: max abs error of fp32 input vs the float64 reference
+TOL = 1e-6  # acceptance: max abs error of fp32 input vs the float64 reference
 
 # (shape, dim): 1-D, 2-D along either axis, the middle dim of 3-D / 4-D tensors, long rows, n = 1, 2
-CASES = [((11,), -1), ((6, 33), -1), ((6, 33), 0), ((6, 33), 1), ((3, 7, 5), 1),
-         ((2, 3, 9, 4), 1), ((2, 3, 9, 4), 2), ((3, 257), -1), ((2, 1000), -1), ((5, 1), -1),
-         ((40, 2), -1)]
+CASES = [
+    ((11,), -1),
+    ((6, 33), -1),
+    ((6, 33), 0),
+    ((6, 33), 1),
+    ((3, 7, 5), 1),
+    ((2, 3, 9, 4), 1),
+    ((2, 3, 9, 4), 2),
+    ((3, 257), -1),
+    ((2, 1000), -1),
+    ((5, 1), -1),
+    ((40, 2), -1),
+]
 SCALES = [0.1, 1.0, 3.0, 30.0]
 
 
@@ -27,6 +35,7 @@ def _inputs(shape, scale, seed):
 
 
 # ----------------------------------------------------------------------------- the references themselves
+
 
 def test_references_agree():
     """The bisection reference and the exact sort-based solve agree (and with the package's exact
@@ -41,6 +50,7 @@ def test_references_agree():
 
 
 # ----------------------------------------------------------------------------- values
+
 
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_values_vs_float64_reference(path, alpha):
@@ -142,6 +152,7 @@ def test_generic_alpha_long_rows_values_and_grads(path, alpha, n):
 
 # ----------------------------------------------------------------------------- gradients wrt x
 
+
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_grad_x_vs_float64_reference(path, alpha):
     """fp32 gradient for a random upstream gradient vs the `entmax` package's float64 autograd
@@ -162,15 +173,16 @@ def test_grad_x_vs_float64_reference(path, alpha):
 @pytest.mark.parametrize("alpha", [1.5, 2.0, 1.25, 1.75, 3.0])
 def test_gradcheck_float64(path, alpha):
     x = spaced_scores(2, 7, seed=int(alpha * 10)).requires_grad_()
-    assert boundary_margin(x, alpha) > 1e-3           # no entry near the support boundary
+    assert boundary_margin(x, alpha) > 1e-3  # no entry near the support boundary
     fn = {1.5: ls.entmax15, 2.0: ls.sparsemax}.get(alpha, lambda t: ls.entmax(t, alpha))
     assert torch.autograd.gradcheck(fn, (x,), eps=1e-6, atol=1e-6, rtol=1e-5)
     # along another dim too
-    x2 = spaced_scores(2, 6, seed=1).T.requires_grad_()   # non-contiguous, rows along dim 0
+    x2 = spaced_scores(2, 6, seed=1).T.requires_grad_()  # non-contiguous, rows along dim 0
     assert torch.autograd.gradcheck(lambda t: ls.entmax(t, alpha, dim=0), (x2,), eps=1e-6, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- gradients wrt α
+
 
 def _pkg_alpha_grad(x64, alpha64, g64, dim=-1):
     """(∂/∂x, ∂/∂α) from the `entmax` package in float64; α must broadcast its way (H, 1, 1)."""
@@ -233,9 +245,11 @@ def test_alpha_grad_each_alpha_float64(path, alpha):
 def test_gradcheck_x_and_alpha_per_head(path):
     B, H, N = 1, 3, 4
     x = spaced_scores(B, H, N, N, seed=3).requires_grad_()
-    for a in (torch.tensor([1.3, 1.7, 2.4], dtype=torch.float64),
-              torch.tensor([1.3, 1.7, 2.4], dtype=torch.float64).view(H, 1, 1),
-              torch.tensor(1.6, dtype=torch.float64)):
+    for a in (
+        torch.tensor([1.3, 1.7, 2.4], dtype=torch.float64),
+        torch.tensor([1.3, 1.7, 2.4], dtype=torch.float64).view(H, 1, 1),
+        torch.tensor(1.6, dtype=torch.float64),
+    ):
         assert boundary_margin(x, a.view(-1, 1, 1) if a.dim() == 1 else a) > 1e-3
         a = a.requires_grad_()
         assert torch.autograd.gradcheck(lambda t, al: ls.entmax(t, al), (x, a), eps=1e-6, atol=1e-6, rtol=1e-5)
@@ -255,9 +269,9 @@ def _call(x, alpha, dim=-1):
 @pytest.mark.parametrize("alpha", ROBUST_ALPHAS)
 def test_fully_masked_rows(path, alpha):
     x = torch.randn(2, 3, 4, 6)
-    x[0, 1, 2] = float("-inf")           # one fully masked row
-    x[1, :, 0] = float("-inf")           # fully masked rows in every head
-    x[1, 2, 3, :3] = float("-inf")       # a row mixing −inf and finite
+    x[0, 1, 2] = float("-inf")  # one fully masked row
+    x[1, :, 0] = float("-inf")  # fully masked rows in every head
+    x[1, 2, 3, :3] = float("-inf")  # a row mixing −inf and finite
     x = x.requires_grad_()
     p = _call(x, alpha)
     assert not torch.isnan(p).any()
@@ -315,7 +329,7 @@ def test_huge_and_tiny_logits(path, alpha):
 def test_ties(path, alpha):
     x = torch.zeros(3, 8)
     x[1] = 5.0
-    x[2, :3] = 2.0           # three tied maxima, the rest lower
+    x[2, :3] = 2.0  # three tied maxima, the rest lower
     p = ls.entmax(x, alpha)
     torch.testing.assert_close(p[0], torch.full((8,), 1 / 8), rtol=0, atol=1e-7)
     torch.testing.assert_close(p[1], torch.full((8,), 1 / 8), rtol=0, atol=1e-7)
@@ -330,7 +344,7 @@ def test_half_precision(path, dtype, alpha):
     x = _inputs((4, 3, 50), 2.0, 9).to(dtype)
     p = _call(x, alpha)
     assert p.dtype == dtype
-    assert (p.float().sum(-1) - 1).abs().max() <= eps       # the row sums to 1 in its own precision
+    assert (p.float().sum(-1) - 1).abs().max() <= eps  # the row sums to 1 in its own precision
     p32 = _call(x.float(), alpha)
     # the same input values solved in fp32, rounded to the half type: within half an ulp (+ fp16 subnormals)
     assert ((p.float() - p32).abs() <= p32 * eps / 2 + 1e-7).all()
@@ -354,19 +368,24 @@ def test_empty_dims(path, alpha):
 def test_errors():
     x = torch.randn(3, 5)
     with pytest.raises(ValueError):
-        ls.entmax(x, torch.linspace(1.2, 2.0, 5))    # α varying along the mapped axis, not per row
+        ls.entmax(x, torch.linspace(1.2, 2.0, 5))  # α varying along the mapped axis, not per row
     for bad in (0.5, 0.0, -1.0, float("nan")):
         with pytest.raises(ValueError):
             ls.entmax(x, bad)
     with pytest.raises(ValueError):
         ls.entmax(x, torch.tensor([1.5, 0.9, 1.5]).view(3, 1))
-    for bad in (float("inf"), float("nan")):         # a tensor α must be finite (α = 1 rows are softmax)
+    for bad in (float("inf"), float("nan")):  # a tensor α must be finite (α = 1 rows are softmax)
         with pytest.raises(ValueError, match="alpha must be finite"):
             ls.entmax(x, torch.tensor([1.5, bad, 1.5]).view(3, 1))
     y = x.clone()
     y[1, 2] = float("nan")
-    for fn in (ls.entmax15, ls.sparsemax, lambda t: ls.entmax(t, 1.3), lambda t: ls.entmax(t, 1.0),
-               lambda t: ls.entmax(t, torch.tensor(1.3))):
+    for fn in (
+        ls.entmax15,
+        ls.sparsemax,
+        lambda t: ls.entmax(t, 1.3),
+        lambda t: ls.entmax(t, 1.0),
+        lambda t: ls.entmax(t, torch.tensor(1.3)),
+    ):
         with pytest.raises(ValueError, match="NaN"):
             fn(y)
     y[1, 2] = float("inf")
@@ -381,29 +400,39 @@ def test_errors():
     with pytest.raises(TypeError):
         ls.sparsemax(torch.ones(2, 3, dtype=torch.bool))
     with pytest.raises(ValueError):
-        ls.entmax15(torch.tensor(1.0))               # 0-d
+        ls.entmax15(torch.tensor(1.0))  # 0-d
     s = torch.randn(2, 3, 4, 4)
-    for a in (torch.full((5,), 1.5), torch.full((2, 3), 1.5), torch.full((1, 1, 1, 1, 1), 1.5),
-              torch.full((4, 1, 1), 1.5)):
+    for a in (
+        torch.full((5,), 1.5),
+        torch.full((2, 3), 1.5),
+        torch.full((1, 1, 1, 1, 1), 1.5),
+        torch.full((4, 1, 1), 1.5),
+    ):
         with pytest.raises(ValueError):
             ls.entmax(s, a)
 
 
 # ----------------------------------------------------------------------------- torch.compile
 
+
 def _check_compiled(backend):
     torch._dynamo.reset()
     x = _inputs((4, 3, 16), 2.0, 31)
-    x[0, 0] = float("-inf")                 # a fully masked row
-    fns = {"entmax15": lambda t: ls.entmax15(t), "sparsemax": lambda t: ls.sparsemax(t, dim=1),
-           "entmax(1.3)": lambda t: ls.entmax(t, 1.3)}
+    x[0, 0] = float("-inf")  # a fully masked row
+    fns = {
+        "entmax15": lambda t: ls.entmax15(t),
+        "sparsemax": lambda t: ls.sparsemax(t, dim=1),
+        "entmax(1.3)": lambda t: ls.entmax(t, 1.3),
+    }
     for name, fn in fns.items():
         compiled = torch.compile(fn, fullgraph=True, backend=backend)
         xx, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
         pe, pc = fn(xx), compiled(xc)
         assert not torch.isnan(pc).any(), name
-        assert (pc.double() - ref_entmax(x, {"entmax15": 1.5, "sparsemax": 2.0}.get(name, 1.3),
-                                         1 if name == "sparsemax" else -1)).abs().max() <= TOL, name
+        assert (
+            pc.double()
+            - ref_entmax(x, {"entmax15": 1.5, "sparsemax": 2.0}.get(name, 1.3), 1 if name == "sparsemax" else -1)
+        ).abs().max() <= TOL, name
         assert (pc.double() - pe.double()).abs().max() <= TOL, name
         g = torch.randn_like(pe)
         pe.backward(g)

@@ -4,6 +4,7 @@ generation), and what older code wrote: an HSA run folder from before `model.arc
 its config names HSA as the method) still loads, gives the same logits and evaluates; the flat model sections and
 their hashes, and checkpoints written before the configs held an `AttentionSettings` (tests/data/checkpoints),
 are unchanged."""
+
 from __future__ import annotations
 
 import copy
@@ -18,10 +19,15 @@ import torch
 
 from longsparse.cli import main
 from longsparse.hsa import HSAConfig, HSAModel
-from longsparse.models import (ARCHITECTURES, architecture_of, build_model, config_section, get_architecture,
-                               model_config)
-from longsparse.nn import (AttentionSettings, ModelConfig, Transformer, load_checkpoint, read_checkpoint,
-                           save_checkpoint)
+from longsparse.models import (
+    ARCHITECTURES,
+    architecture_of,
+    build_model,
+    config_section,
+    get_architecture,
+    model_config,
+)
+from longsparse.nn import AttentionSettings, ModelConfig, Transformer, load_checkpoint, read_checkpoint, save_checkpoint
 from longsparse.train import ConfigError, build_config, config_hash, resolve
 from longsparse.train.config import run_label
 
@@ -30,11 +36,22 @@ CHECKPOINTS = Path(__file__).parent / "data" / "checkpoints"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SECTIONS = {
-    "transformer": {"d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 24, "method": "asentmax",
-                    "positions": "nape"},
-    "hsa": {"arch": "hsa", "d_model": 16, "n_heads": 2, "d_ff": 24, "n_lower": 1, "n_upper": 1, "chunk_size": 4,
-            "window": 4, "method": "entmax", "learn_alpha": True, "alpha": 1.3, "positions": "alibi",
-            "select_warmup": 2},
+    "transformer": {"d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 24, "method": "asentmax", "positions": "nape"},
+    "hsa": {
+        "arch": "hsa",
+        "d_model": 16,
+        "n_heads": 2,
+        "d_ff": 24,
+        "n_lower": 1,
+        "n_upper": 1,
+        "chunk_size": 4,
+        "window": 4,
+        "method": "entmax",
+        "learn_alpha": True,
+        "alpha": 1.3,
+        "positions": "alibi",
+        "select_warmup": 2,
+    },
 }
 
 
@@ -72,7 +89,7 @@ def test_save_load_round_trip_through_the_registry(arch, tmp_path):
     loaded.eval()
     torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
     opt2 = torch.optim.AdamW(loaded.parameters(), lr=1e-2)
-    load_checkpoint(path, optimizer=opt2, model=loaded)          # into a given model, with the optimizer state
+    load_checkpoint(path, optimizer=opt2, model=loaded)  # into a given model, with the optimizer state
     other = build_model({**SECTIONS[arch], "d_ff": 32}, 20)
     with pytest.raises(ValueError, match="config differs"):
         load_checkpoint(path, model=other)
@@ -95,12 +112,12 @@ def test_legacy_hsa_checkpoint_gives_the_same_logits():
     expected = torch.load(LEGACY / "expected.pt", weights_only=True)
     model, extra = load_checkpoint(str(LEGACY / "run" / "checkpoints" / "last.pt"))
     assert isinstance(model, HSAModel) and extra["step"] == 3 and int(model.select_steps) == 3
-    assert (model.cfg.method, model.cfg.positions) == ("softmax", "rope")   # the token attention of that code
+    assert (model.cfg.method, model.cfg.positions) == ("softmax", "rope")  # the token attention of that code
     model = model.double().eval()
     with torch.no_grad():
         logits = model(expected["input_ids"])[:, expected["rows"]]
         torch.testing.assert_close(logits, expected["logits"], rtol=0, atol=1e-10)
-        prompt = expected["input_ids"][:, :expected["prompt_len"]]
+        prompt = expected["input_ids"][:, : expected["prompt_len"]]
         assert torch.equal(model.generate(prompt, 4), expected["generated"])
 
 
@@ -109,29 +126,29 @@ def test_legacy_hsa_run_config_reads_evaluates_and_keeps_its_label(tmp_path):
     from longsparse.evaluate.sweep import load_run_model
 
     stored = json.loads((LEGACY / "run" / "config.json").read_text())
-    assert (stored["model"]["method"], stored["model"]["positions"]) == ("hsa", "hsa")     # the old form
+    assert (stored["model"]["method"], stored["model"]["positions"]) == ("hsa", "hsa")  # the old form
     cfg = resolve(stored)
     m = cfg["model"]
     assert (m["arch"], m["method"], m["positions"]) == ("hsa", "softmax", "rope")
     assert run_label(cfg) == "hsa[weights=softmax,hsa_positions=rope,length_scale=learned]"
-    assert resolve(cfg) == cfg                                              # today's form is a fixed point
+    assert resolve(cfg) == cfg  # today's form is a fixed point
     run = tmp_path / "run"
     shutil.copytree(LEGACY / "run", run)
     model, _, _ = load_run_model(run, "last")
     assert isinstance(model, HSAModel)
     _, res = evaluate_run(run, [48], samples=2, checkpoint="last", printer=None, write=False, progress=False)
     assert (res["arch"], res["method"], res["label"]) == ("hsa", "softmax", run_label(cfg))
-    assert res["results"][0]["needles"]["n"] == 2                            # the architecture's needle scorer
+    assert res["results"][0]["needles"]["n"] == 2  # the architecture's needle scorer
 
 
 # ------------------------------------------------------------------------------------ run configs
 def test_arch_selects_the_model_table_and_method_stays_the_mapping():
     hsa = build_config("passkey", arch="hsa", method="entmax", positions="alibi", steps=2)
     assert (hsa["model"]["arch"], hsa["model"]["method"], hsa["model"]["positions"]) == ("hsa", "entmax", "alibi")
-    assert "n_layers" not in hsa["model"] and hsa["model"]["chunk_size"] == 16          # the [hsa] table
+    assert "n_layers" not in hsa["model"] and hsa["model"]["chunk_size"] == 16  # the [hsa] table
     assert build_config("passkey", sets=["model.arch=hsa"], steps=2)["model"]["arch"] == "hsa"
     dec = build_config("passkey", method="entmax", steps=2)
-    assert "arch" not in dec["model"] and dec["model"]["n_layers"] == 2                  # the [model] table
+    assert "arch" not in dec["model"] and dec["model"]["n_layers"] == 2  # the [model] table
     # naming the default architecture changes nothing, not even the run's identity
     explicit = resolve({**dec, "model": {**dec["model"], "arch": "transformer"}})
     assert explicit == dec and config_hash(explicit) == config_hash(dec)
@@ -154,37 +171,130 @@ def test_cli_refuses_method_hsa_naming_arch(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "hsa is an architecture, not a method: use --arch hsa" in err
     assert not (tmp_path / "r").exists()
-    assert main(["train", "--task", "passkey", "--arch", "hsa", "--method", "asentmax", "--out", "unused",
-                 "--print-config"]) == 0
+    assert (
+        main(
+            ["train", "--task", "passkey", "--arch", "hsa", "--method", "asentmax", "--out", "unused", "--print-config"]
+        )
+        == 0
+    )
     cfg = json.loads(capsys.readouterr().out)
     assert (cfg["model"]["arch"], cfg["model"]["method"]) == ("hsa", "asentmax")
 
 
 # ------------------------------------------------------------------ the stored forms of the model configs
 TRANSFORMER_KEYS = [
-    "vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "d_ff", "method", "positions", "alpha", "learn_alpha",
-    "max_alpha", "topk", "adatemp_order", "rope_theta", "nape_slopes", "asentmax_init", "asentmax_scaler",
-    "asentmax_delta", "asentmax_gamma_range", "ssmax_init", "norm_eps", "init_std", "attn_chunk_size",
-    "attn_backend"]
+    "vocab_size",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "head_dim",
+    "d_ff",
+    "method",
+    "positions",
+    "alpha",
+    "learn_alpha",
+    "max_alpha",
+    "topk",
+    "adatemp_order",
+    "rope_theta",
+    "nape_slopes",
+    "asentmax_init",
+    "asentmax_scaler",
+    "asentmax_delta",
+    "asentmax_gamma_range",
+    "ssmax_init",
+    "norm_eps",
+    "init_std",
+    "attn_chunk_size",
+    "attn_backend",
+]
 HSA_KEYS = [
-    "arch", "vocab_size", "d_model", "n_heads", "head_dim", "d_ff", "n_lower", "n_upper", "upper_group_size",
-    "encoder_layers", "chunk_size", "window", "topk", "landmark", "fusion", "weights", "retrieval", "hsa_positions",
-    "retrieval_dim", "entmax_alpha", "entmax_cap", "length_scale", "length_gamma", "gumbel_noise", "select_warmup",
-    "select_warmup_topk", "hsa_local", "hsa_impl", "rope_theta", "norm_eps", "init_std", "branch_gain", "method",
-    "positions", "alpha", "learn_alpha", "max_alpha", "attn_topk", "adatemp_order", "nape_slopes", "asentmax_init",
-    "asentmax_scaler", "asentmax_delta", "asentmax_gamma_range", "ssmax_init", "attn_chunk_size", "attn_backend"]
+    "arch",
+    "vocab_size",
+    "d_model",
+    "n_heads",
+    "head_dim",
+    "d_ff",
+    "n_lower",
+    "n_upper",
+    "upper_group_size",
+    "encoder_layers",
+    "chunk_size",
+    "window",
+    "topk",
+    "landmark",
+    "fusion",
+    "weights",
+    "retrieval",
+    "hsa_positions",
+    "retrieval_dim",
+    "entmax_alpha",
+    "entmax_cap",
+    "length_scale",
+    "length_gamma",
+    "gumbel_noise",
+    "select_warmup",
+    "select_warmup_topk",
+    "hsa_local",
+    "hsa_impl",
+    "rope_theta",
+    "norm_eps",
+    "init_std",
+    "branch_gain",
+    "method",
+    "positions",
+    "alpha",
+    "learn_alpha",
+    "max_alpha",
+    "attn_topk",
+    "adatemp_order",
+    "nape_slopes",
+    "asentmax_init",
+    "asentmax_scaler",
+    "asentmax_delta",
+    "asentmax_gamma_range",
+    "ssmax_init",
+    "attn_chunk_size",
+    "attn_backend",
+]
 # name: (config, its keys, sha256 of json.dumps(section) (keys in order, values), config_hash({"model": section})),
 # the hashes computed from the flat dataclasses that the configs were before they held an AttentionSettings
 PINNED_SECTIONS = {
-    "transformer_default": (lambda: ModelConfig(vocab_size=32), TRANSFORMER_KEYS,
-                            "987ea1351286f393", "8361f5ce542ee838"),
-    "transformer_asentmax_nape": (lambda: ModelConfig(vocab_size=32, method="asentmax", positions="nape", topk=8,
-                                                      asentmax_init="reference", attn_backend="reference"),
-                                  TRANSFORMER_KEYS, "6817599f7c469a5f", "28a3ffc98d34fb1f"),
+    "transformer_default": (
+        lambda: ModelConfig(vocab_size=32),
+        TRANSFORMER_KEYS,
+        "987ea1351286f393",
+        "8361f5ce542ee838",
+    ),
+    "transformer_asentmax_nape": (
+        lambda: ModelConfig(
+            vocab_size=32,
+            method="asentmax",
+            positions="nape",
+            topk=8,
+            asentmax_init="reference",
+            attn_backend="reference",
+        ),
+        TRANSFORMER_KEYS,
+        "6817599f7c469a5f",
+        "28a3ffc98d34fb1f",
+    ),
     "hsa_default": (lambda: HSAConfig(vocab_size=32), HSA_KEYS, "6f67045091d481dd", "ccff462703982ec5"),
-    "hsa_entmax": (lambda: HSAConfig(vocab_size=32, method="entmax", positions="nape", alpha=1.3, attn_topk=8,
-                                     weights="entmax", entmax_cap=3, attn_chunk_size=64),
-                   HSA_KEYS, "52a9185e1dd114cf", "b99f62b2febdcd14"),
+    "hsa_entmax": (
+        lambda: HSAConfig(
+            vocab_size=32,
+            method="entmax",
+            positions="nape",
+            alpha=1.3,
+            attn_topk=8,
+            weights="entmax",
+            entmax_cap=3,
+            attn_chunk_size=64,
+        ),
+        HSA_KEYS,
+        "52a9185e1dd114cf",
+        "b99f62b2febdcd14",
+    ),
 }
 
 
@@ -196,7 +306,7 @@ def test_flat_model_sections_and_their_hashes_are_pinned(name):
     assert list(section) == keys
     assert hashlib.sha256(json.dumps(section).encode()).hexdigest()[:16] == ordered_sha
     assert config_hash({"model": section}) == identity
-    rebuilt = model_config(section)                              # the flat form builds the same config
+    rebuilt = model_config(section)  # the flat form builds the same config
     assert rebuilt == cfg and list(config_section(rebuilt).items()) == list(section.items())
 
 
@@ -212,7 +322,7 @@ def test_checkpoints_written_by_the_flat_configs_load_and_compute_the_same(name)
     exact = copy.deepcopy(model).double().eval()
     with torch.no_grad():
         torch.testing.assert_close(exact(extra["input_ids"]), extra["logits"], rtol=0, atol=1e-12)
-    prompt = extra["input_ids"][:, :extra["prompt_len"]]
+    prompt = extra["input_ids"][:, : extra["prompt_len"]]
     for use_cache in (True, False):
         assert torch.equal(exact.generate(prompt, 6, use_cache=use_cache), extra["generated"])
 
@@ -223,7 +333,7 @@ def test_attention_settings_are_flat_keys_of_every_architecture_config():
     assert t.attention == AttentionSettings(method="softmax", topk=3)
     assert h.attention == AttentionSettings(method="entmax", positions="rope", topk=3) and h.topk == 5
     assert HSAConfig(vocab_size=8).attention == AttentionSettings(method="softmax", positions="rope")
-    t.method, h.attn_topk = "asentmax", 7                         # attributes read and write the settings
+    t.method, h.attn_topk = "asentmax", 7  # attributes read and write the settings
     assert (t.attention.method, h.attention.topk, h.attn_topk) == ("asentmax", 7, 7)
     # given settings are copied, and flat keys apply over them: no two configs share their settings
     shared = AttentionSettings(alpha=1.3)
@@ -236,7 +346,7 @@ def test_attention_settings_are_flat_keys_of_every_architecture_config():
     with pytest.raises(TypeError, match="attention must be an AttentionSettings"):
         ModelConfig(vocab_size=8, attention={"method": "entmax"})
     with pytest.raises(ValueError, match="unknown HSAConfig field\\(s\\): attention"):
-        HSAConfig.from_dict({"vocab_size": 8, "attention": {}})      # the stored form is flat only
+        HSAConfig.from_dict({"vocab_size": 8, "attention": {}})  # the stored form is flat only
     with pytest.raises(ValueError, match="attn_topk must be a positive integer"):
         HSAConfig(vocab_size=8, attn_topk=0)
     with pytest.raises(ValueError, match="unknown method 'flash'"):
@@ -252,18 +362,20 @@ def test_generation_checks_eos_and_mode_are_shared_by_every_architecture(arch):
     steps = dict(model.named_buffers()).get("select_steps")
     before = None if steps is None else int(steps)
     free = model.generate(prompt, 6)
-    assert model.training and (steps is None or int(steps) == before)   # decoded in eval mode, mode restored
+    assert model.training and (steps is None or int(steps) == before)  # decoded in eval mode, mode restored
     with torch.no_grad():
         assert torch.equal(free, model.eval().generate(prompt, 6, use_cache=False))
     eos = int(free[0, 2])
     out = model.generate(prompt, 6, eos_id=eos)
     for row, tokens in zip(out, free):
         first = tokens.tolist().index(eos) if eos in tokens.tolist() else 6
-        assert torch.equal(row[:first + 1], tokens[:first + 1]) and (row[first:] == eos).all()
+        assert torch.equal(row[: first + 1], tokens[: first + 1]) and (row[first:] == eos).all()
     assert model.generate(prompt, 0).shape == (2, 0)
-    for bad, kw, msg in [(prompt, dict(max_new_tokens=-1), "max_new_tokens must be >= 0"),
-                         (prompt[:, :0], {}, "prompt_ids must have shape"),
-                         (prompt, dict(attention_mask=torch.ones(2, 8)), "attention_mask must have shape"),
-                         (prompt, dict(attention_mask=torch.zeros(2, 9)), "at least one real")]:
+    for bad, kw, msg in [
+        (prompt, dict(max_new_tokens=-1), "max_new_tokens must be >= 0"),
+        (prompt[:, :0], {}, "prompt_ids must have shape"),
+        (prompt, dict(attention_mask=torch.ones(2, 8)), "attention_mask must have shape"),
+        (prompt, dict(attention_mask=torch.zeros(2, 9)), "at least one real"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             model.generate(bad, **{"max_new_tokens": 3, **kw})

@@ -47,7 +47,7 @@ def test_checkpoint_never_overwrites_silently(tmp_path):
     with pytest.raises(FileExistsError):
         save_checkpoint(path, m)
     save_checkpoint(path, m, overwrite=True)
-    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]        # no temp files left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]  # no temp files left behind
 
 
 def test_checkpoint_corrupt_and_mismatch(tmp_path):
@@ -85,8 +85,8 @@ def test_mha_softmax_matches_torch():
     w, b = ref.in_proj_weight.detach(), ref.in_proj_bias.detach()
     with torch.no_grad():
         for i, lin in enumerate((ours.q_proj, ours.k_proj, ours.v_proj)):
-            lin.weight.copy_(w[i * E:(i + 1) * E])
-            lin.bias.copy_(b[i * E:(i + 1) * E])
+            lin.weight.copy_(w[i * E : (i + 1) * E])
+            lin.bias.copy_(b[i * E : (i + 1) * E])
         ours.out_proj.weight.copy_(ref.out_proj.weight)
         ours.out_proj.bias.copy_(ref.out_proj.bias)
     q, kv = torch.randn(2, 5, E), torch.randn(2, 7, E)
@@ -116,4 +116,3 @@ def test_mha_entmax_is_sparse_and_causal():
     seq_first = EntmaxMultiheadAttention(16, 2, batch_first=False)
     o, _ = seq_first(x.transpose(0, 1), x.transpose(0, 1), x.transpose(0, 1))
     assert o.shape == (9, 3, 16)
-

@@ -1,4 +1,5 @@
 """Transformer: every method × position trains and generates; cached == full-forward generation."""
+
 import math
 
 import pytest
@@ -56,7 +57,7 @@ def test_cached_generation_equals_full_forward(method, positions):
         full = model(seq, attention_mask=full_mask)
         cache = model.new_cache()
         steps = [model(seq[:, :8], attention_mask=mask, cache=cache, logits_for="last")]
-        steps += [model(seq[:, t:t + 1], cache=cache, logits_for="last") for t in range(8, 24)]
+        steps += [model(seq[:, t : t + 1], cache=cache, logits_for="last") for t in range(8, 24)]
         torch.testing.assert_close(torch.cat(steps, 1), full[:, 7:], atol=1e-9, rtol=1e-9)
         return
     a = model.generate(ids, 14, attention_mask=mask)
@@ -71,6 +72,7 @@ def test_layer_cache_growth_equals_concatenation():
     """The preallocated cache returns exactly the concatenation of everything appended, across growths and
     appends of several tokens; under autograd it concatenates, so gradients reach every appended key."""
     from longsparse.nn import LayerCache
+
     torch.manual_seed(0)
     cache, ks, vs = LayerCache(), [], []
     for m in (5, 1, 1, 3, 1, 7, 1, 1, 20):
@@ -99,7 +101,7 @@ def test_padding_and_logits_for_last_are_exact(method, positions):
     torch.testing.assert_close(last[:, 0], full[:, -1], atol=1e-12, rtol=1e-12)
     alone = model(ids[1:, 4:])
     torch.testing.assert_close(full[1, 4:], alone[0], atol=1e-12, rtol=1e-12)
-    assert torch.isfinite(full).all()   # pad query rows attend to nothing: zeros, never NaN
+    assert torch.isfinite(full).all()  # pad query rows attend to nothing: zeros, never NaN
 
 
 def test_eos_fills_rest():
@@ -136,7 +138,7 @@ def test_config_validation():
 def test_model_structure():
     cfg = tiny("entmax", "nape")
     m = Transformer(cfg)
-    assert m.embed.weight.data_ptr() != m.lm_head.weight.data_ptr()   # untied
+    assert m.embed.weight.data_ptr() != m.lm_head.weight.data_ptr()  # untied
     assert m.embed_scale == pytest.approx(math.sqrt(32))
     b = m.blocks[0]
     assert all(hasattr(b, n) for n in ("pre_attn_norm", "post_attn_norm", "pre_mlp_norm", "post_mlp_norm"))
@@ -161,16 +163,16 @@ def test_capture(method):
         sums = p.sum(-1)
         torch.testing.assert_close(sums[1], torch.ones_like(sums[1]))
         torch.testing.assert_close(sums[0, :, 2:], torch.ones_like(sums[0, :, 2:]))
-        assert (sums[0, :, :2] == 0).all()                         # padding queries
-        assert (p[0, :, :, :2] == 0).all()                         # padding keys
+        assert (sums[0, :, :2] == 0).all()  # padding queries
+        assert (p[0, :, :, :2] == 0).all()  # padding keys
         assert (r["support"] == (p > 0).sum(-1)).all()
         assert ((r["entropy"] >= -1e-6) & (r["entropy"] <= 1 + 1e-5)).all()
         assert r["scale"].shape == (2, 4, 12)
         if method in ("entmax", "asentmax", "topk"):
             causal_allowed = torch.arange(12)[None, :] <= torch.arange(12)[:, None]
-            assert (p[1][:, causal_allowed] == 0).any()              # sparse: zeros inside the causal window
+            assert (p[1][:, causal_allowed] == 0).any()  # sparse: zeros inside the causal window
         if method == "asentmax":
-            assert (r["scale"][:, :2] == 1).all()                    # ALiBi heads of NAPE are not scaled
+            assert (r["scale"][:, :2] == 1).all()  # ALiBi heads of NAPE are not scaled
             assert (r["scale"][1, 2:] > 1).all()
     assert all(m._capture is None for m in model.attention_layers())
     with capture(model, what=("scale",), layers=[1]) as cap:
@@ -190,8 +192,11 @@ def test_right_padding_needs_no_attention_mask(method, positions, monkeypatch):
 
     seen = []
     real = nn_attention.attention
-    monkeypatch.setattr(nn_attention, "attention",
-                        lambda *a, **kw: seen.append(kw.get("attn_mask", kw.get("key_start"))) or real(*a, **kw))
+    monkeypatch.setattr(
+        nn_attention,
+        "attention",
+        lambda *a, **kw: seen.append(kw.get("attn_mask", kw.get("key_start"))) or real(*a, **kw),
+    )
     torch.manual_seed(4)
     model = Transformer(tiny(method, positions)).double()
     ids = torch.randint(0, V, (2, 10))
@@ -201,5 +206,5 @@ def test_right_padding_needs_no_attention_mask(method, positions, monkeypatch):
     assert seen and all(m is None for m in seen)
     torch.testing.assert_close(out[1, :6], model(ids[1:, :6])[0], atol=1e-12, rtol=1e-12)
     seen.clear()
-    model(ids, attention_mask=right.flip(1))          # left padding: its key range is needed and kept
+    model(ids, attention_mask=right.flip(1))  # left padding: its key range is needed and kept
     assert seen and all(m is not None for m in seen)

@@ -1,12 +1,23 @@
 """Positions and length scalers against float64 brute-force formulas."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from longsparse.nn import (ASEntmaxScaler, ModelConfig, RoPE, SSMaxScaler, StaticASEntmaxScaler, Transformer,
-                           alibi_slopes, capture, nape_slopes, position_setup)
+from longsparse.nn import (
+    ASEntmaxScaler,
+    ModelConfig,
+    RoPE,
+    SSMaxScaler,
+    StaticASEntmaxScaler,
+    Transformer,
+    alibi_slopes,
+    capture,
+    nape_slopes,
+    position_setup,
+)
 from longsparse.nn.scalers import softplus_inverse
 
 torch.set_default_dtype(torch.float32)
@@ -19,7 +30,7 @@ def test_rope_matches_complex_rotation():
     pos = torch.tensor([[0, 1, 2, 7, 100], [3, 3, 4, 9, 12345]])
     got = RoPE(D, theta)(x, pos)
     freqs = theta ** (-torch.arange(D // 2, dtype=torch.float64) * 2 / D)
-    c = torch.complex(x[..., : D // 2], x[..., D // 2:])
+    c = torch.complex(x[..., : D // 2], x[..., D // 2 :])
     rot = c * torch.exp(1j * pos[:, None, :, None].double() * freqs)
     want = torch.cat([rot.real, rot.imag], -1)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
@@ -68,8 +79,9 @@ def test_asentmax_scale_formula_and_inits():
     h = torch.randn(2, 5, d, dtype=torch.float64)
     pos = torch.tensor([[0, 1, 2, 3, 4], [7, 70, 700, 7000, 70000]])
     got = sc(h, pos).detach()
-    Wb, bb, Wg, bg = (t.detach() for t in (sc.beta_proj.weight, sc.beta_proj.bias, sc.gamma_proj.weight,
-                                           sc.gamma_proj.bias))
+    Wb, bb, Wg, bg = (
+        t.detach() for t in (sc.beta_proj.weight, sc.beta_proj.bias, sc.gamma_proj.weight, sc.gamma_proj.bias)
+    )
     _unused = sc.beta_proj.weight, sc.beta_proj.bias, sc.gamma_proj.weight, sc.gamma_proj.bias
     want = torch.ones(2, 3, 5, dtype=torch.float64)
     for b in range(2):
@@ -103,7 +115,7 @@ def test_asentmax_scaler_gradients_match_the_formula():
     Wb, bb, Wg, bg = (t.detach().clone().requires_grad_() for t in params)
     beta = F.softplus(h2 @ Wb.T + bb)
     gamma = 2 * torch.tanh(h2 @ Wg.T + bg)
-    scaled = (1 + beta * torch.log(pos.double() + 2).unsqueeze(-1) ** gamma).transpose(1, 2)   # (B, 2, N)
+    scaled = (1 + beta * torch.log(pos.double() + 2).unsqueeze(-1) ** gamma).transpose(1, 2)  # (B, 2, N)
     want = torch.cat((torch.ones(2, 1, 5, dtype=torch.float64), scaled), dim=1)
     (want * up).sum().backward()
     for got, ref in zip([h.grad] + [t.grad for t in params], [h2.grad, Wb.grad, bb.grad, Wg.grad, bg.grad]):
@@ -130,8 +142,16 @@ def test_static_asentmax_scale_formula():
 def test_attention_map_matches_bruteforce(method, positions):
     """The layer's attention map = mapping((s_i q_i)·k_j/√d − m_h(i − j)), scale only on the scalable heads."""
     torch.manual_seed(1)
-    cfg = ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=4, d_ff=32, method=method,
-                      positions=positions, asentmax_init="reference")
+    cfg = ModelConfig(
+        vocab_size=11,
+        d_model=16,
+        n_layers=1,
+        n_heads=4,
+        d_ff=32,
+        method=method,
+        positions=positions,
+        asentmax_init="reference",
+    )
     model = Transformer(cfg).double()
     ids = torch.randint(0, 11, (1, 9))
     with capture(model, what=("attn", "scale")) as cap:
@@ -146,13 +166,13 @@ def test_attention_map_matches_bruteforce(method, positions):
     slopes, scalable = position_setup(positions, 4)
     lp = torch.log(pos.double() + 2)
     if method == "ssmax":
-        s = torch.ones(4, 9, dtype=torch.float64) * lp     # β = 1 at init
+        s = torch.ones(4, 9, dtype=torch.float64) * lp  # β = 1 at init
     else:
         sc = attn.scaler
         Hs = int(scalable.sum())
-        beta = F.softplus(h @ sc.beta_proj.weight.T + sc.beta_proj.bias)[0].T      # (Hs, 9)
+        beta = F.softplus(h @ sc.beta_proj.weight.T + sc.beta_proj.bias)[0].T  # (Hs, 9)
         gamma = 2 * torch.tanh(h @ sc.gamma_proj.weight.T + sc.gamma_proj.bias)[0].T
-        s = 1 + beta * lp ** gamma
+        s = 1 + beta * lp**gamma
         assert s.shape == (Hs, 9)
     full = torch.ones(4, 9, dtype=torch.float64)
     full[scalable] = s.detach() if method == "asentmax" else s[scalable]
@@ -165,5 +185,6 @@ def test_attention_map_matches_bruteforce(method, positions):
         p = torch.softmax(z, -1)
     else:
         from entmax import entmax15
+
         p = entmax15(z, dim=-1)
     torch.testing.assert_close(cap[0]["attn"][0].double(), p.detach(), atol=1e-6, rtol=1e-5)

@@ -1,6 +1,7 @@
 """Packaging and config safety: presets ship inside the package (a wheel installed elsewhere trains), a preset is
 a name and a config file must be for the requested task, values that cannot train are refused before the run
 folder exists, and TOML is read on Python 3.10 through tomli."""
+
 import os
 import shutil
 import subprocess
@@ -14,22 +15,35 @@ from longsparse.cli import main
 from longsparse.train import ConfigError, build_config, configs_dir, train
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.n_layers=1", "train.batch_size=4",
-        "train.warmup_steps=1", "train.log_every=1", "train.val_every=0", "train.val_samples=2",
-        "train.val_lengths=[32]", "train.threads=1"]
+TINY = [
+    "model.d_model=16",
+    "model.d_ff=32",
+    "model.n_heads=2",
+    "model.n_layers=1",
+    "train.batch_size=4",
+    "train.warmup_steps=1",
+    "train.log_every=1",
+    "train.val_every=0",
+    "train.val_samples=2",
+    "train.val_lengths=[32]",
+    "train.threads=1",
+]
 
 
 # ---- 8: a preset is a name; a config is for the requested task ------------------------------------------
 @pytest.mark.parametrize("preset", ["../copy/cpu", "copy/cpu", "..", ".cpu", "/tmp/cpu", "..\\copy\\cpu"])
 def test_preset_must_be_a_name(preset):
-    with pytest.raises(ConfigError, match=r"preset must be a name, not a path.*presets of task 'flip_flop': "
-                                          r"cpu, paper"):
+    with pytest.raises(
+        ConfigError,
+        match=r"preset must be a name, not a path.*presets of task 'flip_flop': "
+        r"cpu, paper",
+    ):
         build_config("flip_flop", preset=preset)
 
 
 def test_cli_path_preset_trains_nothing(tmp_path, capsys):
     out = tmp_path / "r"
-    tiny = ["--steps", "1", *[x for s in TINY for x in ("--set", s)]]    # if it trained, only briefly
+    tiny = ["--steps", "1", *[x for s in TINY for x in ("--set", s)]]  # if it trained, only briefly
     assert main(["train", "--task", "flip_flop", "--preset", "../copy/cpu", "--out", str(out), *tiny]) == 2
     assert "preset must be a name" in capsys.readouterr().err
     assert not out.exists()
@@ -37,8 +51,11 @@ def test_cli_path_preset_trains_nothing(tmp_path, capsys):
 
 def test_config_of_another_task_is_refused(tmp_path, capsys):
     copy_cpu = configs_dir() / "copy" / "cpu.toml"
-    with pytest.raises(ConfigError, match=r"cpu\.toml is a config for task 'copy', not for the requested task "
-                                          r"'flip_flop'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"cpu\.toml is a config for task 'copy', not for the requested task "
+        r"'flip_flop'",
+    ):
         build_config("flip_flop", config_file=str(copy_cpu))
     with pytest.raises(ConfigError, match="task.name='copy', not the requested task 'flip_flop'"):
         build_config("flip_flop", sets=["task.name='copy'"])
@@ -47,34 +64,39 @@ def test_config_of_another_task_is_refused(tmp_path, capsys):
     assert "config for task 'copy'" in capsys.readouterr().err
     assert not out.exists()
     # the same task under an alias, or a file that names no task, is that task
-    assert build_config("flipflop", config_file=str(configs_dir() / "flip_flop" / "cpu.toml"))["task"]["name"] \
+    assert (
+        build_config("flipflop", config_file=str(configs_dir() / "flip_flop" / "cpu.toml"))["task"]["name"]
         == "flip_flop"
+    )
     bare = tmp_path / "bare.toml"
     bare.write_text('[model]\nmethod = "softmax"\npositions = "nape"\n')
     assert build_config("copy", config_file=str(bare))["task"]["name"] == "copy"
 
 
 # ---- 10: values that cannot train are refused before anything is written ---------------------------------
-@pytest.mark.parametrize("bad,match", [
-    ("train.lr=inf", "train.lr must be a finite number, got inf"),
-    ("train.lr=nan", "train.lr must be a finite number, got nan"),
-    ("train.lr=-1e-3", "train.lr must be a number > 0"),
-    ("train.min_lr_ratio=nan", "train.min_lr_ratio must be a finite number"),
-    ("train.min_lr_ratio=2.0", r"train.min_lr_ratio must be a number in \[0, 1\]"),
-    ("train.weight_decay=nan", "train.weight_decay must be a finite number"),
-    ("train.weight_decay=-0.1", "train.weight_decay must be a number >= 0"),
-    ("train.grad_clip=inf", "train.grad_clip must be a finite number"),
-    ("train.betas=[0.9, nan]", r"train.betas\[1\] must be a finite number"),
-    ("model.alpha=inf", "model.alpha must be a finite number, got inf"),
-    ("model.init_std=nan", "model.init_std must be a finite number"),
-    ("task.params.write_prob=nan", "task.params.write_prob must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ("train.lr=inf", "train.lr must be a finite number, got inf"),
+        ("train.lr=nan", "train.lr must be a finite number, got nan"),
+        ("train.lr=-1e-3", "train.lr must be a number > 0"),
+        ("train.min_lr_ratio=nan", "train.min_lr_ratio must be a finite number"),
+        ("train.min_lr_ratio=2.0", r"train.min_lr_ratio must be a number in \[0, 1\]"),
+        ("train.weight_decay=nan", "train.weight_decay must be a finite number"),
+        ("train.weight_decay=-0.1", "train.weight_decay must be a number >= 0"),
+        ("train.grad_clip=inf", "train.grad_clip must be a finite number"),
+        ("train.betas=[0.9, nan]", r"train.betas\[1\] must be a finite number"),
+        ("model.alpha=inf", "model.alpha must be a finite number, got inf"),
+        ("model.init_std=nan", "model.init_std must be a finite number"),
+        ("task.params.write_prob=nan", "task.params.write_prob must be a finite number"),
+    ],
+)
 def test_untrainable_values_refused_before_the_run_folder(tmp_path, capsys, bad, match):
     with pytest.raises(ConfigError, match=match):
         build_config("flip_flop", sets=[bad])
     out = tmp_path / "r"
     assert main(["train", "--task", "flip_flop", "--out", str(out), "--set", bad]) == 2
-    assert capsys.readouterr().err.count("\n") == 1          # one line naming the problem
+    assert capsys.readouterr().err.count("\n") == 1  # one line naming the problem
     assert not out.exists()
 
 
@@ -114,7 +136,7 @@ def test_pyproject_declares_tomli_and_ships_the_presets():
     assert "configs/*/*.toml" in meta["tool"]["setuptools"]["package-data"]["longsparse"]
     assert "configs/*/*.toml" in meta["tool"]["setuptools"]["package-data"]["longsparse_experiments"]
     assert meta["project"]["scripts"]["longsparse"] == "longsparse_experiments.cli:main"
-    assert not (ROOT / "configs").exists()                   # one place for the presets: the package
+    assert not (ROOT / "configs").exists()  # one place for the presets: the package
     assert configs_dir() == ROOT / "src" / "longsparse" / "configs" or "LONGSPARSE_CONFIGS" in os.environ
     # the task presets are the library's, the study presets the experiments'
     from longsparse_experiments.presets import presets_dir
@@ -135,24 +157,38 @@ def test_wheel_install_runs_presets_from_another_folder(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(dist), str(src)], check=True, capture_output=True, timeout=300)
-    wheel, = dist.glob("longsparse-*.whl")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = dist.glob("longsparse-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     py, cli = venv / "bin" / "python", venv / "bin" / "longsparse"
-    subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--ignore-installed", "-q", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "--no-deps", "--ignore-installed", "-q", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("LONGSPARSE_CONFIGS", "PYTHONPATH")}
 
     def run(*args):
-        res = subprocess.run([str(cli), *args], check=False, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        res = subprocess.run(
+            [str(cli), *args], check=False, cwd=work, env=env, capture_output=True, text=True, timeout=300
+        )
         assert res.returncode == 0, (args, res.stdout[-2000:], res.stderr[-2000:])
         return res.stdout
 
-    where = subprocess.run([str(py), "-c", textwrap.dedent("""
+    where = subprocess.run(
+        [
+            str(py),
+            "-c",
+            textwrap.dedent("""
         from longsparse.train import configs_dir
         from longsparse_experiments import demo, figures, lm_study, reproduce
         from longsparse_experiments.presets import presets_dir
@@ -162,12 +198,32 @@ def test_wheel_install_runs_presets_from_another_folder(tmp_path):
         assert lm["study"]["methods"], lm
         print(configs_dir(), presets_dir(), reproduce.load_study("synthetic", quick=True)["path"], lm["data"]["dir"],
               figures.__file__)
-    """)], cwd=work, env=env, capture_output=True, text=True, check=True).stdout.split()
-    assert len(where) == 5 and all(w.startswith(str(venv)) for w in where), where   # the wheel's, not the checkout's
+    """),
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert len(where) == 5 and all(w.startswith(str(venv)) for w in where), where  # the wheel's, not the checkout's
     out = run("presets")
     assert "flip_flop" in out and "synthetic-quick" in out
-    run("train", "--task", "flip_flop", "--method", "softmax", "--preset", "cpu", "--steps", "2",
-        "--out", "run", *[x for s in TINY for x in ("--set", s)])
+    run(
+        "train",
+        "--task",
+        "flip_flop",
+        "--method",
+        "softmax",
+        "--preset",
+        "cpu",
+        "--steps",
+        "2",
+        "--out",
+        "run",
+        *[x for s in TINY for x in ("--set", s)],
+    )
     assert (work / "run" / "checkpoints" / "last.pt").is_file()
-    assert "would train" in run("reproduce", "synthetic", "--quick", "--dry-run", "--out", "rep",
-                                "--report", "rep-report")
+    assert "would train" in run(
+        "reproduce", "synthetic", "--quick", "--dry-run", "--out", "rep", "--report", "rep-report"
+    )

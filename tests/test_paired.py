@@ -1,4 +1,5 @@
 """The seed-level paired analysis (longsparse.report.paired) and `reproduce --analyse`."""
+
 from __future__ import annotations
 
 import json
@@ -11,14 +12,14 @@ from longsparse_experiments.cli import main
 
 
 def test_sign_flip_is_exact():
-    assert paired.sign_flip_p([1.0, 2.0, 3.0]) == 2 / 8          # only all-plus and all-minus reach |sum| = 6
+    assert paired.sign_flip_p([1.0, 2.0, 3.0]) == 2 / 8  # only all-plus and all-minus reach |sum| = 6
     assert paired.sign_flip_p([5.0] * 6) == 2 / 64
-    assert paired.sign_flip_p([1.0, -1.0]) == 1.0                # every pattern is at least as far as 0
+    assert paired.sign_flip_p([1.0, -1.0]) == 1.0  # every pattern is at least as far as 0
     # [3, -1]: patterns sum to 2, 4, -4, -2; |sum| >= 2 for all four
     assert paired.sign_flip_p([3.0, -1.0]) == 1.0
     # [3, 1, 1]: |sums| are 5, 3, 3, 1 (each twice): only the two patterns with |sum| = 5 are as far as observed
     assert paired.sign_flip_p([3.0, 1.0, 1.0]) == 2 / 8
-    assert paired.sign_flip_p([3.0, 1.0, -1.0]) == 6 / 8       # observed 3: |sums| 5, 3, 3 (x2) reach it
+    assert paired.sign_flip_p([3.0, 1.0, -1.0]) == 6 / 8  # observed 3: |sums| 5, 3, 3 (x2) reach it
     with pytest.raises(ValueError, match="1 to 16"):
         paired.sign_flip_p([])
 
@@ -28,7 +29,7 @@ def test_bootstrap_interval():
     xs = [1.0, 4.0, 2.0, 8.0, 5.0, 3.0]
     lo, hi = paired.bootstrap_mean_interval(xs)
     assert min(xs) <= lo < statistics.fmean(xs) < hi <= max(xs)
-    assert paired.bootstrap_mean_interval(xs) == (lo, hi)        # seeded: the same on every rebuild
+    assert paired.bootstrap_mean_interval(xs) == (lo, hi)  # seeded: the same on every rebuild
 
 
 def test_intercept_recovers_a_line():
@@ -36,12 +37,19 @@ def test_intercept_recovers_a_line():
     r = paired.intercept_interval([2.0 + 3.0 * x for x in delta], delta)
     assert r["a"] == pytest.approx(2.0) and r["b"] == pytest.approx(3.0)
     assert r["a_ci"][0] == pytest.approx(2.0) and r["a_ci"][1] == pytest.approx(2.0)
-    assert paired.intercept_interval([1.0, 2.0], [0.0, 0.0])["a"] is None      # no spread in delta
+    assert paired.intercept_interval([1.0, 2.0], [0.0, 0.0])["a"] is None  # no spread in delta
 
 
-@pytest.mark.parametrize("ci,p,verdict", [((1.0, 9.0), 0.03, "supported"), ((1.0, 9.0), 0.06, "inconclusive"),
-                                          ((-9.0, -1.0), 0.03, "refuted"), ((-4.0, 4.0), 0.9, "refuted"),
-                                          ((-1.0, 9.0), 0.2, "inconclusive")])
+@pytest.mark.parametrize(
+    "ci,p,verdict",
+    [
+        ((1.0, 9.0), 0.03, "supported"),
+        ((1.0, 9.0), 0.06, "inconclusive"),
+        ((-9.0, -1.0), 0.03, "refuted"),
+        ((-4.0, 4.0), 0.9, "refuted"),
+        ((-1.0, 9.0), 0.2, "inconclusive"),
+    ],
+)
 def test_decision_rule(ci, p, verdict):
     assert paired.decide(ci, p, margin=5.0) == verdict
 
@@ -52,24 +60,36 @@ def _archive(em: dict[str, dict[int, list[float]]], n: int = 200, study: str = "
 
     series = {}
     for m, by_L in em.items():
-        series[f"{m}/nape"] = {"last": {str(L): {"per_seed": {
-            str(100 + i): {"exact_match": x, "n": n, "ci": list(wilson_interval(round(x * n), n))}
-            for i, x in enumerate(xs)}} for L, xs in by_L.items()}}
+        series[f"{m}/nape"] = {
+            "last": {
+                str(L): {
+                    "per_seed": {
+                        str(100 + i): {"exact_match": x, "n": n, "ci": list(wilson_interval(round(x * n), n))}
+                        for i, x in enumerate(xs)
+                    }
+                }
+                for L, xs in by_L.items()
+            }
+        }
     return {"format": "longsparse-reproduce", "studies": {study: {"series": series}}}
 
 
 def test_compare_and_analyse():
-    arch = _archive({"asentmax": {64: [1.0, 0.99, 1.0], 4096: [0.9, 0.8, 0.7]},
-                     "softmax": {64: [1.0, 0.98, 0.99], 4096: [0.5, 0.6, 0.69]}})
+    arch = _archive(
+        {
+            "asentmax": {64: [1.0, 0.99, 1.0], 4096: [0.9, 0.8, 0.7]},
+            "softmax": {64: [1.0, 0.98, 0.99], 4096: [0.5, 0.6, 0.69]},
+        }
+    )
     r = paired.compare(arch["studies"], "asentmax", "softmax", 4096, id_length=64)
     assert r["seeds"] == [100, 101, 102]
     assert [round(x["d"], 6) for x in r["per_seed"]] == [40.0, 20.0, 1.0]
     assert r["positive"] == 3 and r["p"] == 0.25
-    assert not r["robust"]                                        # seed 102: 70 vs 69 % overlap
+    assert not r["robust"]  # seed 102: 70 vs 69 % overlap
     assert [x["disjoint"] for x in r["per_seed"]] == [True, True, False]
     res = paired.analyse(arch, [("asentmax", "softmax")], endpoint=4096, lengths=[4096], id_length=64, margin=5)
-    assert res["pairs"][0]["verdict"] == "inconclusive"           # p = 0.25 with 3 seeds
-    assert res["pairs"][0]["converged"]["seeds"] == [100, 102]    # seed 101: softmax 98 % at 1x
+    assert res["pairs"][0]["verdict"] == "inconclusive"  # p = 0.25 with 3 seeds
+    assert res["pairs"][0]["converged"]["seeds"] == [100, 102]  # seed 101: softmax 98 % at 1x
     md = paired.markdown(res)
     assert "+20.3 points" in md and "inconclusive" in md and "| 100 | 90.0 | 50.0 | +40.0* |" in md
 
@@ -80,16 +100,28 @@ def test_cli_analyse(tmp_path, capsys):
     study = presets_dir() / "reproduce" / "prereg_mqmtar.toml"
     rep = tmp_path / "rep"
     rep.mkdir()
-    six = lambda x: [x] * 6
-    (rep / "results.json").write_text(json.dumps(_archive({
-        "asentmax": {64: six(1.0), 1024: six(0.9), 4096: [0.8, 0.7, 0.9, 0.6, 0.75, 0.85], 16384: six(0.3)},
-        "softmax": {64: six(1.0), 1024: six(0.8), 4096: six(0.5), 16384: six(0.1)}}, study="prereg_primary")))
-    assert main(["reproduce", "synthetic", "--config", str(study), "--report", str(rep),
-                 "--analyse", "asentmax-softmax"]) == 0
+
+    def six(x):
+        return [x] * 6
+
+    (rep / "results.json").write_text(
+        json.dumps(
+            _archive(
+                {
+                    "asentmax": {64: six(1.0), 1024: six(0.9), 4096: [0.8, 0.7, 0.9, 0.6, 0.75, 0.85], 16384: six(0.3)},
+                    "softmax": {64: six(1.0), 1024: six(0.8), 4096: six(0.5), 16384: six(0.1)},
+                },
+                study="prereg_primary",
+            )
+        )
+    )
+    assert (
+        main(["reproduce", "synthetic", "--config", str(study), "--report", str(rep), "--analyse", "asentmax-softmax"])
+        == 0
+    )
     res = json.loads((rep / "analysis.json").read_text())
     prim = res["pairs"][0]
     assert res["endpoint"] == 4096 and prim["verdict"] == "supported" and prim["primary"]["p"] == 2 / 64
     assert "supported" in (rep / "analysis.md").read_text()
-    assert main(["reproduce", "synthetic", "--config", str(study), "--report", str(rep),
-                 "--analyse", "asentmax"]) != 0
+    assert main(["reproduce", "synthetic", "--config", str(study), "--report", str(rep), "--analyse", "asentmax"]) != 0
     assert "A-B" in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """`longsparse reproduce synthetic --quick`: the whole study pipeline end to end, resumability, bad study files."""
+
 from __future__ import annotations
 
 import json
@@ -52,10 +53,9 @@ def test_quick_study_end_to_end_and_resume(quick_study, capsys):
             assert rec["steps"] == 6 and rec["train_seconds"] >= 0
             # evaluation wall clock: the sum of the eval JSON's per-length seconds at the study's lengths
             evals = [json.loads(f.read_text()) for f in (out / c["run"] / "eval").glob("*.json")]
-            assert rec["eval_seconds"] == pytest.approx(
-                sum(r["seconds"] for d in evals for r in d["results"]), abs=0.1)
+            assert rec["eval_seconds"] == pytest.approx(sum(r["seconds"] for d in evals for r in d["results"]), abs=0.1)
     tables = (rep / "tables.md").read_text()
-    assert tables.count("| 64 | 1 |") == 4 * len(spec["studies"])       # mean and per-seed, best and last
+    assert tables.count("| 64 | 1 |") == 4 * len(spec["studies"])  # mean and per-seed, best and last
     assert "per seed: s0 / s1)" in tables
     files = sorted(out.rglob("eval/*.json"))
     capsys.readouterr()
@@ -97,8 +97,10 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
     capsys.readouterr()
     # a dry run against an empty archive plans every cell, against the full one none; it writes nothing
     n_cells = sum(len(cells(s)) for s in spec["studies"])
-    assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(tmp_path / "none"),
-                 "--dry-run"]) == 0
+    assert (
+        main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(tmp_path / "none"), "--dry-run"])
+        == 0
+    )
     assert capsys.readouterr().out.count("would train") == n_cells
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep), "--dry-run"]) == 0
     assert capsys.readouterr().out.count("every result is in the archive") == n_cells
@@ -114,6 +116,7 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
     study = spec["studies"][0]
     cell = cells(study)[-1]
     key, L = f"{cell['method']}/{cell['positions']}", str(study["lengths"][-1])
+
     def drop_one(records):
         for r in records:
             if r["run"] == cell["run"]:
@@ -129,8 +132,9 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
     sd, sd0 = rebuilt["studies"][study["name"]], data["studies"][study["name"]]
     assert sd["series"] == sd0["series"]
     timing = ("train_seconds", "eval_seconds")
-    assert {k: v for k, v in sd["runs"][cell["run"]].items() if k not in timing} == \
-        {k: v for k, v in sd0["runs"][cell["run"]].items() if k not in timing}
+    assert {k: v for k, v in sd["runs"][cell["run"]].items() if k not in timing} == {
+        k: v for k, v in sd0["runs"][cell["run"]].items() if k not in timing
+    }
 
     # a stored cell recorded under another config is left out, with a message, not mixed in
     good = (rep / "records.jsonl").read_text()
@@ -155,10 +159,16 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
     text = Path(spec["path"]).read_text()
     assert "long_samples = 2\n" in text
     toml.write_text(text.replace("long_samples = 2\n", "long_samples = 3\n", 1))
-    assert main(["reproduce", "synthetic", "--config", str(toml), "--out", str(out), "--report", str(rep),
-                 "--report-only"]) == 0
-    assert "stored results are at checkpoints, lengths or sample counts the study does not ask for" in \
-        capsys.readouterr().out
+    assert (
+        main(
+            ["reproduce", "synthetic", "--config", str(toml), "--out", str(out), "--report", str(rep), "--report-only"]
+        )
+        == 0
+    )
+    assert (
+        "stored results are at checkpoints, lengths or sample counts the study does not ask for"
+        in capsys.readouterr().out
+    )
     series = json.loads((rep / "results.json").read_text())["studies"][study["name"]]["series"]
     assert L not in series[key]["last"]
 
@@ -185,15 +195,19 @@ def test_archive_is_updated_after_every_cell(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(train_mod, "train", train_then_fail)
     out, rep = tmp_path / "runs", tmp_path / "report"
-    assert main(["reproduce", "synthetic", "--quick", "--only", "flip_flop-quick", "--out", str(out),
-                 "--report", str(rep)]) == 130
+    assert (
+        main(
+            ["reproduce", "synthetic", "--quick", "--only", "flip_flop-quick", "--out", str(out), "--report", str(rep)]
+        )
+        == 130
+    )
     printed = capsys.readouterr()
     assert printed.out.count("store updated") == 1 and "interrupted" in printed.err
     study = next(s for s in load_study("synthetic", quick=True)["studies"] if s["name"] == "flip_flop-quick")
     first = cells(study)[0]
     series = json.loads((rep / "results.json").read_text())["studies"]["flip_flop-quick"]["series"]
     key = f"{first['method']}/{first['positions']}"
-    assert set(series) == {key}                    # the finished cell only; the interrupted one has nothing yet
+    assert set(series) == {key}  # the finished cell only; the interrupted one has nothing yet
     for ck in ("best", "last"):
         assert sorted(int(L) for L in series[key][ck]) == study["lengths"]
     assert not list(rep.glob("*.tmp"))
@@ -202,7 +216,7 @@ def test_archive_is_updated_after_every_cell(tmp_path, monkeypatch, capsys):
 def test_long_lengths_use_their_own_sample_count():
     s = load_study("synthetic", quick=True)["studies"][0]
     assert samples_for(s, s["long_from"]) == s["long_samples"] != samples_for(s, s["lengths"][1]) == s["samples"]
-    assert samples_for(s, s["lengths"][0]) == s["id_samples"] != s["samples"]      # the in-distribution length
+    assert samples_for(s, s["lengths"][0]) == s["id_samples"] != s["samples"]  # the in-distribution length
 
 
 def test_committed_study_file_is_valid():
@@ -210,21 +224,22 @@ def test_committed_study_file_is_valid():
     for study in spec["studies"]:
         assert cells(study) and all(L >= 64 for L in study["lengths"])
     by = {s["name"]: s for s in spec["studies"]}
-    rope = by["mqmtar_inline_rope"]           # `like` copies the recipe, the study's own keys override
+    rope = by["mqmtar_inline_rope"]  # `like` copies the recipe, the study's own keys override
     assert rope["overrides"] == by["mqmtar_inline"]["overrides"] and rope["positions"] == ["rope"]
     assert "description" not in rope
-    fast = by["mqmtar_inline_3l_lr4e-3_4k"]   # `more_overrides` merges over the inherited table; the later wins
+    fast = by["mqmtar_inline_3l_lr4e-3_4k"]  # `more_overrides` merges over the inherited table; the later wins
     base = by["mqmtar_inline_3l"]["overrides"]
     assert fast["overrides"] == {**base, "train": {**base["train"], "lr": 4e-3, "steps": 4000}}
-    cfg = build_config(fast["task"], preset=fast["preset"], method="softmax", positions="nape", seed=0,
-                       overrides=fast["overrides"])
+    cfg = build_config(
+        fast["task"], preset=fast["preset"], method="softmax", positions="nape", seed=0, overrides=fast["overrides"]
+    )
     assert cfg["train"]["lr"] == 4e-3 and cfg["train"]["steps"] == 4000 and cfg["model"]["n_layers"] == 3
 
 
 def test_only_picks_a_study_by_name_before_its_task():
     spec = load_study("synthetic")
     pick = lambda only: [s["name"] for s in spec["studies"] if selected(s, only, spec)]  # noqa: E731
-    assert pick(["mqmtar_inline"]) == ["mqmtar_inline"]          # a study name, not every mqmtar_inline study
+    assert pick(["mqmtar_inline"]) == ["mqmtar_inline"]  # a study name, not every mqmtar_inline study
     assert pick(["mqmtar_inline_3l", "flip_flop"]) == ["flip_flop", "mqmtar_inline_3l"]
     quick = load_study("synthetic", quick=True)
     assert [s["name"] for s in quick["studies"] if selected(s, ["flip_flop"], quick)] == ["flip_flop-quick"]
@@ -235,16 +250,20 @@ def test_bad_study_files(tmp_path):
     p.write_text('[[study]]\nname = "a"\ntask = "copy"\n')
     with pytest.raises(ConfigError, match="lacks"):
         load_study(path=str(p))
-    p.write_text('[[study]]\nname = "a"\ntask = "copy"\nmethods = ["softmax"]\npositions = ["nape"]\nseeds = [0]\n'
-                 'lengths = [64]\nsamples = 2\nbogus = 1\n')
+    p.write_text(
+        '[[study]]\nname = "a"\ntask = "copy"\nmethods = ["softmax"]\npositions = ["nape"]\nseeds = [0]\n'
+        "lengths = [64]\nsamples = 2\nbogus = 1\n"
+    )
     with pytest.raises(ConfigError, match="unknown key"):
         load_study(path=str(p))
     base = '[[study]]\nname = "a"\npositions = ["nape"]\nseeds = [0]\nsamples = 2\n'
-    for body, msg in (('task = "nope"\nmethods = ["softmax"]\nlengths = [64]', "unknown task"),
-                      ('task = "copy"\nmethods = ["softmaxx"]\nlengths = [64]', "unknown methods"),
-                      ('task = "mqmtar"\nmethods = ["softmax"]\nlengths = [4]', "too short"),
-                      ('task = "copy"\nmethods = ["softmax"]\nlengths = [128, 64]', "increasing"),
-                      ('task = "copy"\nmethods = ["softmax"]\nlengths = [64]\nid_samples = 0', "id_samples")):
+    for body, msg in (
+        ('task = "nope"\nmethods = ["softmax"]\nlengths = [64]', "unknown task"),
+        ('task = "copy"\nmethods = ["softmaxx"]\nlengths = [64]', "unknown methods"),
+        ('task = "mqmtar"\nmethods = ["softmax"]\nlengths = [4]', "too short"),
+        ('task = "copy"\nmethods = ["softmax"]\nlengths = [128, 64]', "increasing"),
+        ('task = "copy"\nmethods = ["softmax"]\nlengths = [64]\nid_samples = 0', "id_samples"),
+    ):
         p.write_text(base + body + "\n")
         with pytest.raises(ConfigError, match=msg):
             load_study(path=str(p))
@@ -262,24 +281,30 @@ def test_study_checkpoints_and_test_seed(tmp_path):
     from longsparse_experiments.reproduce import collect, run_study
 
     p = tmp_path / "s.toml"
-    p.write_text('[[study]]\nname = "t"\ntask = "flip_flop"\nmethods = ["softmax"]\npositions = ["nape"]\n'
-                 'seeds = [0]\nlengths = [64, 128]\nsamples = 3\ncheckpoints = ["last"]\ntest_seed = 7\n'
-                 '[study.overrides]\ntrain.steps = 4\ntrain.warmup_steps = 1\ntrain.val_every = 2\n'
-                 'train.val_lengths = [64]\ntrain.val_samples = 2\ntrain.ckpt_every = 2\ntrain.log_every = 2\n'
-                 'train.batch_size = 2\nmodel.d_model = 32\nmodel.d_ff = 64\n')
+    p.write_text(
+        '[[study]]\nname = "t"\ntask = "flip_flop"\nmethods = ["softmax"]\npositions = ["nape"]\n'
+        'seeds = [0]\nlengths = [64, 128]\nsamples = 3\ncheckpoints = ["last"]\ntest_seed = 7\n'
+        "[study.overrides]\ntrain.steps = 4\ntrain.warmup_steps = 1\ntrain.val_every = 2\n"
+        "train.val_lengths = [64]\ntrain.val_samples = 2\ntrain.ckpt_every = 2\ntrain.log_every = 2\n"
+        "train.batch_size = 2\nmodel.d_model = 32\nmodel.d_ff = 64\n"
+    )
     spec = load_study(path=str(p))
     [run] = run_study(spec, tmp_path / "runs", printer=lambda s: None)
     evals = [json.loads(f.read_text()) for f in (run / "eval").glob("*.json")]
     assert {(d["checkpoint"], d["seed"]) for d in evals} == {("last", 7)}
-    evaluate_run(run, [64], samples=3, checkpoint="last", seed=0, printer=lambda s: None)   # another test stream
+    evaluate_run(run, [64], samples=3, checkpoint="last", seed=0, printer=lambda s: None)  # another test stream
     data = collect(spec, tmp_path / "runs", printer=lambda s: None)["studies"]["t"]
     assert data["test_seed"] == 7 and set(data["series"]["softmax/nape"]) == {"last"}
     [mine] = [d for d in evals if d["results"][0]["length"] == 64]
-    assert data["series"]["softmax/nape"]["last"]["64"]["per_seed"]["0"]["exact_match"] == \
-        mine["results"][0]["exact_match"]
+    assert (
+        data["series"]["softmax/nape"]["last"]["64"]["per_seed"]["0"]["exact_match"]
+        == mine["results"][0]["exact_match"]
+    )
     for bad, msg in (('checkpoints = ["first"]', "unknown checkpoints"), ("test_seed = -1", "test_seed")):
-        p.write_text('[[study]]\nname = "a"\ntask = "copy"\nmethods = ["softmax"]\npositions = ["nape"]\n'
-                     f'seeds = [0]\nlengths = [64]\nsamples = 2\n{bad}\n')
+        p.write_text(
+            '[[study]]\nname = "a"\ntask = "copy"\nmethods = ["softmax"]\npositions = ["nape"]\n'
+            f"seeds = [0]\nlengths = [64]\nsamples = 2\n{bad}\n"
+        )
         with pytest.raises(ConfigError, match=msg):
             load_study(path=str(p))
 
@@ -313,8 +338,11 @@ def test_archived_cells_keep_their_identity():
     records = read_records(Path(__file__).parents[1] / "results" / "synthetic")
     stale = []
     for study in load_study("synthetic")["studies"]:
-        recorded = {(r["run"], r["config_hash"]) for r in records
-                    if r["study"] == study["name"] and r["config_hash"] is not None}
+        recorded = {
+            (r["run"], r["config_hash"])
+            for r in records
+            if r["study"] == study["name"] and r["config_hash"] is not None
+        }
         hashes = {c["run"]: cell_hash(cell_config(study, c)) for c in cells(study)}
         stale += [run for run, h in recorded if h != hashes[run]]
     assert recorded and not stale

@@ -1,5 +1,6 @@
 """The results store (longsparse.report.store): append-only records, the committed stores rendering the committed
 tables and findings, the archives written before the store read as they are."""
+
 from __future__ import annotations
 
 import json
@@ -12,15 +13,24 @@ import pytest
 from longsparse.report import store
 from longsparse.train.config import ConfigError
 from longsparse_experiments.cli import main
-from longsparse_experiments.reproduce import (cell_config, cell_hash, cells, load_study, run_study, tables_markdown,
-                                              update_archive, view)
+from longsparse_experiments.reproduce import (
+    cell_config,
+    cell_hash,
+    cells,
+    load_study,
+    run_study,
+    tables_markdown,
+    update_archive,
+    view,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = ROOT / "docs" / "results" / "trials"
 # (store, study file (None: synthetic.toml), the tables.md that the archive it was migrated from rendered)
 MIGRATED = [("synthetic", None, ROOT / "docs" / "results" / "tables.md")] + [
     (name, TRIALS / f"{name}.toml", TRIALS / name / "tables.md")
-    for name in ("flipflop256x_27", "maxret256x_26", "mqmtar256x_26")]
+    for name in ("flipflop256x_27", "maxret256x_26", "mqmtar256x_26")
+]
 
 
 def _spec(study_file):
@@ -28,8 +38,15 @@ def _spec(study_file):
 
 
 def _record(run="s/softmax-nape-s0", em=0.5, length=64, **kw):
-    return store.new_record(study="s", run=run, method="softmax", positions="nape", seed=0,
-                            results=[{"checkpoint": "last", "length": length, "n": 10, "exact_match": em}], **kw)
+    return store.new_record(
+        study="s",
+        run=run,
+        method="softmax",
+        positions="nape",
+        seed=0,
+        results=[{"checkpoint": "last", "length": length, "n": 10, "exact_match": em}],
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("name,study_file,tables", MIGRATED, ids=[m[0] for m in MIGRATED])
@@ -38,17 +55,33 @@ def test_migrated_store_renders_the_tables_of_the_archive(name, study_file, tabl
     messages = []
     data = view(_spec(study_file), records, printer=messages.append)
     assert tables_markdown(data) == tables.read_text()
-    assert not [m for m in messages if "recorded for config" in m]        # no stored result is stale
-    for r in records:                                                       # and each says where it came from
+    assert not [m for m in messages if "recorded for config" in m]  # no stored result is stale
+    for r in records:  # and each says where it came from
         assert r["source"] and r["results"]
 
 
 def test_findings_headline_is_rebuilt_from_the_store(tmp_path):
     """Command C1 of docs/findings.md, run on the store, gives the committed analysis byte for byte."""
     pairs = "asentmax-softmax,entmax-softmax,adatemp-softmax,asentmax-adatemp,ssmax-softmax"
-    assert main(["reproduce", "synthetic", "--store", str(ROOT / "results" / "synthetic"), "--only",
-                 "mqmtar_inline_3l_lr4e-3_4k", "--analyse", pairs, "--endpoint", "4096",
-                 "--analysis-out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "reproduce",
+                "synthetic",
+                "--store",
+                str(ROOT / "results" / "synthetic"),
+                "--only",
+                "mqmtar_inline_3l_lr4e-3_4k",
+                "--analyse",
+                pairs,
+                "--endpoint",
+                "4096",
+                "--analysis-out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     for f in ("analysis.json", "analysis.md"):
         assert (tmp_path / f).read_text() == (ROOT / "docs" / "findings" / "mqmtar_headline" / f).read_text()
 
@@ -58,8 +91,9 @@ def test_rebuild_appends_nothing_and_writes_only_the_report(tmp_path):
     st = tmp_path / "store"
     shutil.copytree(ROOT / "results" / name, st)
     before = store.records_path(st).read_bytes()
-    data = update_archive(_spec(study_file), tmp_path / "no-runs", tmp_path / "report", printer=lambda s: None,
-                          store=st)
+    data = update_archive(
+        _spec(study_file), tmp_path / "no-runs", tmp_path / "report", printer=lambda s: None, store=st
+    )
     assert store.records_path(st).read_bytes() == before
     assert sorted(p.name for p in st.iterdir()) == ["records.jsonl"]
     written = json.loads((tmp_path / "report" / "results.json").read_text())
@@ -77,7 +111,7 @@ def test_append_keeps_every_byte_and_a_later_record_wins(tmp_path):
     assert [r["results"][0]["exact_match"] for r in records] == [0.1, 0.2, 0.3]
     merged = store.merge_results(records)
     assert {k: v["exact_match"] for k, v in merged.items()} == {("last", 64): 0.3, ("last", 128): 0.2}
-    assert not [p for p in tmp_path.iterdir() if p.name != "records.jsonl"]     # no temporaries, no lock file
+    assert not [p for p in tmp_path.iterdir() if p.name != "records.jsonl"]  # no temporaries, no lock file
 
 
 def test_bad_records_are_refused_whole(tmp_path):
@@ -97,7 +131,7 @@ def test_torn_and_foreign_lines_are_skipped(tmp_path):
     warned = []
     assert [r["results"][0]["exact_match"] for r in store.read_records(tmp_path, warn=warned.append)] == [0.1]
     assert len(warned) == 2
-    store.append_records(tmp_path, [_record(em=0.3)])     # starts a line of its own after the cut one
+    store.append_records(tmp_path, [_record(em=0.3)])  # starts a line of its own after the cut one
     assert [r["results"][0]["exact_match"] for r in store.read_records(tmp_path, warn=None)] == [0.1, 0.3]
 
 
@@ -122,8 +156,9 @@ def test_archive_written_before_the_store_is_read_then_imported(tmp_path, capsys
     spec = _spec(study_file)
     full = view(spec, store.read_records(ROOT / "results" / name), printer=None)
     legacy = json.loads(json.dumps(full))
-    legacy["studies"][spec["studies"][0]["name"]]["series"]["extra/nape"] = {"last": {"99": {"per_seed": {
-        "0": {"exact_match": 1.0, "n": 1}}}}}      # a result the study file does not ask for: kept in the store
+    legacy["studies"][spec["studies"][0]["name"]]["series"]["extra/nape"] = {
+        "last": {"99": {"per_seed": {"0": {"exact_match": 1.0, "n": 1}}}}
+    }  # a result the study file does not ask for: kept in the store
     (tmp_path / "results.json").write_text(json.dumps(legacy))
     records = store.read_records(tmp_path)
     assert view(spec, records, printer=None)["studies"] == full["studies"]
@@ -158,7 +193,7 @@ def test_running_preregistered_study_snapshot_is_readable():
     messages = []
     data = view(spec, records, printer=messages.append, strict=False)
     assert sum(len(sd["runs"]) for sd in data["studies"].values()) == len(records) and not messages
-    assert sorted(p.name for p in folder.iterdir()) == before          # reading writes nothing there
+    assert sorted(p.name for p in folder.iterdir()) == before  # reading writes nothing there
 
 
 def test_run_folder_record_carries_identity_config_commit_and_date(tmp_path):
@@ -167,11 +202,13 @@ def test_run_folder_record_carries_identity_config_commit_and_date(tmp_path):
     from longsparse.train.rundir import git_revision
 
     p = tmp_path / "s.toml"
-    p.write_text('[[study]]\nname = "t"\ntask = "flip_flop"\nmethods = ["softmax"]\npositions = ["nape"]\n'
-                 'seeds = [0]\nlengths = [64, 128]\nsamples = 3\ncheckpoints = ["last"]\n'
-                 'sets = ["train.steps=4", "train.warmup_steps=1", "train.val_every=2", "train.val_lengths=[64]", '
-                 '"train.val_samples=2", "train.ckpt_every=2", "train.log_every=2", "train.batch_size=2", '
-                 '"model.d_model=32", "model.d_ff=64"]\n')
+    p.write_text(
+        '[[study]]\nname = "t"\ntask = "flip_flop"\nmethods = ["softmax"]\npositions = ["nape"]\n'
+        'seeds = [0]\nlengths = [64, 128]\nsamples = 3\ncheckpoints = ["last"]\n'
+        'sets = ["train.steps=4", "train.warmup_steps=1", "train.val_every=2", "train.val_lengths=[64]", '
+        '"train.val_samples=2", "train.ckpt_every=2", "train.log_every=2", "train.batch_size=2", '
+        '"model.d_model=32", "model.d_ff=64"]\n'
+    )
     spec = load_study(path=str(p))
     study, cell = spec["studies"][0], cells(spec["studies"][0])[0]
     [run] = run_study(spec, tmp_path / "runs", printer=lambda s: None)
@@ -182,8 +219,9 @@ def test_run_folder_record_carries_identity_config_commit_and_date(tmp_path):
     assert rec["run"] == cell["run"] and rec["config_hash"] == cell_hash(cell_config(study, cell))
     assert rec["code_commit"] == git_revision()["commit"] and rec["date"] == max(d["created"] for d in evals)
     assert rec["train"]["steps"] == 4 and rec["test_seed"] == 0
-    assert {(r["length"], r["exact_match"]) for r in rec["results"]} == \
-        {(r["length"], r["exact_match"]) for d in evals for r in d["results"]}
+    assert {(r["length"], r["exact_match"]) for r in rec["results"]} == {
+        (r["length"], r["exact_match"]) for d in evals for r in d["results"]
+    }
     before = store.records_path(st).read_bytes()
     update_archive(spec, tmp_path / "runs", tmp_path / "report", printer=lambda s: None, store=st)
     assert store.records_path(st).read_bytes() == before

@@ -2,6 +2,7 @@
 written atomically and readers skip what an interrupted writer left, nothing is created for a refused run,
 evaluations that cannot fit in memory are refused up front, file errors are one line naming the path, resume
 restores the loss accumulator and cleans temporaries, progress and ETA are shown."""
+
 import io
 import json
 import os
@@ -16,9 +17,19 @@ import torch
 from longsparse.train import build_config, train
 from longsparse_experiments.cli import main
 
-TINY = ["model.d_model=32", "model.d_ff=64", "model.n_heads=2", "train.batch_size=8", "train.lr=3e-3",
-        "train.warmup_steps=2", "train.log_every=2", "train.val_every=0", "train.val_samples=2",
-        "train.threads=1", "train.ckpt_every=2"]
+TINY = [
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.n_heads=2",
+    "train.batch_size=8",
+    "train.lr=3e-3",
+    "train.warmup_steps=2",
+    "train.log_every=2",
+    "train.val_every=0",
+    "train.val_samples=2",
+    "train.threads=1",
+    "train.ckpt_every=2",
+]
 COPY = ["task.params.num_symbols=8", "train.train_lengths=[4, 8]", "train.val_lengths=[8]"]
 SRC = Path(__file__).resolve().parents[1] / "src" / "longsparse"
 
@@ -36,14 +47,19 @@ def run(tmp_path_factory):
     """A 2-step copy run; tests copy it before changing anything in it."""
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("safety") / "copy"
-    train(build_config("copy", method="softmax", positions="nape", steps=2, sets=TINY + COPY), str(out),
-          printer=_quiet, progress=False)
+    train(
+        build_config("copy", method="softmax", positions="nape", steps=2, sets=TINY + COPY),
+        str(out),
+        printer=_quiet,
+        progress=False,
+    )
     return out
 
 
 @pytest.fixture
 def fresh_run(run, tmp_path):
     import shutil
+
     dst = tmp_path / "run"
     shutil.copytree(run, dst)
     return dst
@@ -57,14 +73,42 @@ def _err_line(capsys) -> str:
 
 def _fake_eval(path: Path, em: float = 0.5, created: str = "2026-01-01T00:00:00") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    r = {"length": 64, "ratio": 1.0, "n": 10, "n_exact": 5, "exact_match": em, "exact_match_ci": [0.2, 0.8],
-         "n_tokens": 100, "n_correct_tokens": 50, "token_accuracy": 0.5, "token_accuracy_ci": [0.4, 0.6],
-         "batch_size": 10, "seconds": 1.0, "seed": 0, "split": "test"}
-    path.write_text(json.dumps({"format": "longsparse-eval", "version": 1, "run": str(path.parent.parent),
-                                "run_name": path.parent.parent.name, "label": "softmax/nape", "task": "copy",
-                                "method": "softmax", "positions": "nape", "checkpoint": "best",
-                                "train_lengths": [32, 64], "samples": 10, "seed": 0, "results": [r],
-                                "created": created}))
+    r = {
+        "length": 64,
+        "ratio": 1.0,
+        "n": 10,
+        "n_exact": 5,
+        "exact_match": em,
+        "exact_match_ci": [0.2, 0.8],
+        "n_tokens": 100,
+        "n_correct_tokens": 50,
+        "token_accuracy": 0.5,
+        "token_accuracy_ci": [0.4, 0.6],
+        "batch_size": 10,
+        "seconds": 1.0,
+        "seed": 0,
+        "split": "test",
+    }
+    path.write_text(
+        json.dumps(
+            {
+                "format": "longsparse-eval",
+                "version": 1,
+                "run": str(path.parent.parent),
+                "run_name": path.parent.parent.name,
+                "label": "softmax/nape",
+                "task": "copy",
+                "method": "softmax",
+                "positions": "nape",
+                "checkpoint": "best",
+                "train_lengths": [32, 64],
+                "samples": 10,
+                "seed": 0,
+                "results": [r],
+                "created": created,
+            }
+        )
+    )
 
 
 # ---- 7: a report never overwrites a file it did not write ----------------------------------------------------
@@ -89,7 +133,7 @@ def test_report_refuses_to_overwrite_foreign_files(tmp_path, capsys):
     assert main(["report", str(tmp_path / "r"), "--out", str(out), "--title", "first"]) == 0
     assert main(["report", str(tmp_path / "r"), "--out", str(out), "--title", "second"]) == 0
     assert "# second" in (out / "results.md").read_text()
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]       # no temporaries left
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporaries left
     # a report written before the markers existed (results.json of ours, the table heading) is replaced too;
     # a hand-written results.md next to it is not
     old = out / "results.md"
@@ -128,18 +172,18 @@ def test_interrupted_evaluation_leaves_complete_json_or_nothing(fresh_run, monke
     monkeypatch.setattr(sweep, "score_length", interrupt_at_second)
     assert main(["eval", str(fresh_run), "--lengths", "8,16", "--samples", "2"]) == 130
     files = list((fresh_run / "eval").iterdir())
-    assert len(files) == 1                                        # no temporary, no empty file
+    assert len(files) == 1  # no temporary, no empty file
     assert [r["length"] for r in json.loads(files[0].read_text())["results"]] == [8]
     calls.clear()
-    calls.append(None)                                            # now the first length is interrupted
+    calls.append(None)  # now the first length is interrupted
     assert main(["eval", str(fresh_run), "--lengths", "8,16", "--samples", "2"]) == 130
-    assert list((fresh_run / "eval").iterdir()) == files          # nothing new: no 0-byte file
+    assert list((fresh_run / "eval").iterdir()) == files  # nothing new: no 0-byte file
 
 
 def test_report_skips_files_an_interrupted_evaluation_left(tmp_path, capsys):
     _fake_eval(tmp_path / "r" / "eval" / "eval-1.json")
-    (tmp_path / "r" / "eval" / "eval-2.json").write_text("")                        # killed before its first length
-    (tmp_path / "r" / "eval" / "eval-3.json").write_text('{"format": "longsparse-eval", "resu')   # cut
+    (tmp_path / "r" / "eval" / "eval-2.json").write_text("")  # killed before its first length
+    (tmp_path / "r" / "eval" / "eval-3.json").write_text('{"format": "longsparse-eval", "resu')  # cut
     assert main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "rep")]) == 0
     err = capsys.readouterr().err
     assert "eval-2.json" in err and "eval-3.json" in err and "warning" in err
@@ -163,17 +207,27 @@ def test_result_writers_go_through_the_atomic_helper():
     Ctrl-C."""
     raw = re.compile(r"\.write_text\(|\.write_bytes\(|\bfig\.savefig\(|\btorch\.save\(|\.tok\.save\(")
     experiments = SRC.parent / "longsparse_experiments"
-    files = [SRC / "report" / "__init__.py", *(SRC / "evaluate").glob("*.py"), *(SRC / "lm").glob("*.py"),
-             SRC / "train" / "loop.py", SRC / "train" / "rundir.py", SRC / "cli.py", *experiments.rglob("*.py")]
+    files = [
+        SRC / "report" / "__init__.py",
+        *(SRC / "evaluate").glob("*.py"),
+        *(SRC / "lm").glob("*.py"),
+        SRC / "train" / "loop.py",
+        SRC / "train" / "rundir.py",
+        SRC / "cli.py",
+        *experiments.rglob("*.py"),
+    ]
     assert experiments / "figures" / "style.py" in files
-    offenders = [f"{f.name}:{i}" for f in files for i, line in enumerate(f.read_text().splitlines(), 1)
-                 if raw.search(line)]
+    offenders = [
+        f"{f.name}:{i}" for f in files for i, line in enumerate(f.read_text().splitlines(), 1) if raw.search(line)
+    ]
     assert offenders == []
 
 
 # ---- 10: nothing is created for a refused run ---------------------------------------------------------------
-@pytest.mark.parametrize("bad", ["train.lr=inf", "train.lr=nan", "model.alpha=inf"] +
-                         ([] if torch.cuda.is_available() else ["train.device=cuda"]))
+@pytest.mark.parametrize(
+    "bad",
+    ["train.lr=inf", "train.lr=nan", "model.alpha=inf"] + ([] if torch.cuda.is_available() else ["train.device=cuda"]),
+)
 def test_refused_run_creates_no_folder(tmp_path, capsys, bad):
     out = tmp_path / "run"
     args = ["train", "--task", "copy", "--method", "entmax", "--steps", "2", "--out", str(out)]
@@ -288,7 +342,7 @@ def test_resume_removes_temporaries_of_killed_writes(fresh_run):
 
 def test_folder_of_a_run_killed_before_config_json_is_recovered(tmp_path):
     out = tmp_path / "run"
-    (out / "checkpoints").mkdir(parents=True)        # what a kill right after the first mkdir left
+    (out / "checkpoints").mkdir(parents=True)  # what a kill right after the first mkdir left
     (out / ".lock").write_text("")
     (out / ".config.json.tmp-dead").write_text('{"task"')
     cfg = build_config("copy", method="softmax", positions="nape", steps=2, sets=TINY + COPY)
@@ -305,7 +359,7 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path):
     class Killed(BaseException):
         pass
 
-    def kill_after_5(step):      # stands for a SIGKILL after step 5: nothing after the kill point runs
+    def kill_after_5(step):  # stands for a SIGKILL after step 5: nothing after the kill point runs
         if step == 5:
             raise Killed
 
@@ -314,8 +368,11 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path):
     train(cfg, str(killed), printer=_quiet, progress=False)
 
     def losses(run):
-        return [(r["step"], r["loss"], r["lr"], r["grad_norm"])
-                for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+        return [
+            (r["step"], r["loss"], r["lr"], r["grad_norm"])
+            for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r
+        ]
 
     assert [s for s, *_ in losses(killed)] == [1, 4, 8]
     assert losses(killed) == losses(tmp_path / "ref")
@@ -344,7 +401,7 @@ def test_evaluation_progress_on_a_terminal_only(run, monkeypatch):
     task = make_task(cfg["task"])
     real = core.predict
 
-    def slow_predict(*a, **k):       # tqdm redraws at most every 0.1 s
+    def slow_predict(*a, **k):  # tqdm redraws at most every 0.1 s
         time.sleep(0.12)
         return real(*a, **k)
 
@@ -353,12 +410,12 @@ def test_evaluation_progress_on_a_terminal_only(run, monkeypatch):
     monkeypatch.setattr(sys, "stderr", tty)
     score_length(model, task, 8, 4, batch_size=1, progress=True)
     shown = tty.getvalue()
-    assert "4/4" in shown and "ex/s" in shown and "<" in shown, shown      # done / total, rate, ETA
+    assert "4/4" in shown and "ex/s" in shown and "<" in shown, shown  # done / total, rate, ETA
     tty.seek(0)
     tty.truncate()
     score_length(model, task, 8, 4, batch_size=1, progress=False)
     assert tty.getvalue() == ""
-    pipe = io.StringIO()                                                   # not a terminal: nothing
+    pipe = io.StringIO()  # not a terminal: nothing
     monkeypatch.setattr(sys, "stderr", pipe)
     score_length(model, task, 8, 4, batch_size=1, progress=True)
     assert pipe.getvalue() == ""
@@ -366,7 +423,11 @@ def test_evaluation_progress_on_a_terminal_only(run, monkeypatch):
 
 def test_training_log_lines_have_an_eta(tmp_path):
     logs = []
-    train(build_config("copy", method="softmax", positions="nape", steps=4, sets=TINY + COPY), str(tmp_path / "r"),
-          printer=logs.append, progress=True)          # stdout is not a terminal under pytest: no tqdm bar
+    train(
+        build_config("copy", method="softmax", positions="nape", steps=4, sets=TINY + COPY),
+        str(tmp_path / "r"),
+        printer=logs.append,
+        progress=True,
+    )  # stdout is not a terminal under pytest: no tqdm bar
     steps = [m for m in logs if m.startswith("step") and "loss" in m]
     assert steps and all(re.search(r"ETA (\d+[hms]|\?)", m) for m in steps), steps

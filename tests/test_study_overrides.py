@@ -5,6 +5,7 @@ in tests/data/study_cell_hashes.json (recorded with the ``--set``-string form of
 in the older ``sets`` form reads as the same tables.
 
 Regenerate the recorded hashes only when a recipe changes on purpose: ``python tests/test_study_overrides.py``."""
+
 import json
 import sys
 from pathlib import Path
@@ -46,21 +47,32 @@ def test_every_study_cell_demo_and_figure_run_keeps_its_config():
         assert now[part] == recorded[part], part
 
 
-SETS = ["model.d_model=32", "model.d_ff=64", "train.lr=2e-3", "train.val_lengths=[32, 64]",
-        "task.params.num_symbols=16"]
-OVERRIDES = {"model": {"d_model": 32, "d_ff": 64}, "train": {"lr": 2e-3, "val_lengths": [32, 64]},
-             "task": {"params": {"num_symbols": 16}}}
+SETS = [
+    "model.d_model=32",
+    "model.d_ff=64",
+    "train.lr=2e-3",
+    "train.val_lengths=[32, 64]",
+    "task.params.num_symbols=16",
+]
+OVERRIDES = {
+    "model": {"d_model": 32, "d_ff": 64},
+    "train": {"lr": 2e-3, "val_lengths": [32, 64]},
+    "task": {"params": {"num_symbols": 16}},
+}
 
 
 def test_overrides_resolve_as_the_same_sets_do():
-    assert build_config("copy", method="entmax", overrides=OVERRIDES) == build_config("copy", method="entmax",
-                                                                                        sets=SETS)
+    assert build_config("copy", method="entmax", overrides=OVERRIDES) == build_config(
+        "copy", method="entmax", sets=SETS
+    )
 
 
 def test_order_file_then_method_table_then_overrides_then_sets_then_flags(tmp_path):
     p = tmp_path / "c.toml"
-    p.write_text('[task]\nname = "copy"\n[model]\nmethod = "softmax"\nd_model = 32\n'
-                 '[methods.entmax.model]\nd_model = 48\n')
+    p.write_text(
+        '[task]\nname = "copy"\n[model]\nmethod = "softmax"\nd_model = 32\n[methods.entmax.model]\nd_model = 48\n'
+    )
+
     def d_model(**kw):
         return build_config("copy", config_file=str(p), method="entmax", **kw)["model"]["d_model"]
 
@@ -78,20 +90,27 @@ def test_arch_in_overrides_selects_the_architecture_table():
     assert build_config("passkey", overrides={"model": {"arch": "hsa"}}, steps=2) == by_flag
     assert build_config("passkey", sets=["model.arch=hsa"], steps=2) == by_flag
     # the later of the two (the --set) chooses the table
-    assert "arch" not in build_config("passkey", overrides={"model": {"arch": "hsa"}},
-                                      sets=["model.arch=transformer"], steps=2)["model"]
+    assert (
+        "arch"
+        not in build_config("passkey", overrides={"model": {"arch": "hsa"}}, sets=["model.arch=transformer"], steps=2)[
+            "model"
+        ]
+    )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"optim": {"lr": 1}}, r"override section must be one of task, model, train.*'optim'"),
-    ({"model": 64}, r"override model must be a table .* got 64"),
-    ({"train": {"lr": {"peak": 1e-3}}}, r"override train\.lr is a table, but the config's train\.lr is not one"),
-    ({"task": {"params": {"num_symbolz": 3}}}, r"has no parameter"),
-    ({"train": {"lr": -1.0}}, r"train\.lr must be a number > 0"),
-    ({"task": {"name": "sort"}}, r"an override sets task\.name='sort'"),
-    (["model.d_model=64"], r"overrides must be a table of the sections"),
-    ({"task": {"params": 5}}, r"task\.params must be a table of task parameters, got 5"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"optim": {"lr": 1}}, r"override section must be one of task, model, train.*'optim'"),
+        ({"model": 64}, r"override model must be a table .* got 64"),
+        ({"train": {"lr": {"peak": 1e-3}}}, r"override train\.lr is a table, but the config's train\.lr is not one"),
+        ({"task": {"params": {"num_symbolz": 3}}}, r"has no parameter"),
+        ({"train": {"lr": -1.0}}, r"train\.lr must be a number > 0"),
+        ({"task": {"name": "sort"}}, r"an override sets task\.name='sort'"),
+        (["model.d_model=64"], r"overrides must be a table of the sections"),
+        ({"task": {"params": 5}}, r"task\.params must be a table of task parameters, got 5"),
+    ],
+)
 def test_bad_overrides_are_refused_with_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message) as e:
         build_config("copy", overrides=overrides)
@@ -124,14 +143,18 @@ name = "b"
 like = "a"
 {b}
 """
-NEW = STUDY.format(defaults="[defaults.overrides]\nmodel.d_model = 32\ntrain.steps = 3",
-                   a='[study.overrides]\ntrain.steps = 5\ntrain.lr = 2e-3\nmodel.d_ff = 64\n'
-                     '[study.method_overrides.asentmax]\nmodel.asentmax_init = "reference"',
-                   b="more_overrides = { train.lr = 4e-3, model.n_layers = 3 }")
-OLD = STUDY.format(defaults='sets = ["model.d_model=32", "train.steps=3"]',
-                   a='sets = ["train.steps=5", "train.lr=2e-3", "model.d_ff=64"]\n'
-                     'method_sets = { asentmax = ["model.asentmax_init=\\"reference\\""] }',
-                   b='more_sets = ["train.lr=4e-3", "model.n_layers=3"]')
+NEW = STUDY.format(
+    defaults="[defaults.overrides]\nmodel.d_model = 32\ntrain.steps = 3",
+    a="[study.overrides]\ntrain.steps = 5\ntrain.lr = 2e-3\nmodel.d_ff = 64\n"
+    '[study.method_overrides.asentmax]\nmodel.asentmax_init = "reference"',
+    b="more_overrides = { train.lr = 4e-3, model.n_layers = 3 }",
+)
+OLD = STUDY.format(
+    defaults='sets = ["model.d_model=32", "train.steps=3"]',
+    a='sets = ["train.steps=5", "train.lr=2e-3", "model.d_ff=64"]\n'
+    'method_sets = { asentmax = ["model.asentmax_init=\\"reference\\""] }',
+    b='more_sets = ["train.lr=4e-3", "model.n_layers=3"]',
+)
 
 
 def _configs(path: Path) -> dict:
@@ -150,22 +173,35 @@ def test_study_tables_and_the_older_sets_form_give_the_same_cells(tmp_path):
     # more_overrides merges over the inherited table: the later setting of a key wins, the rest is kept
     assert b_as["train"]["lr"] == 4e-3 and b_as["model"]["n_layers"] == 3 and b_as["train"]["steps"] == 5
     assert b_as["model"]["asentmax_init"] == "reference"
-    assert new["b/softmax-nape-s0"] == build_config("copy", method="softmax", positions="nape", seed=0, sets=[
-        "train.steps=5", "train.lr=2e-3", "model.d_ff=64", "train.lr=4e-3", "model.n_layers=3"])
+    assert new["b/softmax-nape-s0"] == build_config(
+        "copy",
+        method="softmax",
+        positions="nape",
+        seed=0,
+        sets=["train.steps=5", "train.lr=2e-3", "model.d_ff=64", "train.lr=4e-3", "model.n_layers=3"],
+    )
 
 
-@pytest.mark.parametrize("body, message", [
-    ('[study.overrides]\noptim.lr = 1', r"study #1: overrides: override section must be one of"),
-    ('overrides = 3', r"study #1: overrides must be a table"),
-    ('method_overrides = { asentmax = 3 }', r"study #1: method_overrides\.asentmax must be a table"),
-    ('sets = ["train.lr=1"]\n[study.overrides]\ntrain.lr = 2', r"gives both sets and overrides; give overrides alone"),
-    ('sets = "train.lr=1"', r"sets must be a list of section\.key=value strings"),
-    ('sets = ["lr=1"]', r"study #1: --set key must start with one of task, model, train"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("[study.overrides]\noptim.lr = 1", r"study #1: overrides: override section must be one of"),
+        ("overrides = 3", r"study #1: overrides must be a table"),
+        ("method_overrides = { asentmax = 3 }", r"study #1: method_overrides\.asentmax must be a table"),
+        (
+            'sets = ["train.lr=1"]\n[study.overrides]\ntrain.lr = 2',
+            r"gives both sets and overrides; give overrides alone",
+        ),
+        ('sets = "train.lr=1"', r"sets must be a list of section\.key=value strings"),
+        ('sets = ["lr=1"]', r"study #1: --set key must start with one of task, model, train"),
+    ],
+)
 def test_bad_study_overrides_are_refused(tmp_path, body, message):
     p = tmp_path / "s.toml"
-    p.write_text('[[study]]\nname = "a"\ntask = "copy"\nmethods = ["softmax"]\npositions = ["nape"]\nseeds = [0]\n'
-                 f'lengths = [64]\nsamples = 2\n{body}\n')
+    p.write_text(
+        '[[study]]\nname = "a"\ntask = "copy"\nmethods = ["softmax"]\npositions = ["nape"]\nseeds = [0]\n'
+        f"lengths = [64]\nsamples = 2\n{body}\n"
+    )
     with pytest.raises(ConfigError, match=message):
         load_study(path=str(p))
 

@@ -9,8 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longsparse.tasks import (BOS, EOS, IGNORE_INDEX, PAD, SEP, TASKS, Batch, Example, Score, collate, get_task,
-                              make_rng)
+from longsparse.tasks import BOS, EOS, IGNORE_INDEX, PAD, SEP, TASKS, Batch, Example, Score, collate, get_task, make_rng
 
 ALL = sorted(TASKS)
 SEQ2SEQ = ["copy", "max_retrieval", "mqmtar", "reverse", "sort"]
@@ -51,14 +50,14 @@ def mqmtar_table(ctx, L, key_len=2, value_len=2, density=0.8):
     w = L // n
     table = {}
     for r in range(n):  # every row holds exactly one pair, the rest is space
-        row = ctx[r * w:(r + 1) * w]
+        row = ctx[r * w : (r + 1) * w]
         kv = row.index("<kv>")
-        key, val = tuple(row[kv - key_len:kv]), tuple(row[kv + 1:kv + 1 + value_len])
-        rest = row[:kv - key_len] + row[kv + 1 + value_len:]
+        key, val = tuple(row[kv - key_len : kv]), tuple(row[kv + 1 : kv + 1 + value_len])
+        rest = row[: kv - key_len] + row[kv + 1 + value_len :]
         assert all(t == "_" for t in rest) and len(key) == key_len and len(val) == value_len
         assert key not in table, "keys are distinct within an example"
         table[key] = val
-    assert all(t == "_" for t in ctx[n * w:])
+    assert all(t == "_" for t in ctx[n * w :])
     return table
 
 
@@ -68,7 +67,7 @@ def solve_mqmtar(src, L, key_len=2, value_len=2, n_queries=4):
     assert len(queries) == n_queries * (1 + key_len)
     out = []
     for q in range(n_queries):
-        block = queries[q * (1 + key_len):(q + 1) * (1 + key_len)]
+        block = queries[q * (1 + key_len) : (q + 1) * (1 + key_len)]
         assert block[0] == "<Q>"
         out += ["<Q>", *table[tuple(block[1:])]]
     return out
@@ -80,9 +79,9 @@ def solve_mqmtar_inline(x, L, n_queries=4):
     assert len(blocks) == n_queries * 6
     y = ["."] * L
     for q in range(n_queries):
-        b = blocks[6 * q:6 * q + 6]
+        b = blocks[6 * q : 6 * q + 6]
         assert b[0] == "<Q>" and b[3] == "<kv>" and tuple(b[4:]) == table[tuple(b[1:3])]
-        y += [".", ".", ".", *table[tuple(b[1:3])], "."]     # <kv> predicts v1, v1 predicts v2
+        y += [".", ".", ".", *table[tuple(b[1:3])], "."]  # <kv> predicts v1, v1 predicts v2
     return y
 
 
@@ -117,8 +116,12 @@ def reference(task, ex):
     name = task.name
     if task.kind == "seq2seq":
         src = p["src"]
-        solver = {"copy": solve_copy, "reverse": solve_reverse, "sort": solve_sort,
-                  "max_retrieval": solve_max_retrieval}.get(name)
+        solver = {
+            "copy": solve_copy,
+            "reverse": solve_reverse,
+            "sort": solve_sort,
+            "max_retrieval": solve_max_retrieval,
+        }.get(name)
         got = solve_mqmtar(src, ex.length) if name == "mqmtar" else solver(src)
         return got, p["trg"]
     if name == "mqmtar_inline":
@@ -157,14 +160,30 @@ def test_reference_solver_at_65536():
 
 # ---- lengths, layout, label conventions ----------------------------------------------------------------
 def total_len(name, L):
-    return {"copy": 2 * L + 3, "reverse": 2 * L + 3, "sort": 2 * L + 3, "mqmtar": L + 27, "mqmtar_inline": L + 25,
-            "max_retrieval": 2 * (L // 2) + 4, "local_count": L + 1, "two_back": L + 1,
-            "flip_flop": 2 * (L // 2) + 1}[name]
+    return {
+        "copy": 2 * L + 3,
+        "reverse": 2 * L + 3,
+        "sort": 2 * L + 3,
+        "mqmtar": L + 27,
+        "mqmtar_inline": L + 25,
+        "max_retrieval": 2 * (L // 2) + 4,
+        "local_count": L + 1,
+        "two_back": L + 1,
+        "flip_flop": 2 * (L // 2) + 1,
+    }[name]
 
 
 def target_len(name, L):
-    return {"copy": L + 1, "reverse": L + 1, "sort": L + 1, "mqmtar": 13, "mqmtar_inline": 8, "max_retrieval": 2,
-            "local_count": L, "two_back": L - 2}[name]
+    return {
+        "copy": L + 1,
+        "reverse": L + 1,
+        "sort": L + 1,
+        "mqmtar": 13,
+        "mqmtar_inline": 8,
+        "max_retrieval": 2,
+        "local_count": L,
+        "two_back": L - 2,
+    }[name]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -179,20 +198,20 @@ def test_lengths_and_label_conventions(name, L):
     assert (b.length == L).all()
     assert b.input_ids.min() >= 0 and b.input_ids.max() < task.vocab_size
     lab = b.labels[b.labels != IGNORE_INDEX]
-    assert lab.max() < task.vocab_size and (lab >= 4).sum() == lab.numel() - (8 if task.kind == 'seq2seq' else 0)
+    assert lab.max() < task.vocab_size and (lab >= 4).sum() == lab.numel() - (8 if task.kind == "seq2seq" else 0)
     if name != "flip_flop":
         assert (b.target_len == target_len(name, L)).all()
     for i in range(8):
         n = int(b.target_len[i])
-        assert ((b.labels[i] != IGNORE_INDEX).sum() == n)
+        assert (b.labels[i] != IGNORE_INDEX).sum() == n
         assert (b.labels[i][b.labels[i] != IGNORE_INDEX] == b.target[i, :n]).all()
     if task.kind == "seq2seq":
         p = int(b.prompt_len[0])
         assert (b.prompt_len == p).all() and (b.input_ids[:, p - 1] == SEP).all()
         assert (b.input_ids[:, -1] == EOS).all() and (b.target[:, -1] == EOS).all()
         # teacher forcing: labels already shifted, target = the continuation of the prompt
-        assert (b.labels[:, p - 1:-1] == b.input_ids[:, p:]).all()
-        assert (b.labels[:, :p - 1] == IGNORE_INDEX).all() and (b.labels[:, -1] == IGNORE_INDEX).all()
+        assert (b.labels[:, p - 1 : -1] == b.input_ids[:, p:]).all()
+        assert (b.labels[:, : p - 1] == IGNORE_INDEX).all() and (b.labels[:, -1] == IGNORE_INDEX).all()
         assert torch.equal(b.prompt_ids(), b.input_ids[:, :p])
         assert b.max_new_tokens == T - p
     else:
@@ -211,8 +230,9 @@ def test_mqmtar_spec_layout():
     assert get_task("mqmtar").keys == task.keys
     assert get_task("mqmtar", vocab_seed=1).keys != task.keys
     # queries draw from the pairs present, with replacement: repeats occur across many draws
-    reps = sum(len(set(map(tuple, [ex.target[i:i + 3] for i in (0, 3, 6, 9)]))) < 4
-               for ex in task.examples(32, 200, seed=0))
+    reps = sum(
+        len(set(map(tuple, [ex.target[i : i + 3] for i in (0, 3, 6, 9)]))) < 4 for ex in task.examples(32, 200, seed=0)
+    )
     assert reps > 0
 
 

@@ -1,8 +1,8 @@
 """Training loop: every task learns (loss drops by a stated margin), schedule, exact resume after SIGKILL,
 run-directory safety (different config refused, non-run folder refused, corrupt checkpoint), config errors."""
+
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,22 +13,39 @@ import torch
 from longsparse.nn import read_checkpoint
 from longsparse.train import ConfigError, RunDirError, build_config, lr_at, train
 
-TINY = ["model.d_model=32", "model.d_ff=64", "model.n_heads=2", "train.batch_size=16", "train.lr=3e-3",
-        "train.warmup_steps=5", "train.log_every=10", "train.val_every=0", "train.val_samples=4",
-        "train.threads=1"]
+TINY = [
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.n_heads=2",
+    "train.batch_size=16",
+    "train.lr=3e-3",
+    "train.warmup_steps=5",
+    "train.log_every=10",
+    "train.val_every=0",
+    "train.val_samples=4",
+    "train.threads=1",
+]
 # per task: extra overrides (small alphabets / short lengths so 40 steps are enough) and the required ratio
 # last-10-step mean loss / first-step loss (measured ratios at 40 steps, seed 0, in comments)
 LOSS_DROP = {
-    "mqmtar": (["train.train_lengths=[32, 32]", "train.val_lengths=[32]"], 0.90),          # 0.80
-    "mqmtar_inline": (["train.train_lengths=[32, 32]", "train.val_lengths=[32]", "task.params.alphabet_size=16",
-                       "task.params.num_keys=100", "task.params.num_values=100"], 0.93),            # 0.87
-    "max_retrieval": (["train.val_lengths=[32]"], 0.75),                                     # 0.59
+    "mqmtar": (["train.train_lengths=[32, 32]", "train.val_lengths=[32]"], 0.90),  # 0.80
+    "mqmtar_inline": (
+        [
+            "train.train_lengths=[32, 32]",
+            "train.val_lengths=[32]",
+            "task.params.alphabet_size=16",
+            "task.params.num_keys=100",
+            "task.params.num_values=100",
+        ],
+        0.93,
+    ),  # 0.87
+    "max_retrieval": (["train.val_lengths=[32]"], 0.75),  # 0.59
     "copy": (["task.params.num_symbols=8", "train.train_lengths=[4, 8]", "train.val_lengths=[8]"], 0.88),  # 0.81
     "reverse": (["task.params.num_symbols=8", "train.train_lengths=[4, 8]", "train.val_lengths=[8]"], 0.88),  # 0.83
-    "sort": (["train.train_lengths=[8, 16]", "train.val_lengths=[16]"], 0.85),               # 0.73
-    "local_count": (["train.train_lengths=[32, 64]", "train.val_lengths=[64]"], 0.92),      # 0.84
-    "two_back": (["train.val_lengths=[32]"], 0.92),                                          # 0.84
-    "flip_flop": (["train.val_lengths=[32]"], 0.5),                                          # 0.33
+    "sort": (["train.train_lengths=[8, 16]", "train.val_lengths=[16]"], 0.85),  # 0.73
+    "local_count": (["train.train_lengths=[32, 64]", "train.val_lengths=[64]"], 0.92),  # 0.84
+    "two_back": (["train.val_lengths=[32]"], 0.92),  # 0.84
+    "flip_flop": (["train.val_lengths=[32]"], 0.5),  # 0.33
 }
 
 
@@ -46,11 +63,16 @@ def test_tiny_training_reduces_loss(task):
 
 
 def test_bf16_autocast_training_runs():
-    cfg = build_config("two_back", method="softmax", positions="nape", steps=20,
-                       sets=TINY + ["train.bf16=true", "train.val_lengths=[16]"])
+    cfg = build_config(
+        "two_back",
+        method="softmax",
+        positions="nape",
+        steps=20,
+        sets=TINY + ["train.bf16=true", "train.val_lengths=[16]"],
+    )
     res = train(cfg, None, printer=lambda s: None)
     assert math.isfinite(res["last_loss"]) and res["last_loss"] < res["first_loss"]
-    assert all(p.dtype == torch.float32 for p in res["model"].parameters())   # autocast, not bf16 weights
+    assert all(p.dtype == torch.float32 for p in res["model"].parameters())  # autocast, not bf16 weights
 
 
 def test_lr_schedule_warmup_cosine():
@@ -58,18 +80,45 @@ def test_lr_schedule_warmup_cosine():
     assert lr_at(0, tr) == pytest.approx(1e-4)
     assert lr_at(9, tr) == pytest.approx(1e-3)
     assert lr_at(10, tr) == pytest.approx(1e-3)
-    assert lr_at(109, tr) == pytest.approx(1e-4)                       # ends at lr * min_lr_ratio
+    assert lr_at(109, tr) == pytest.approx(1e-4)  # ends at lr * min_lr_ratio
     assert lr_at(60, tr) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 50 / 99)))
     vals = [lr_at(s, tr) for s in range(10, 110)]
-    assert all(a >= b for a, b in zip(vals, vals[1:]))                   # monotone decay after warm-up
+    assert all(a >= b for a, b in zip(vals, vals[1:]))  # monotone decay after warm-up
 
 
 # ---- resume, run directories ---------------------------------------------------------------------------
-RESUME_ARGS = ["--task", "two_back", "--method", "asentmax", "--positions", "nape", "--steps", "12",
-               "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.n_heads=2",
-               "--set", "train.batch_size=8", "--set", "train.ckpt_every=4", "--set", "train.log_every=1",
-               "--set", "train.val_every=6", "--set", "train.val_lengths=[16]", "--set", "train.val_samples=4",
-               "--set", "train.warmup_steps=3", "--set", "train.threads=1"]
+RESUME_ARGS = [
+    "--task",
+    "two_back",
+    "--method",
+    "asentmax",
+    "--positions",
+    "nape",
+    "--steps",
+    "12",
+    "--set",
+    "model.d_model=32",
+    "--set",
+    "model.d_ff=64",
+    "--set",
+    "model.n_heads=2",
+    "--set",
+    "train.batch_size=8",
+    "--set",
+    "train.ckpt_every=4",
+    "--set",
+    "train.log_every=1",
+    "--set",
+    "train.val_every=6",
+    "--set",
+    "train.val_lengths=[16]",
+    "--set",
+    "train.val_samples=4",
+    "--set",
+    "train.warmup_steps=3",
+    "--set",
+    "train.threads=1",
+]
 
 
 FAULTS = Path(__file__).resolve().parent / "faults.py"
@@ -77,8 +126,11 @@ FAULTS = Path(__file__).resolve().parent / "faults.py"
 
 def _cli(args, kill_after=None, check=True):
     """Run the library's command line in a subprocess; ``kill_after``: SIGKILL it after that step."""
-    cmd = [sys.executable, "-m", "longsparse.cli"] if kill_after is None else \
-        [sys.executable, str(FAULTS), str(kill_after), "--"]
+    cmd = (
+        [sys.executable, "-m", "longsparse.cli"]
+        if kill_after is None
+        else [sys.executable, str(FAULTS), str(kill_after), "--"]
+    )
     p = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300)
     if check and p.returncode != 0:
         raise AssertionError(f"rc={p.returncode}\n{p.stdout}\n{p.stderr}")
@@ -103,21 +155,22 @@ def test_resume_after_sigkill_gives_identical_weights(tmp_path):
     assert a["extra"]["step"] == b["extra"]["step"] == 12
     assert a["model"].keys() == b["model"].keys()
     for k in a["model"]:
-        assert torch.equal(a["model"][k], b["model"][k]), k                  # bit for bit
+        assert torch.equal(a["model"][k], b["model"][k]), k  # bit for bit
     sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
     for i in sa:
         for k in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(sa[i][k], sb[i][k])
     assert a["extra"]["data_rng"] == b["extra"]["data_rng"]
     # metrics.jsonl: the records of the lost steps were dropped on resume, so every step appears once
-    steps = [json.loads(x)["step"] for x in (killed / "metrics.jsonl").read_text().splitlines()
-             if "loss" in json.loads(x)]
+    steps = [
+        json.loads(x)["step"] for x in (killed / "metrics.jsonl").read_text().splitlines() if "loss" in json.loads(x)
+    ]
     assert steps == list(range(1, 13))
     # best checkpoint and the run metadata exist
     assert (killed / "checkpoints" / "best.pt").exists()
     env = json.loads((killed / "env.json").read_text())
     assert {"python", "torch", "longsparse", "git"} <= set(env)
-    assert len((killed / "sessions.jsonl").read_text().splitlines()) == 2     # killed session + resume
+    assert len((killed / "sessions.jsonl").read_text().splitlines()) == 2  # killed session + resume
     # a completed run rerun with the same command does nothing
     p = _cli(["train", *RESUME_ARGS, "--out", str(ref)])
     assert "already complete" in p.stdout
@@ -130,8 +183,13 @@ def _snapshot(folder: Path) -> dict:
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "tiny"
-    cfg = build_config("two_back", method="softmax", positions="nape", steps=6,
-                       sets=TINY + ["train.val_lengths=[16]", "train.ckpt_every=3"])
+    cfg = build_config(
+        "two_back",
+        method="softmax",
+        positions="nape",
+        steps=6,
+        sets=TINY + ["train.val_lengths=[16]", "train.ckpt_every=3"],
+    )
     train(cfg, str(out), printer=lambda s: None)
     return out, cfg
 
@@ -139,8 +197,13 @@ def tiny_run(tmp_path_factory):
 def test_different_config_is_refused_and_nothing_changes(tiny_run):
     out, cfg = tiny_run
     before = _snapshot(out)
-    other = build_config("two_back", method="entmax", positions="nape", steps=6,
-                         sets=TINY + ["train.val_lengths=[16]", "train.ckpt_every=3"])
+    other = build_config(
+        "two_back",
+        method="entmax",
+        positions="nape",
+        steps=6,
+        sets=TINY + ["train.val_lengths=[16]", "train.ckpt_every=3"],
+    )
     with pytest.raises(RunDirError, match=r"DIFFERENT config(.|\n)*model.method: 'softmax' -> 'entmax'"):
         train(other, str(out), printer=lambda s: None)
     p = _cli(["train", "--task", "two_back", "--out", str(out), "--steps", "7"], check=False)
@@ -154,8 +217,9 @@ def test_same_config_resumes_completed_run(tiny_run):
     res = train(cfg, str(out), printer=lambda s: None)
     assert res["resumed"] and res["step"] == 6
     after = _snapshot(out)
-    assert {k: v for k, v in after.items() if k not in ("sessions.jsonl", "train.log")} == \
-        {k: v for k, v in before.items() if k not in ("sessions.jsonl", "train.log")}
+    assert {k: v for k, v in after.items() if k not in ("sessions.jsonl", "train.log")} == {
+        k: v for k, v in before.items() if k not in ("sessions.jsonl", "train.log")
+    }
 
 
 def test_run_being_trained_elsewhere_is_refused(tiny_run, tmp_path):
@@ -163,11 +227,11 @@ def test_run_being_trained_elsewhere_is_refused(tiny_run, tmp_path):
 
     out, cfg = tiny_run
     before = _snapshot(out)
-    with run_lock(out):                        # stands for another process training this run right now
+    with run_lock(out):  # stands for another process training this run right now
         with pytest.raises(RunDirError, match="being trained by another process"):
             train(cfg, str(out), printer=lambda s: None)
     assert _snapshot(out) == before
-    assert train(cfg, str(out), printer=lambda s: None)["step"] == 6       # free again once released
+    assert train(cfg, str(out), printer=lambda s: None)["step"] == 6  # free again once released
     # a folder left with only the lock file (process killed before writing config.json) starts fresh
     fresh = tmp_path / "fresh"
     fresh.mkdir()
@@ -184,8 +248,9 @@ def test_folder_without_config_is_refused(tmp_path):
 
 
 def test_corrupt_checkpoint_gives_clear_error(tmp_path):
-    cfg = build_config("two_back", method="softmax", steps=4, sets=TINY + ["train.val_lengths=[16]",
-                                                                         "train.ckpt_every=2"])
+    cfg = build_config(
+        "two_back", method="softmax", steps=4, sets=TINY + ["train.val_lengths=[16]", "train.ckpt_every=2"]
+    )
     out = tmp_path / "run"
     train(cfg, str(out), printer=lambda s: None)
     last = out / "checkpoints" / "last.pt"
@@ -195,20 +260,23 @@ def test_corrupt_checkpoint_gives_clear_error(tmp_path):
     assert last.read_bytes() == b"garbage, not a zip file"
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(task="nope"), "unknown task 'nope'; known tasks: copy, flip_flop"),
-    (dict(task="copy", method="softmaxx"), "valid methods: softmax, entmax, sparsemax"),
-    (dict(task="copy", positions="xyz"), "valid positions: nope, rope, alibi, nape"),
-    (dict(task="copy", preset="huge"), "no preset 'huge' for task 'copy'.*available: cpu, paper"),
-    (dict(task="mqmtar", sets=["train.val_lengths=[6]"]), "impossible length: mqmtar: length 6 is too short"),
-    (dict(task="copy", sets=["train.train_lengths=[0, 4]"]), "impossible length"),
-    (dict(task="copy", sets=["train.lrr=1"]), r"unknown train key\(s\) \['lrr'\]"),
-    (dict(task="copy", sets=["optim.lr=1"]), "must start with one of task, model, train"),
-    (dict(task="copy", sets=["train.lr"]), "expects section.key=value"),
-    (dict(task="copy", sets=["train.steps=-3"]), "train.steps must be an integer >= 1"),
-    (dict(task="copy", sets=["model.n_heads=3"]), "nape' needs an even n_heads"),
-    (dict(task="copy", sets=["task.params.num_symbolz=3"]), "has no parameter"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(task="nope"), "unknown task 'nope'; known tasks: copy, flip_flop"),
+        (dict(task="copy", method="softmaxx"), "valid methods: softmax, entmax, sparsemax"),
+        (dict(task="copy", positions="xyz"), "valid positions: nope, rope, alibi, nape"),
+        (dict(task="copy", preset="huge"), "no preset 'huge' for task 'copy'.*available: cpu, paper"),
+        (dict(task="mqmtar", sets=["train.val_lengths=[6]"]), "impossible length: mqmtar: length 6 is too short"),
+        (dict(task="copy", sets=["train.train_lengths=[0, 4]"]), "impossible length"),
+        (dict(task="copy", sets=["train.lrr=1"]), r"unknown train key\(s\) \['lrr'\]"),
+        (dict(task="copy", sets=["optim.lr=1"]), "must start with one of task, model, train"),
+        (dict(task="copy", sets=["train.lr"]), "expects section.key=value"),
+        (dict(task="copy", sets=["train.steps=-3"]), "train.steps must be an integer >= 1"),
+        (dict(task="copy", sets=["model.n_heads=3"]), "nape' needs an even n_heads"),
+        (dict(task="copy", sets=["task.params.num_symbolz=3"]), "has no parameter"),
+    ],
+)
 def test_config_errors_are_clear(kwargs, match):
     kwargs = dict(kwargs)
     task = kwargs.pop("task")
@@ -218,21 +286,48 @@ def test_config_errors_are_clear(kwargs, match):
 
 def test_every_preset_resolves():
     from longsparse.tasks import TASKS
+
     for task in TASKS:
         for preset in ("cpu", "paper"):
             cfg = build_config(task, preset=preset)
             assert cfg["task"]["name"] == task and cfg["model"]["method"] == "asentmax"
     paper = build_config("mqmtar", preset="paper")
-    assert (paper["model"]["n_layers"], paper["model"]["d_model"], paper["model"]["n_heads"],
-            paper["model"]["head_dim"], paper["train"]["lr"], paper["train"]["steps"]) == (4, 512, 16, 32, 2e-4, 390000)
+    assert (
+        paper["model"]["n_layers"],
+        paper["model"]["d_model"],
+        paper["model"]["n_heads"],
+        paper["model"]["head_dim"],
+        paper["train"]["lr"],
+        paper["train"]["steps"],
+    ) == (4, 512, 16, 32, 2e-4, 390000)
 
 
 # ---- data parallel -------------------------------------------------------------------------------------
-DP_SETS = ["model.d_model=32", "model.d_ff=64", "model.n_heads=2", "train.batch_size=8", "train.log_every=2",
-           "train.val_every=0", "train.val_lengths=[16]", "train.val_samples=2", "train.threads=1",
-           "train.warmup_steps=2", "train.device=cpu"]
-DP_ARGS = ["train", "--task", "two_back", "--method", "entmax", "--positions", "nape", "--steps", "6",
-           *[x for s in DP_SETS for x in ("--set", s)]]
+DP_SETS = [
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.n_heads=2",
+    "train.batch_size=8",
+    "train.log_every=2",
+    "train.val_every=0",
+    "train.val_lengths=[16]",
+    "train.val_samples=2",
+    "train.threads=1",
+    "train.warmup_steps=2",
+    "train.device=cpu",
+]
+DP_ARGS = [
+    "train",
+    "--task",
+    "two_back",
+    "--method",
+    "entmax",
+    "--positions",
+    "nape",
+    "--steps",
+    "6",
+    *[x for s in DP_SETS for x in ("--set", s)],
+]
 
 
 @pytest.mark.slow
@@ -243,9 +338,23 @@ def test_torchrun_two_processes_match_single_process(tmp_path):
 
     single, dp = tmp_path / "single", tmp_path / "dp"
     _cli([*DP_ARGS, "--out", str(single)])
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        "-m", "longsparse.cli", *DP_ARGS, "--out", str(dp)],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "longsparse.cli",
+            *DP_ARGS,
+            "--out",
+            str(dp),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     a, b = _weights(single / "checkpoints" / "last.pt"), _weights(dp / "checkpoints" / "last.pt")
     assert b["extra"]["world_size"] == 2 and a["extra"]["world_size"] == 1

@@ -6,6 +6,7 @@ Everything is compared with ``ls.attention(..., backend="reference")`` in float6
 gradients w.r.t. q, k, v (and q_scale, which reaches the kernel folded into q). One test compiles the
 kernels for sm_90 (H100) through Triton's full pipeline, which the interpreter does not exercise.
 """
+
 import inspect
 import json
 import os
@@ -14,7 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "1"     # before the first kernel is built (triton reads it at jit time)
+os.environ["TRITON_INTERPRET"] = "1"  # before the first kernel is built (triton reads it at jit time)
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ from longsparse.attention import triton_entmax as te
 ROOT = Path(__file__).resolve().parents[1]
 # the reference path: backend="reference" (path= is its older, deprecated spelling)
 REF = {"backend": "reference"} if "backend" in inspect.signature(ls.attention).parameters else {"path": "reference"}
-TOL = 1e-4          # fp32 kernels against the float64 reference (observed ≤ 1e-5)
+TOL = 1e-4  # fp32 kernels against the float64 reference (observed ≤ 1e-5)
 
 
 def _inputs(B=1, H=2, Hkv=None, Nq=77, Nk=77, D=16, dtype=torch.float32, q_scale=False, seed=0):
@@ -54,23 +55,51 @@ def _range_mask(key_start, key_end, B, Nk):
     return ((j >= start[:, None]) & (j < end[:, None])).view(B, 1, 1, Nk)
 
 
-def _compare(leaves, up, *, alpha, is_causal, slopes=None, key_start=None, key_end=None, decode=False, tol=TOL,
-             ref_dtype=torch.float64):
+def _compare(
+    leaves,
+    up,
+    *,
+    alpha,
+    is_causal,
+    slopes=None,
+    key_start=None,
+    key_end=None,
+    decode=False,
+    tol=TOL,
+    ref_dtype=torch.float64,
+):
     """Kernel vs reference (key ranges as a dense mask): output and gradients of <out, up> w.r.t. every leaf;
     returns the kernel output."""
     q, k, v = leaves[:3]
     q_scale = leaves[3] if len(leaves) > 3 else None
-    out = te.entmax_attention_triton(q, k, v, alpha=alpha, is_causal=is_causal, alibi_slopes=slopes,
-                                     q_scale=q_scale, key_start=key_start, key_end=key_end, decode=decode)
+    out = te.entmax_attention_triton(
+        q,
+        k,
+        v,
+        alpha=alpha,
+        is_causal=is_causal,
+        alibi_slopes=slopes,
+        q_scale=q_scale,
+        key_start=key_start,
+        key_end=key_end,
+        decode=decode,
+    )
     assert out.shape == q.shape and out.dtype == q.dtype
     grads = torch.autograd.grad((out.float() * up).sum(), leaves)
     ref_leaves = [t.detach().to(ref_dtype).requires_grad_() for t in leaves]
     rq, rk, rv = ref_leaves[:3]
-    ref = ls.attention(rq, rk, rv, mapping="entmax",
-                       alpha=alpha.to(ref_dtype) if isinstance(alpha, torch.Tensor) else alpha,
-                       is_causal=is_causal, alibi_slopes=None if slopes is None else slopes.to(ref_dtype),
-                       q_scale=ref_leaves[3].squeeze(-1) if q_scale is not None else None,
-                       attn_mask=_range_mask(key_start, key_end, q.shape[0], k.shape[2]), **REF)
+    ref = ls.attention(
+        rq,
+        rk,
+        rv,
+        mapping="entmax",
+        alpha=alpha.to(ref_dtype) if isinstance(alpha, torch.Tensor) else alpha,
+        is_causal=is_causal,
+        alibi_slopes=None if slopes is None else slopes.to(ref_dtype),
+        q_scale=ref_leaves[3].squeeze(-1) if q_scale is not None else None,
+        attn_mask=_range_mask(key_start, key_end, q.shape[0], k.shape[2]),
+        **REF,
+    )
     ref_grads = torch.autograd.grad((ref * up.to(ref_dtype)).sum(), ref_leaves)
     torch.testing.assert_close(out.to(ref_dtype), ref, atol=tol, rtol=tol)
     for name, a, b in zip(["q", "k", "v", "q_scale"], grads, ref_grads):
@@ -79,7 +108,7 @@ def _compare(leaves, up, *, alpha, is_causal, slopes=None, key_start=None, key_e
     return out
 
 
-NAPE2 = torch.tensor([0.5, 0.0])            # NAPE on two heads: one ALiBi head, one NoPE head
+NAPE2 = torch.tensor([0.5, 0.0])  # NAPE on two heads: one ALiBi head, one NoPE head
 NAPE4 = torch.tensor([1.0, 0.5, 0.0, 0.0])
 
 
@@ -114,8 +143,15 @@ def test_decoding_offsets(Nq, decode):
 def test_decode_path_gqa_lengths_per_head_alpha():
     """The decode path with 4 query heads per kv head in one program, padding, per-head α, non-causal."""
     leaves, up = _inputs(B=2, H=4, Hkv=1, Nq=3, Nk=77, seed=1)
-    _compare(leaves, up, alpha=torch.tensor([1.25, 1.5, 1.75, 2.0]), is_causal=False, slopes=NAPE4,
-             key_end=torch.tensor([77, 31]), decode=True)
+    _compare(
+        leaves,
+        up,
+        alpha=torch.tensor([1.25, 1.5, 1.75, 2.0]),
+        is_causal=False,
+        slopes=NAPE4,
+        key_end=torch.tensor([77, 31]),
+        decode=True,
+    )
 
 
 @pytest.mark.parametrize("is_causal", [True, False])
@@ -127,8 +163,16 @@ def test_key_ranges_left_and_right_padding(is_causal, decode):
     under causal masking) and the split-K decode path (Nq = 3)."""
     Nq = 3 if decode else 45
     leaves, up = _inputs(B=4, H=4, Hkv=2, Nq=Nq, Nk=45, q_scale=True, seed=8)
-    out = _compare(leaves, up, alpha=1.5, is_causal=is_causal, slopes=NAPE4, decode=decode,
-                   key_start=torch.tensor([0, 13, 33, 30]), key_end=torch.tensor([45, 45, 44, 25]))
+    out = _compare(
+        leaves,
+        up,
+        alpha=1.5,
+        is_causal=is_causal,
+        slopes=NAPE4,
+        decode=decode,
+        key_start=torch.tensor([0, 13, 33, 30]),
+        key_end=torch.tensor([45, 45, 44, 25]),
+    )
     assert out[3].abs().max() == 0
 
 
@@ -137,17 +181,17 @@ def test_left_padded_batch_equals_each_row_alone():
     row gives alone without padding (ALiBi distances and causality are key-index differences, which pads
     before the row do not change); gradients of the real q, k, v rows too, zero for the pads' k, v."""
     leaves, up = _inputs(B=2, H=2, Nq=40, Nk=40, seed=9)
-    pads = [7, 35]          # the second row starts in the second key tile
+    pads = [7, 35]  # the second row starts in the second key tile
     start = torch.tensor(pads)
     out = te.entmax_attention_triton(*leaves, alpha=1.5, is_causal=True, alibi_slopes=NAPE2, key_start=start)
     grads = torch.autograd.grad((out * up).sum(), leaves)
     for b, s in enumerate(pads):
-        alone = [t.detach()[b:b + 1, :, s:].requires_grad_() for t in leaves]
+        alone = [t.detach()[b : b + 1, :, s:].requires_grad_() for t in leaves]
         ref = te.entmax_attention_triton(*alone, alpha=1.5, is_causal=True, alibi_slopes=NAPE2)
-        ref_grads = torch.autograd.grad((ref * up[b:b + 1, :, s:]).sum(), alone)
-        torch.testing.assert_close(out[b:b + 1, :, s:], ref, atol=1e-6, rtol=1e-5)
+        ref_grads = torch.autograd.grad((ref * up[b : b + 1, :, s:]).sum(), alone)
+        torch.testing.assert_close(out[b : b + 1, :, s:], ref, atol=1e-6, rtol=1e-5)
         for g, r in zip(grads, ref_grads):
-            torch.testing.assert_close(g[b:b + 1, :, s:], r, atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(g[b : b + 1, :, s:], r, atol=1e-6, rtol=1e-5)
         assert (grads[1][b, :, :s] == 0).all() and (grads[2][b, :, :s] == 0).all()
 
 
@@ -168,11 +212,10 @@ def test_exact_finish_sums_to_one_before_renormalising(alpha):
     """α = 1.5 and 2 finish τ in closed form on the certified support: Σp = 1 up to fp32 summation
     round-off before the output pass divides by it (general α stop at a Newton step below 1e-6)."""
     leaves, _ = _inputs(H=2, seed=3)
-    q, k, v = (t.detach() * 2 for t in leaves[:3])          # sharper rows: small supports
+    q, k, v = (t.detach() * 2 for t in leaves[:3])  # sharper rows: small supports
     out, stats, _ = te.threshold_stats(q, k, v, alpha=alpha, is_causal=True, decode=False)
     assert (stats[2] - 1).abs().max() < 1e-6
-    ref = ls.attention(q.double(), k.double(), v.double(), mapping="entmax", alpha=alpha, is_causal=True,
-                       **REF)
+    ref = ls.attention(q.double(), k.double(), v.double(), mapping="entmax", alpha=alpha, is_causal=True, **REF)
     assert (out.double() - ref).abs().max() < 2e-5
 
 
@@ -198,8 +241,8 @@ def test_dead_tiles_are_skipped_and_exact(monkeypatch):
     n_qb = mask.shape[-2]
     n_live = n_visited = 0
     for a in range(n_qb):
-        for b in range(a + 1):          # causal with Nq = Nk: tiles above the diagonal are never visited
-            live = (p[..., a * 16:(a + 1) * 16, b * 16:(b + 1) * 16] > 0).flatten(-2).any(-1)
+        for b in range(a + 1):  # causal with Nq = Nk: tiles above the diagonal are never visited
+            live = (p[..., a * 16 : (a + 1) * 16, b * 16 : (b + 1) * 16] > 0).flatten(-2).any(-1)
             assert torch.equal(mask[..., a, b].bool(), live), (a, b)
             n_live += int(live.sum())
             n_visited += live.numel()
@@ -257,10 +300,22 @@ def test_custom_op_registration_opcheck():
     q_plain, k, v = _inputs(H=2, Nq=6, Nk=6, seed=7)[0]
     q_model_layout = q_plain.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
     for q in (q_plain, q_model_layout):
-        args = (q, k, v, 1.5, None, torch.tensor([0.5, 0.0]), torch.tensor([1], dtype=torch.int32),
-                torch.tensor([5], dtype=torch.int32), 0.25, True, False)
-        torch.library.opcheck(te._attention_op, args,
-                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+        args = (
+            q,
+            k,
+            v,
+            1.5,
+            None,
+            torch.tensor([0.5, 0.0]),
+            torch.tensor([1], dtype=torch.int32),
+            torch.tensor([5], dtype=torch.int32),
+            0.25,
+            True,
+            False,
+        )
+        torch.library.opcheck(
+            te._attention_op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor")
+        )
         _, stats, mask = te._attention_op(*args)
         backward_args = (torch.randn(q.shape), q.detach(), k.detach(), v.detach(), stats, mask, *args[3:-1])
         torch.library.opcheck(te._attention_backward_op, backward_args, test_utils=("test_schema", "test_faketensor"))
@@ -272,8 +327,18 @@ def test_torch_compile_traces_a_model_that_calls_it():
     from longsparse.nn import ModelConfig, Transformer
 
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=23, d_model=32, n_layers=1, n_heads=2, d_ff=64, method="asentmax",
-                                    positions="nape", attn_backend="triton"))
+    model = Transformer(
+        ModelConfig(
+            vocab_size=23,
+            d_model=32,
+            n_layers=1,
+            n_heads=2,
+            d_ff=64,
+            method="asentmax",
+            positions="nape",
+            attn_backend="triton",
+        )
+    )
     ids = torch.randint(0, 23, (2, 20))
 
     def logits_and_grads(f):
@@ -295,9 +360,24 @@ def test_gpu_check_script_dry_run(tmp_path):
     out = tmp_path / "gpu_check.json"
     env = dict(os.environ, TRITON_INTERPRET="1")
     cases = ["alpha1.25_causal", "gqa_lengths_masked_rows", "decode_left_padding", "model_generate_left_padded"]
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run",
-                           "--out", str(out), "--workers", "1", "--cases", *cases],
-                          check=False, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_check.py"),
+            "--dry-run",
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+            "--cases",
+            *cases,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     checks = data["checks"]
@@ -307,8 +387,10 @@ def test_gpu_check_script_dry_run(tmp_path):
     rows = data["timings"] + data["decode"]
     assert {r["method"] for r in data["decode"]} == {"sdpa", "triton_entmax15_decode", "triton_entmax15_alibi_decode"}
     assert {(r["direction"], r["method"]) for r in data["timings"]} >= {
-        (d, m) for d in ("fwd", "fwd+bwd") for m in ("sdpa_flash", "triton_entmax15", "triton_entmax15_alibi",
-                                                      "ls_chunked_entmax15")}
+        (d, m)
+        for d in ("fwd", "fwd+bwd")
+        for m in ("sdpa_flash", "triton_entmax15", "triton_entmax15_alibi", "ls_chunked_entmax15")
+    }
     assert all("error" not in r and r["median_s"] > 0 for r in rows), rows
     generation = next(c for c in checks if c["case"] == "model_generate_left_padded")
     assert generation["tokens_equal"] and set(generation["backends"]) == {"triton"}
@@ -368,8 +450,14 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 
 def _compile_for_sm90(variants):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(variants)], check=False,
-                          capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(variants)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     if proc.returncode != 0 and "ptxas" in proc.stderr and "No such file" in proc.stderr:
         pytest.skip("Triton's bundled ptxas is not available")
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -379,8 +467,8 @@ def _compile_for_sm90(variants):
 def _check_compiled(results):
     for r in results:
         assert r["ptxas_rc"] == 0, r
-        assert r["shared"] <= 227 * 1024, r            # H100: 227 KiB of shared memory per block
-        limit = 4096 if r["dtype"] == "float32" else 512   # 16-bit: at most a few spilled registers
+        assert r["shared"] <= 227 * 1024, r  # H100: 227 KiB of shared memory per block
+        limit = 4096 if r["dtype"] == "float32" else 512  # 16-bit: at most a few spilled registers
         assert r["spill_bytes"] <= limit, r
 
 

@@ -14,6 +14,7 @@ losses) and the ``train wall N s`` line (the wall clock of `longsparse train`, w
 of ``RUN_DIR/train.log`` or ``RUNS/<run>.train.log``; a result file already stored (same run, same date) is not
 added again. The plots need matplotlib; without it --write rewrites the tables only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,10 @@ PLATEAU_LOSS = 1.0
 # score_needles counts only the answer tokens from this time on; needle diagnostics written earlier (no
 # ``query_positions`` field) included the EOS-predicting position, so their recall / rank are marked *
 DIAGNOSTICS_FIXED = "2026-11-21T15:16:30"
-DIAGNOSTICS_NOTE = ("Needle diagnostics (HSA runs): recall@k / mean rank of the needle chunk / mean weight on it / "
-                    "exact match given full recall (n) / given a miss (n); eval seconds (score + diagnostics)")
+DIAGNOSTICS_NOTE = (
+    "Needle diagnostics (HSA runs): recall@k / mean rank of the needle chunk / mean weight on it / "
+    "exact match given full recall (n) / given a miss (n); eval seconds (score + diagnostics)"
+)
 
 
 @dataclass(frozen=True)
@@ -59,21 +62,39 @@ def _seeds(*names: str, seeds=(0, 1)) -> tuple[str, ...]:
     return tuple(f"{n}_s{s}" for n in names for s in seeds)
 
 
-FULL_LAYOUT = (_seeds("fl_full", seeds=(0, 1, 2)) + _seeds("fl_sb2warm", "fl_mean", "fl_encmean", "fl_standard",
-                                                          "fl_entmax", "fl_entmax_ls", "fl_dense16", "fl_swa"))
+FULL_LAYOUT = _seeds("fl_full", seeds=(0, 1, 2)) + _seeds(
+    "fl_sb2warm", "fl_mean", "fl_encmean", "fl_standard", "fl_entmax", "fl_entmax_ls", "fl_dense16", "fl_swa"
+)
 DECODERS = _seeds("dec_softmax", "dec_asentmax") + _seeds("fl_full", seeds=(0, 1, 2))
 BLOCKS = {
-    "stripped": Block("hsa", ("full_s0", "full_s1", "entmax_s0", "standard_s0", "enccls_s0", "softmax_s0",
-                              "asentmax_s0"), training="wall", ratio_header=True),
+    "stripped": Block(
+        "hsa",
+        ("full_s0", "full_s1", "entmax_s0", "standard_s0", "enccls_s0", "softmax_s0", "asentmax_s0"),
+        training="wall",
+        ratio_header=True,
+    ),
     "full": Block("hsa_full", FULL_LAYOUT),
     "decoders": Block("hsa_full", DECODERS, diagnostics=False),
     "decoders4": Block("hsa_full", _seeds("dec4_softmax", "dec4_asentmax"), diagnostics=False, training="inline"),
-    "tasks": Block("hsa_full", ("mqn_full_s0", "mqn_k16_s0", "mqn_dec_softmax_s0", "vt_full_s0", "vt_k16_s0",
-                                "vt_k16_s1", "vt_dec_softmax_s0")),
+    "tasks": Block(
+        "hsa_full",
+        (
+            "mqn_full_s0",
+            "mqn_k16_s0",
+            "mqn_dec_softmax_s0",
+            "vt_full_s0",
+            "vt_k16_s0",
+            "vt_k16_s1",
+            "vt_dec_softmax_s0",
+        ),
+    ),
 }
 # the `longsparse report` pages (table + plot) of docs/hsa/<page>/: the study and its runs, in column order
-REPORT_PAGES = {"report": ("hsa", BLOCKS["stripped"].runs), "report_full": ("hsa_full", FULL_LAYOUT),
-                "report_dec": ("hsa_full", DECODERS)}
+REPORT_PAGES = {
+    "report": ("hsa", BLOCKS["stripped"].runs),
+    "report_full": ("hsa_full", FULL_LAYOUT),
+    "report_dec": ("hsa_full", DECODERS),
+}
 
 
 # ---- records ------------------------------------------------------------------------------------------------
@@ -84,11 +105,20 @@ def record(doc: dict, *, study: str, source: str, train: Optional[dict], **extra
     cfg = doc["config"]
     command = doc.get("command") or []
     return store.record_from_eval(
-        doc, study=study, run=f"{study}/{doc['run_name']}", seed=cfg["train"]["seed"], source=source,
-        config_hash=config_hash(cfg), all_result_fields=True, label=doc.get("label"),
+        doc,
+        study=study,
+        run=f"{study}/{doc['run_name']}",
+        seed=cfg["train"]["seed"],
+        source=source,
+        config_hash=config_hash(cfg),
+        all_result_fields=True,
+        label=doc.get("label"),
         code_dirty=doc.get("env", {}).get("git", {}).get("dirty"),
         eval_command=" ".join(["longsparse", *command[1:]]) if command else None,
-        config=cfg, train=train, **extra)
+        config=cfg,
+        train=train,
+        **extra,
+    )
 
 
 def training_record(run_dir: Path, steps: Optional[int] = None) -> dict:
@@ -100,12 +130,17 @@ def training_record(run_dir: Path, steps: Optional[int] = None) -> dict:
     wall = None
     for log in (run_dir / "train.log", run_dir.parent / f"{run_dir.name}.train.log"):
         if wall is None and log.is_file():
-            wall = next((float(line.split()[-2]) for line in log.read_text().splitlines() if "train wall" in line),
-                        None)
+            wall = next(
+                (float(line.split()[-2]) for line in log.read_text().splitlines() if "train wall" in line), None
+            )
     exit_step = next((s for s, v in losses if v < PLATEAU_LOSS), "never") if losses else None
-    return {"steps": losses[-1][0] if losses else steps, "wall_seconds": wall,
-            "final_loss": losses[-1][1] if losses else None, "first_step_loss_below_1": exit_step,
-            "losses": losses or None}
+    return {
+        "steps": losses[-1][0] if losses else steps,
+        "wall_seconds": wall,
+        "final_loss": losses[-1][1] if losses else None,
+        "first_step_loss_below_1": exit_step,
+        "losses": losses or None,
+    }
 
 
 def add_runs(study: str, run_dirs: list[str | Path], store_dir: Path = STORE, printer=print) -> int:
@@ -116,7 +151,7 @@ def add_runs(study: str, run_dirs: list[str | Path], store_dir: Path = STORE, pr
         files = sorted((run_dir / "eval").glob("*.json"))
         if not files:
             raise SystemExit(f"{run_dir}: no evaluation results in {run_dir / 'eval'}")
-        docs = [(f, read_json_or_none(f, warn_stderr)) for f in files]      # None: cut by an interrupted eval
+        docs = [(f, read_json_or_none(f, warn_stderr)) for f in files]  # None: cut by an interrupted eval
         docs = [(f, d) for f, d in docs if d is not None]
         train = training_record(run_dir, steps=max(d.get("checkpoint_step") or 0 for _, d in docs) or None)
         for f, doc in docs:
@@ -137,8 +172,12 @@ def run_view(records: list[dict], study: str, name: str) -> dict:
         raise SystemExit(f"no record of run {study}/{name} in {store.records_path(STORE)}")
     by_length = {int(r["length"]): (r, rec) for rec in recs for r in rec["results"]}
     why = {int(L): w for rec in recs for L, w in (rec.get("not_evaluated") or {}).items()}
-    return {"by_length": by_length, "train": recs[-1].get("train") or {}, "train_hi": recs[-1]["train_hi"],
-            "not_evaluated": {L: w for L, w in why.items() if L not in by_length}}
+    return {
+        "by_length": by_length,
+        "train": recs[-1].get("train") or {},
+        "train_hi": recs[-1]["train_hi"],
+        "not_evaluated": {L: w for L, w in why.items() if L not in by_length},
+    }
 
 
 def _pct(x) -> str:
@@ -168,26 +207,39 @@ def render_block(name: str, records: list[dict]) -> str:
     """The text of block ``name`` (``BLOCKS``), first line the command that rebuilds it."""
     b = BLOCKS[name]
     runs = {n: run_view(records, b.study, n) for n in b.runs}
-    lengths = sorted({L for v in runs.values() for L in v["by_length"]} | {L for v in runs.values()
-                                                                            for L in v["not_evaluated"]})
+    lengths = sorted(
+        {L for v in runs.values() for L in v["by_length"]} | {L for v in runs.values() for L in v["not_evaluated"]}
+    )
     inline = b.training == "inline"
     if b.ratio_header:
         hi = runs[b.runs[0]]["train_hi"]
         head = "| run (EM % [95% Wilson], n) | " + " | ".join(f"{L:,} ({L / hi:g}×)" for L in lengths) + " |"
     else:
-        head = ("| run | " + " | ".join(f"{L:,}" for L in lengths)
-                + (" | training wall clock (s) | final loss" if inline else "") + " |")
-    lines = [f"*Rebuilt from `results/hsa/records.jsonl` by `python docs/hsa/tables.py {name}`.*", "", head,
-             "|---|" + "---|" * (len(lengths) + 2 * inline)]
+        head = (
+            "| run | "
+            + " | ".join(f"{L:,}" for L in lengths)
+            + (" | training wall clock (s) | final loss" if inline else "")
+            + " |"
+        )
+    lines = [
+        f"*Rebuilt from `results/hsa/records.jsonl` by `python docs/hsa/tables.py {name}`.*",
+        "",
+        head,
+        "|---|" + "---|" * (len(lengths) + 2 * inline),
+    ]
     for n, v in runs.items():
         cells = [_em_cell(v, L) for L in lengths]
         if inline:
             cells += [_wall(v["train"]), _num(v["train"].get("final_loss"), ".4f")]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     if b.diagnostics:
-        lines += ["", DIAGNOSTICS_NOTE, "",
-                  "| run | L | recall@k | full recall | rank | weight | EM given recall | EM given miss | eval s |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            DIAGNOSTICS_NOTE,
+            "",
+            "| run | L | recall@k | full recall | rank | weight | EM given recall | EM given miss | eval s |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for n, v in runs.items():
             for L in lengths:
                 r, rec = v["by_length"].get(L, ({}, None))
@@ -196,17 +248,23 @@ def render_block(name: str, records: list[dict]) -> str:
                     continue
                 g, m = nd["exact_match_given_recall"], nd["exact_match_given_miss"]
                 star = "" if "query_positions" in nd or (rec["date"] or "") >= DIAGNOSTICS_FIXED else "*"
-                lines.append(f"| {n}{star} | {L:,} | {_num(nd['recall_at_k'], '.2f')} | "
-                             f"{_num(nd['full_recall']['rate'], '.2f')} | {_num(nd['mean_rank'], '.1f')} | "
-                             f"{_num(nd['mean_needle_weight'], '.2f')} | {_pct(g['rate'])}% ({g['n']}) | "
-                             f"{_pct(m['rate'])}% ({m['n']}) | {r['seconds'] + nd['seconds']:.0f} |")
+                lines.append(
+                    f"| {n}{star} | {L:,} | {_num(nd['recall_at_k'], '.2f')} | "
+                    f"{_num(nd['full_recall']['rate'], '.2f')} | {_num(nd['mean_rank'], '.1f')} | "
+                    f"{_num(nd['mean_needle_weight'], '.2f')} | {_pct(g['rate'])}% ({g['n']}) | "
+                    f"{_pct(m['rate'])}% ({m['n']}) | {r['seconds'] + nd['seconds']:.0f} |"
+                )
     if b.training == "full":
-        lines += ["", "| run | training wall clock (s) | final training loss | first logged step with loss < 1 |",
-                  "|---|---|---|---|"]
+        lines += [
+            "",
+            "| run | training wall clock (s) | final training loss | first logged step with loss < 1 |",
+            "|---|---|---|---|",
+        ]
         for n, v in runs.items():
             t = v["train"]
-            lines.append(f"| {n} | {_wall(t)} | {_num(t.get('final_loss'), '.4f')} | "
-                         f"{t.get('first_step_loss_below_1')} |")
+            lines.append(
+                f"| {n} | {_wall(t)} | {_num(t.get('final_loss'), '.4f')} | {t.get('first_step_loss_below_1')} |"
+            )
     elif b.training == "wall":
         lines += ["", "| run | training wall clock (s) |", "|---|---|"]
         lines += [f"| {n} | {_wall(v['train'])} |" for n, v in runs.items()]
@@ -251,11 +309,21 @@ def eval_docs(records: list[dict], study: str, runs: tuple[str, ...]) -> list[di
     out = []
     for name in runs:
         for rec in (r for r in records if r["run"] == f"{study}/{name}"):
-            out.append({"format": "longsparse-eval", "run": rec["run"], "run_name": name, "label": rec["label"],
-                        "task": rec["task"], "method": rec["method"], "positions": rec["positions"],
-                        "train_lengths": rec["config"]["train"]["train_lengths"],
-                        "checkpoint": rec["results"][0]["checkpoint"], "created": rec["date"],
-                        "results": [{**r, "exact_match_ci": r["ci"]} for r in rec["results"]]})
+            out.append(
+                {
+                    "format": "longsparse-eval",
+                    "run": rec["run"],
+                    "run_name": name,
+                    "label": rec["label"],
+                    "task": rec["task"],
+                    "method": rec["method"],
+                    "positions": rec["positions"],
+                    "train_lengths": rec["config"]["train"]["train_lengths"],
+                    "checkpoint": rec["results"][0]["checkpoint"],
+                    "created": rec["date"],
+                    "results": [{**r, "exact_match_ci": r["ci"]} for r in rec["results"]],
+                }
+            )
     return out
 
 
@@ -271,8 +339,9 @@ def render_report_page(page: str, records: list[dict], out: Path, printer=None) 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("blocks", nargs="*", help=f"blocks to print: {', '.join(BLOCKS)}")
     ap.add_argument("--check", action="store_true", help="exit 1 if docs/hsa.md or a report table is stale")
     ap.add_argument("--write", action="store_true", help="rewrite the blocks of docs/hsa.md and the report pages")
@@ -298,8 +367,10 @@ def main(argv=None) -> int:
         for page in REPORT_PAGES:
             rendered = render_report_page(page, records, Path(tmp) / page)
             target = PAGES_DIR / page
-            if not (target / "results.md").is_file() or (target / "results.md").read_text() != \
-                    Path(rendered["markdown"]).read_text():
+            if (
+                not (target / "results.md").is_file()
+                or (target / "results.md").read_text() != Path(rendered["markdown"]).read_text()
+            ):
                 stale.append(str(target / "results.md"))
             if args.write:
                 target.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ mean validation exact match >= 50% and >= 90%, the final loss and the final vali
 per-query scales s the two inits give at step 0 (ASEntmaxScaler on random unit-RMS inputs, as its input is the
 RMS-normalised layer input) at d_model 64 (ours) and 512 (the paper's), at positions 0-63 and at 4,095.
 """
+
 import json
 import sys
 from pathlib import Path
@@ -26,10 +27,16 @@ def curve(run: Path) -> dict:
     def first(pairs, ok):
         return next((s for s, v in pairs if ok(v)), None)
 
-    return {"loss": loss, "val": val, "steps": max(s for s, _ in loss),
-            "first_loss_below_4": first(loss, lambda v: v < 4.0),
-            "first_val_50": first(val, lambda v: v >= 0.5), "first_val_90": first(val, lambda v: v >= 0.9),
-            "final_loss": loss[-1][1], "final_val": val[-1][1] if val else None}
+    return {
+        "loss": loss,
+        "val": val,
+        "steps": max(s for s, _ in loss),
+        "first_loss_below_4": first(loss, lambda v: v < 4.0),
+        "first_val_50": first(val, lambda v: v >= 0.5),
+        "first_val_90": first(val, lambda v: v >= 0.9),
+        "final_loss": loss[-1][1],
+        "final_val": val[-1][1] if val else None,
+    }
 
 
 def init_scales(d_model: int, init: str, seed: int = 0) -> dict:
@@ -61,7 +68,9 @@ def main() -> None:
             cells = [f"{v['min']:.2f} / {v['median']:.2f} / {v['max']:.2f}" for v in sc.values()]
             print(f"| {init} | {d} | {cells[0]} | {cells[1]} |")
     print()
-    print("| init | seed | steps | loss < 4 at step | val EM ≥ 50% at step | val EM ≥ 90% at step | final loss | final val EM |")
+    print(
+        "| init | seed | steps | loss < 4 at step | val EM ≥ 50% at step | val EM ≥ 90% at step | final loss | final val EM |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for init, study in STUDIES.items():
         for run in sorted((RUNS / study).glob("asentmax-nape-s*")):
@@ -72,8 +81,10 @@ def main() -> None:
             seed = run.name.rsplit("-s", 1)[1]
             fmt = lambda v: "never" if v is None else str(v)  # noqa: E731
             final_val = "-" if c["final_val"] is None else f"{100 * c['final_val']:.1f}%"
-            print(f"| {init} | {seed} | {c['steps']} | {fmt(c['first_loss_below_4'])} | {fmt(c['first_val_50'])} | "
-                  f"{fmt(c['first_val_90'])} | {c['final_loss']:.3f} | {final_val} |")
+            print(
+                f"| {init} | {seed} | {c['steps']} | {fmt(c['first_loss_below_4'])} | {fmt(c['first_val_50'])} | "
+                f"{fmt(c['first_val_90'])} | {c['final_loss']:.3f} | {final_val} |"
+            )
     OUT.write_text(json.dumps(out, indent=1))
 
 

@@ -12,6 +12,7 @@ there are and how many are wrong:
   v2, other           any other second value token
 usage: python docs/results/value_token_acc.py OUT.json RUN[:best|last] ... [--length 64 --samples 200]
 """
+
 import argparse
 import json
 
@@ -25,11 +26,11 @@ from longsparse.train.config import make_task
 def token_class(task, x: list[int], t: int, length: int) -> str:
     """The class of the value token predicted at position t of example x (context = its first `length` tokens)."""
     ctx = x[:length]
-    if x[t] == task.kv_id:                           # the logits at <kv> predict v1
+    if x[t] == task.kv_id:  # the logits at <kv> predict v1
         k1, k2 = x[t - 2], x[t - 1]
         keys = [(ctx[j - 2], ctx[j - 1]) for j in range(2, length) if ctx[j] == task.kv_id]
         return "v1, key collision" if any((a == k1) != (b == k2) for a, b in keys) else "v1, other"
-    v1 = x[t]                                        # the logits at v1 predict v2
+    v1 = x[t]  # the logits at v1 predict v2
     if sum(ctx[j] == v1 and ctx[j - 1] == task.kv_id for j in range(1, length)) > 1:
         return "v2, v1 collision"
     return "v2, v1 elsewhere" if ctx.count(v1) > 1 else "v2, other"
@@ -45,7 +46,7 @@ def value_token_acc(run: str, which: str, length: int, samples: int) -> dict:
     with torch.no_grad():
         pred = model(batch.input_ids, attention_mask=batch.attention_mask).argmax(-1)
     labelled = batch.labels != IGNORE_INDEX
-    right = (pred == batch.labels)[labelled]      # row-major: v1, v2, v1, v2, ...
+    right = (pred == batch.labels)[labelled]  # row-major: v1, v2, v1, v2, ...
     wrong, total = {}, {}
     for i in range(samples):
         x = batch.input_ids[i].tolist()
@@ -54,10 +55,18 @@ def value_token_acc(run: str, which: str, length: int, samples: int) -> dict:
             total[c] = total.get(c, 0) + 1
             if pred[i, t] != batch.labels[i, t]:
                 wrong[c] = wrong.get(c, 0) + 1
-    return {"run": run, "checkpoint": which, "step": extra.get("step"), "length": length, "samples": samples,
-            "v1_acc": right[0::2].float().mean().item(), "v2_acc": right[1::2].float().mean().item(),
-            "examples_wrong": int(((pred != batch.labels) & labelled).any(1).sum()),
-            "wrong_tokens": dict(sorted(wrong.items())), "all_tokens": dict(sorted(total.items()))}
+    return {
+        "run": run,
+        "checkpoint": which,
+        "step": extra.get("step"),
+        "length": length,
+        "samples": samples,
+        "v1_acc": right[0::2].float().mean().item(),
+        "v2_acc": right[1::2].float().mean().item(),
+        "examples_wrong": int(((pred != batch.labels) & labelled).any(1).sum()),
+        "wrong_tokens": dict(sorted(wrong.items())),
+        "all_tokens": dict(sorted(total.items())),
+    }
 
 
 def main():
@@ -72,9 +81,11 @@ def main():
     for spec in a.runs:
         run, _, which = spec.partition(":")
         r = value_token_acc(run, which or "last", a.length, a.samples)
-        print(f"{r['run']} ({r['checkpoint']}, step {r['step']}) L={a.length}: v1 {r['v1_acc']:.3f}  "
-              f"v2 {r['v2_acc']:.3f}  examples wrong {r['examples_wrong']}/{a.samples}  wrong tokens "
-              f"{r['wrong_tokens']}")
+        print(
+            f"{r['run']} ({r['checkpoint']}, step {r['step']}) L={a.length}: v1 {r['v1_acc']:.3f}  "
+            f"v2 {r['v2_acc']:.3f}  examples wrong {r['examples_wrong']}/{a.samples}  wrong tokens "
+            f"{r['wrong_tokens']}"
+        )
         rows.append(r)
     if rows:
         print(f"labelled tokens per class: {rows[-1]['all_tokens']}")

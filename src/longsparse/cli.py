@@ -11,6 +11,7 @@ The installed ``longsparse`` command is ``longsparse_experiments.cli``: these co
 plus the experiments (demo, figures, lm, reproduce, bench). This module runs alone for what needs only the library,
 e.g. ``torchrun --nproc_per_node=2 -m longsparse.cli train ...``; it never imports the experiments.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,18 +37,30 @@ def _method_name(text: str) -> str:
     from longsparse.models import ARCHITECTURES
 
     if text in ARCHITECTURES:
-        raise argparse.ArgumentTypeError(f"{text} is an architecture, not a method: use --arch {text} "
-                                         f"(config key model.arch); --method is the attention mapping")
+        raise argparse.ArgumentTypeError(
+            f"{text} is an architecture, not a method: use --arch {text} "
+            f"(config key model.arch); --method is the attention mapping"
+        )
     return text
 
 
 def _train(args: argparse.Namespace) -> int:
     from longsparse.train import build_config, train
 
-    cfg = build_config(args.task, preset=args.preset, arch=args.arch, method=args.method, positions=args.positions,
-                       seed=args.seed, steps=args.steps, sets=args.set, config_file=args.config)
+    cfg = build_config(
+        args.task,
+        preset=args.preset,
+        arch=args.arch,
+        method=args.method,
+        positions=args.positions,
+        seed=args.seed,
+        steps=args.steps,
+        sets=args.set,
+        config_file=args.config,
+    )
     if args.print_config:
         import json
+
         print(json.dumps(cfg, indent=2))
         return 0
     res = train(cfg, args.out)
@@ -59,8 +72,16 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from longsparse.evaluate import evaluate_run
 
-    path, _ = evaluate_run(args.run, args.lengths, samples=args.samples, checkpoint=args.checkpoint, seed=args.seed,
-                           batch_tokens=args.batch_tokens, device=args.device, bf16=args.bf16)
+    path, _ = evaluate_run(
+        args.run,
+        args.lengths,
+        samples=args.samples,
+        checkpoint=args.checkpoint,
+        seed=args.seed,
+        batch_tokens=args.batch_tokens,
+        device=args.device,
+        bf16=args.bf16,
+    )
     print(f"results: {path}")
     return 0
 
@@ -93,8 +114,9 @@ def _data(args: argparse.Namespace) -> int:
 
 def new_parser(description: str) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     """The ``longsparse`` parser with ``description`` and its (required) subcommands, still empty."""
-    parser = argparse.ArgumentParser(prog="longsparse", description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="longsparse", description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     return parser, parser.add_subparsers(dest="command", required=True)
 
 
@@ -115,22 +137,43 @@ def add_library_commands(sub: argparse._SubParsersAction) -> None:
     trainable = sorted([*TASKS, *RULER_TASKS, *CORPUS_TASKS])
     t = sub.add_parser("train", help="train one run (resumes if --out holds the same config)")
     t.add_argument("--task", required=True, choices=trainable, metavar="TASK", help=f"one of: {', '.join(trainable)}")
-    t.add_argument("--arch", default=None, choices=list(ARCHITECTURES), metavar="ARCH",
-                   help=f"model architecture, one of: {', '.join(ARCHITECTURES)} (hsa: hierarchical sparse "
-                        f"attention, the preset's [hsa] table; default: the preset's [model])")
-    t.add_argument("--method", default=None, type=_method_name, choices=METHODS, metavar="METHOD",
-                   help=f"attention mapping of any architecture, one of: {', '.join(METHODS)} (default: the "
-                        f"preset's)")
-    t.add_argument("--positions", default=None, choices=POSITIONS, metavar="POS",
-                   help=f"one of: {', '.join(POSITIONS)} (default: the preset's)")
-    t.add_argument("--preset", default="cpu",
-                   help="src/longsparse/configs/<task>/<preset>.toml: cpu or paper (default cpu)")
+    t.add_argument(
+        "--arch",
+        default=None,
+        choices=list(ARCHITECTURES),
+        metavar="ARCH",
+        help=f"model architecture, one of: {', '.join(ARCHITECTURES)} (hsa: hierarchical sparse "
+        f"attention, the preset's [hsa] table; default: the preset's [model])",
+    )
+    t.add_argument(
+        "--method",
+        default=None,
+        type=_method_name,
+        choices=METHODS,
+        metavar="METHOD",
+        help=f"attention mapping of any architecture, one of: {', '.join(METHODS)} (default: the preset's)",
+    )
+    t.add_argument(
+        "--positions",
+        default=None,
+        choices=POSITIONS,
+        metavar="POS",
+        help=f"one of: {', '.join(POSITIONS)} (default: the preset's)",
+    )
+    t.add_argument(
+        "--preset", default="cpu", help="src/longsparse/configs/<task>/<preset>.toml: cpu or paper (default cpu)"
+    )
     t.add_argument("--config", default=None, help="a TOML file instead of the preset")
     t.add_argument("--out", required=True, help="run directory")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--steps", type=int, default=None)
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override, e.g. --set train.lr=3e-4 --set model.d_model=64 (repeatable)")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override, e.g. --set train.lr=3e-4 --set model.d_model=64 (repeatable)",
+    )
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     t.set_defaults(func=_train)
 
@@ -140,9 +183,13 @@ def add_library_commands(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--samples", type=positive_int, default=100, help="examples per length (default 100)")
     e.add_argument("--checkpoint", default="best", choices=["best", "last"])
     e.add_argument("--seed", type=int, default=0, help="test-stream seed")
-    e.add_argument("--batch-tokens", type=positive_int, default=None,
-                   help="tokens per evaluation batch (batch size adapts to the length); default 32768, "
-                        "131072 for generated targets (copy, sort, ...)")
+    e.add_argument(
+        "--batch-tokens",
+        type=positive_int,
+        default=None,
+        help="tokens per evaluation batch (batch size adapts to the length); default 32768, "
+        "131072 for generated targets (copy, sort, ...)",
+    )
     e.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     e.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     e.set_defaults(func=_eval)
@@ -191,8 +238,15 @@ def main(argv=None, parser: argparse.ArgumentParser | None = None) -> int:
     # anything else is a bug and keeps its traceback.
     try:
         return args.func(args)
-    except (ConfigError, RunDirError, ReportError, ValueError, OSError, subprocess.CalledProcessError,
-            MemoryError) as e:
+    except (
+        ConfigError,
+        RunDirError,
+        ReportError,
+        ValueError,
+        OSError,
+        subprocess.CalledProcessError,
+        MemoryError,
+    ) as e:
         print(f"longsparse {args.command}: error: {error_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

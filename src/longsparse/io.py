@@ -15,6 +15,7 @@ Appended logs (``metrics.jsonl``) are not rewritten on every record; ``read_json
 a kill can leave at their end. The results store (``records.jsonl``, ``longsparse.report.store``) is appended
 through ``atomic_append_jsonl`` instead, which keeps the whole-file invariant above.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,7 +49,7 @@ def _open_temp(path: Path) -> tuple[int, Path]:
 def _renamed(e: OSError, path: Path) -> OSError:
     try:
         return type(e)(e.errno, e.strerror or str(e), os.fspath(path))
-    except TypeError:      # an OSError subclass with another constructor
+    except TypeError:  # an OSError subclass with another constructor
         return OSError(e.errno, e.strerror or str(e), os.fspath(path))
 
 
@@ -90,7 +91,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", *, encoding: str | Non
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if isinstance(e, OSError) and (e.filename is None or os.fspath(e.filename) == os.fspath(tmp)):
-            raise _renamed(e, path) from None     # name the file the user asked for (a full disk has no name)
+            raise _renamed(e, path) from None  # name the file the user asked for (a full disk has no name)
         raise
 
 
@@ -184,11 +185,11 @@ def atomic_append_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> Path
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)
         old = path.read_bytes() if path.exists() else b""
-        if old and not old.endswith(b"\n"):     # a file edited by hand: the next record still starts a line
+        if old and not old.endswith(b"\n"):  # a file edited by hand: the next record still starts a line
             old += b"\n"
         atomic_write_bytes(path, old + lines.encode("utf-8"))
     finally:
-        os.close(folder)                        # releases the lock
+        os.close(folder)  # releases the lock
     return path
 
 

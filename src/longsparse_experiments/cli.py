@@ -9,6 +9,7 @@ the experiments:
     longsparse bench mapping|attention|short|train-step|train-run|eval   speed/memory as JSON (docs/benchmarks.md)
     longsparse bench table --out FILE.json               a saved benchmark result as a markdown table
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub) -> None:
-    d = sub.add_parser("demo", help="the main job: standard (softmax+RoPE) vs papers' (ASEntmax+NAPE) recipe, "
-                                    "with softmax+NAPE to attribute the difference; ~2 CPU minutes")
+    d = sub.add_parser(
+        "demo",
+        help="the main job: standard (softmax+RoPE) vs papers' (ASEntmax+NAPE) recipe, "
+        "with softmax+NAPE to attribute the difference; ~2 CPU minutes",
+    )
     d.add_argument("--out", default="runs/demo", help="output folder (runs, table, plot, JSON)")
     d.add_argument("--quick", action="store_true", help="a seconds-long smoke version (too short to show the effect)")
     d.add_argument("--samples", type=int, default=None, help="test examples per length")
@@ -35,6 +39,7 @@ def _add_demo(sub) -> None:
 
 def _with_experiment_presets(library_presets):
     """`presets`: the library's task presets, then the experiments' study presets."""
+
     def presets(args: argparse.Namespace) -> int:
         from longsparse_experiments.presets import available_presets, presets_dir
 
@@ -43,6 +48,7 @@ def _with_experiment_presets(library_presets):
         for kind, names in available_presets().items():
             print(f"  {kind:<14} {', '.join(names)}")
         return code
+
     return presets
 
 

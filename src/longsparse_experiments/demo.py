@@ -13,6 +13,7 @@ also measures, with ``longsparse.nn.capture``, how much attention the trained mo
 the answer (the last write before the final read) as the test length grows, and writes that picture next to the
 report.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,10 +32,21 @@ RECIPE = {
     # in distribution in 3 of 8 seeds (34-88 %; at lr 1e-3 38 % in seed 0), which would make its failure beyond
     # the training length meaningless; short examples in the mix (L ~ U[4, 64], still trained at L <= 64) and 800
     # steps at lr 3e-3 took it to 97-100 % in all 8, for about the same number of training tokens.
-    "overrides": {"model": {"n_layers": 2, "d_model": 64, "d_ff": 128, "n_heads": 4},
-                  "train": {"batch_size": 32, "lr": 3e-3, "warmup_steps": 50, "train_lengths": [4, 64],
-                            "log_every": 100, "val_every": 800, "val_lengths": [64], "val_samples": 32,
-                            "ckpt_every": 800, "threads": 1}},
+    "overrides": {
+        "model": {"n_layers": 2, "d_model": 64, "d_ff": 128, "n_heads": 4},
+        "train": {
+            "batch_size": 32,
+            "lr": 3e-3,
+            "warmup_steps": 50,
+            "train_lengths": [4, 64],
+            "log_every": 100,
+            "val_every": 800,
+            "val_lengths": [64],
+            "val_samples": 32,
+            "ckpt_every": 800,
+            "threads": 1,
+        },
+    },
     "lengths": [64, 128, 256, 512, 1024],
     "samples": 64,
     # Claims are checked from this multiple of the training length on: at 2x softmax + RoPE is still in its
@@ -86,8 +98,13 @@ def verdict(series: list[dict], train_hi: int, claim_from: float = RECIPE["claim
     by = {(s["method"], s["positions"]): s["results"] for s in series}
     missing = [_name(k) for k in (STANDARD, PAPERS, ATTRIBUTION) if k not in by]
     if missing:
-        return {"claims": [], "failed": [], "warnings": [f"no verdict: missing series {', '.join(missing)}"],
-                "mapping": None, "checks": {}}
+        return {
+            "claims": [],
+            "failed": [],
+            "warnings": [f"no verdict: missing series {', '.join(missing)}"],
+            "mapping": None,
+            "checks": {},
+        }
     std, pap, att = by[STANDARD], by[PAPERS], by[ATTRIBUTION]
     common = sorted(set(std) & set(pap) & set(att))
 
@@ -97,52 +114,73 @@ def verdict(series: list[dict], train_hi: int, claim_from: float = RECIPE["claim
     def above(a, b, L):
         return a[L]["exact_match_ci"][0] > b[L]["exact_match_ci"][1]
 
-    out = {"claims": [], "failed": [], "warnings": [], "mapping": None,
-           "checks": {"positions": False, "papers": False, "attribution": False}}
+    out = {
+        "claims": [],
+        "failed": [],
+        "warnings": [],
+        "mapping": None,
+        "checks": {"positions": False, "papers": False, "attribution": False},
+    }
 
     in_dist = [L for L in common if L <= train_hi]
     id_ok = bool(in_dist) and all(em(r, L) >= ID_BAR for r in (std, pap, att) for L in in_dist)
     out["checks"]["in_distribution"] = id_ok
     if not id_ok:
-        out["warnings"].append(f"In distribution (L <= {train_hi}) at least one model is below "
-                               f"{100 * ID_BAR:.0f}% exact match (or it was not tested): the budget was too small "
-                               "for the comparison to mean much.")
+        out["warnings"].append(
+            f"In distribution (L <= {train_hi}) at least one model is below "
+            f"{100 * ID_BAR:.0f}% exact match (or it was not tested): the budget was too small "
+            "for the comparison to mean much."
+        )
 
     claim = [L for L in common if L >= claim_from * train_hi]
     if not claim:
         out["warnings"].append(f"no tested length >= {claim_from:g}x the training length: nothing to claim")
     else:
-        span = (f"at {claim[0] / train_hi:g}x the training length" if len(claim) == 1 else
-                f"at every tested length from {claim[0] / train_hi:g}x to {claim[-1] / train_hi:g}x the training "
-                "length")
+        span = (
+            f"at {claim[0] / train_hi:g}x the training length"
+            if len(claim) == 1
+            else f"at every tested length from {claim[0] / train_hi:g}x to {claim[-1] / train_hi:g}x the training "
+            "length"
+        )
         claims, failed = [], []
         not_pos = [L for L in claim if not above(att, std, L)]
         if not not_pos:
-            claims.append(f"Positions: with softmax attention in both, NAPE >> RoPE beyond the training length: "
-                          f"softmax + NAPE is above softmax + RoPE with disjoint 95% intervals {span}.")
+            claims.append(
+                f"Positions: with softmax attention in both, NAPE >> RoPE beyond the training length: "
+                f"softmax + NAPE is above softmax + RoPE with disjoint 95% intervals {span}."
+            )
         else:
-            failed.append(f"softmax + NAPE above softmax + RoPE {span}: overlapping 95% intervals at "
-                          + _lengths_text(not_pos, train_hi) + ".")
+            failed.append(
+                f"softmax + NAPE above softmax + RoPE {span}: overlapping 95% intervals at "
+                + _lengths_text(not_pos, train_hi)
+                + "."
+            )
         not_pap = [L for L in claim if not above(pap, std, L)]
         small = []
         if not not_pap:
-            claims.append("The papers' recipe (ASEntmax + NAPE) is above the standard recipe (softmax + RoPE) with "
-                          "disjoint 95% intervals at each of those lengths too.")
-            small = [L for L in claim
-                     if not em(att, L) - em(std, L) > POSITIONS_SHARE * (em(pap, L) - em(std, L))]
+            claims.append(
+                "The papers' recipe (ASEntmax + NAPE) is above the standard recipe (softmax + RoPE) with "
+                "disjoint 95% intervals at each of those lengths too."
+            )
+            small = [L for L in claim if not em(att, L) - em(std, L) > POSITIONS_SHARE * (em(pap, L) - em(std, L))]
             if not small:
                 claims.append(
                     f"Attribution: at each of those lengths softmax + NAPE, the standard recipe with only its "
                     f"positions changed, gets more than {_share_text()} of the papers' recipe's gain over the standard "
                     "recipe: the positions, more than the mapping, carry the papers' recipe's advantage at this "
-                    "scale.")
+                    "scale."
+                )
             else:
-                failed.append(f"attribution to the positions: softmax + NAPE gets at most {_share_text()} of the "
-                              "papers' recipe's gain at "
-                              + _lengths_text(small, train_hi) + ".")
+                failed.append(
+                    f"attribution to the positions: softmax + NAPE gets at most {_share_text()} of the "
+                    "papers' recipe's gain at " + _lengths_text(small, train_hi) + "."
+                )
         else:
-            failed.append(f"ASEntmax + NAPE above softmax + RoPE {span}: overlapping 95% intervals at "
-                          + _lengths_text(not_pap, train_hi) + " (so no gain to attribute).")
+            failed.append(
+                f"ASEntmax + NAPE above softmax + RoPE {span}: overlapping 95% intervals at "
+                + _lengths_text(not_pap, train_hi)
+                + " (so no gain to attribute)."
+            )
         if id_ok:
             out["checks"].update(positions=not not_pos, papers=not not_pap, attribution=not not_pap and not small)
             out["claims"], out["failed"] = claims, failed
@@ -156,8 +194,12 @@ def verdict(series: list[dict], train_hi: int, claim_from: float = RECIPE["claim
             "Mapping, not a claim (within seed noise at this scale: its sign and size change with the seed, "
             "docs/demo.md): ASEntmax + NAPE minus softmax + NAPE, exact-match points: "
             + ", ".join(f"{L / train_hi:g}x {_pts(em(pap, L) - em(att, L))}" for L in beyond)
-            + ("; 95% intervals overlap at every length." if not disjoint else
-               "; 95% intervals disjoint at " + _lengths_text(disjoint, train_hi) + " in this run."))
+            + (
+                "; 95% intervals overlap at every length."
+                if not disjoint
+                else "; 95% intervals disjoint at " + _lengths_text(disjoint, train_hi) + " in this run."
+            )
+        )
     return out
 
 
@@ -171,6 +213,7 @@ def verdict_lines(v: dict) -> list[str]:
 
 
 # ---- the mechanism: attention on the last write ---------------------------------------------------------------
+
 
 def _head_kinds(model) -> dict[int, list[str]]:
     from longsparse.nn.attention import Attention
@@ -207,18 +250,24 @@ def last_write_mass(model, task, lengths: list[int], examples: int, seed: int = 
         with torch.no_grad(), capture(model, what=("attn",)) as cap:
             model(ids)
         for layer in cap.layers:
-            attn = cap[layer]["attn"]                       # (B, H, N, N)
+            attn = cap[layer]["attn"]  # (B, H, N, N)
             acc = torch.zeros(attn.shape[1])
             for e in range(ids.shape[0]):
-                read = int((labels[e] != -100).nonzero().max())        # the final read carries the last label
+                read = int((labels[e] != -100).nonzero().max())  # the final read carries the last label
                 write = int((ids[e, :read] == task.write_id).nonzero().max())
-                acc += attn[e, :, read, write:min(write + 3, read)].sum(-1)
+                acc += attn[e, :, read, write : min(write + 3, read)].sum(-1)
             for h, v in enumerate((acc / ids.shape[0]).tolist()):
                 mass.setdefault(f"{layer}.{h}", []).append(v)
     head = max(mass, key=lambda k: mass[k][0])
     layer, h = map(int, head.split("."))
-    return {"lengths": list(lengths), "mass": mass, "head": head, "kind": _head_kinds(model)[layer][h],
-            "curve": mass[head], "max_curve": [max(mass[k][i] for k in mass) for i in range(len(lengths))]}
+    return {
+        "lengths": list(lengths),
+        "mass": mass,
+        "head": head,
+        "kind": _head_kinds(model)[layer][h],
+        "curve": mass[head],
+        "max_curve": [max(mass[k][i] for k in mass) for i in range(len(lengths))],
+    }
 
 
 def mass_summary(mech: dict, train_hi: int) -> str:
@@ -241,19 +290,23 @@ def mass_summary(mech: dict, train_hi: int) -> str:
         gap = min(vb) - max(va)
         spread = max(max(va) - min(va), max(vb) - min(vb))
         if gap > 0:
-            what = (f"; at {where} it is lower under {label.get(pa, pa)} than under {label.get(pb, pb)} for every "
-                    "model")
+            what = f"; at {where} it is lower under {label.get(pa, pa)} than under {label.get(pb, pb)} for every model"
             if spread < gap:
-                what += (f", and the {label.get(pb, pb)} models differ by {max(vb) - min(vb):.2f}: the picture "
-                         "separates the positions, not the mappings")
+                what += (
+                    f", and the {label.get(pb, pb)} models differ by {max(vb) - min(vb):.2f}: the picture "
+                    "separates the positions, not the mappings"
+                )
         else:
             what = f"; at {where} the position types overlap"
-    return (f"Attention of the final read on the last write (the most any head puts there; "
-            f"{lengths[0] / train_hi:g}x -> {where}): " + ", ".join(parts) + what + ".")
+    return (
+        f"Attention of the final read on the last write (the most any head puts there; "
+        f"{lengths[0] / train_hi:g}x -> {where}): " + ", ".join(parts) + what + "."
+    )
 
 
 def plot_mass(mech: dict, path: Path, train_hi: int) -> Path:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -262,16 +315,20 @@ def plot_mass(mech: dict, path: Path, train_hi: int) -> Path:
     fig, ax = plt.subplots(figsize=(6.2, 4))
     for name, m in mech["models"].items():
         layer, h = m["head"].split(".")
-        line, = ax.plot(m["lengths"], m["max_curve"], marker="o",
-                        label=f"{name} (at 1x: layer {layer} head {h}, {m['kind']})")
+        (line,) = ax.plot(
+            m["lengths"], m["max_curve"], marker="o", label=f"{name} (at 1x: layer {layer} head {h}, {m['kind']})"
+        )
         ax.plot(m["lengths"], m["curve"], ls=":", color=line.get_color(), alpha=0.7)
     ax.axvline(train_hi, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("test length (tokens; dashed: longest training length)")
     ax.set_ylabel("attention of the final read on the last write")
-    ax.set_title("flip-flop: attention of the final read on the last write vs length\n(solid: the most any head "
-                 "puts there; dotted: the head that puts the most there at 1x)", fontsize=9)
+    ax.set_title(
+        "flip-flop: attention of the final read on the last write vs length\n(solid: the most any head "
+        "puts there; dotted: the head that puts the most there at 1x)",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     atomic_savefig(fig, path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -284,13 +341,23 @@ def run_configs(quick: bool = False, seed: int = 0) -> dict[tuple[str, str], dic
     from longsparse.train import build_config
 
     rec = {**RECIPE, **(QUICK if quick else {})}
-    return {(method, positions): build_config(rec["task"], preset=rec["preset"], method=method, positions=positions,
-                                              seed=seed, steps=rec["steps"], overrides=rec["overrides"])
-            for method, positions in rec["methods"]}
+    return {
+        (method, positions): build_config(
+            rec["task"],
+            preset=rec["preset"],
+            method=method,
+            positions=positions,
+            seed=seed,
+            steps=rec["steps"],
+            overrides=rec["overrides"],
+        )
+        for method, positions in rec["methods"]
+    }
 
 
-def run_demo(out: str = "runs/demo", quick: bool = False, samples: int | None = None, seed: int = 0,
-             printer=print) -> int:
+def run_demo(
+    out: str = "runs/demo", quick: bool = False, samples: int | None = None, seed: int = 0, printer=print
+) -> int:
     from longsparse.evaluate import evaluate_run, load_run_model
     from longsparse.io import atomic_write_text
     from longsparse.report import build_report
@@ -303,8 +370,11 @@ def run_demo(out: str = "runs/demo", quick: bool = False, samples: int | None = 
         rec["samples"] = samples
     configs = run_configs(quick, seed)
     out = Path(out) / ("quick" if quick else "") / (f"seed{seed}" if seed else "")
-    printer(f"longsparse demo: {rec['task']}, {rec['steps']} steps per model, seed {seed}: "
-            + ", ".join(f"{_name(k)} ({ROLE[k]})" for k in rec["methods"]) + f"; output in {out}")
+    printer(
+        f"longsparse demo: {rec['task']}, {rec['steps']} steps per model, seed {seed}: "
+        + ", ".join(f"{_name(k)} ({ROLE[k]})" for k in rec["methods"])
+        + f"; output in {out}"
+    )
     runs, timings, train_hi, cfg = [], {}, None, None
     for method, positions in rec["methods"]:
         cfg = configs[(method, positions)]
@@ -316,28 +386,40 @@ def run_demo(out: str = "runs/demo", quick: bool = False, samples: int | None = 
         timings[f"train {method}/{positions}"] = time.perf_counter() - t0
         printer(f"   trained in {timings[f'train {method}/{positions}']:.0f} s")
         runs.append(run)
-    how = ("greedy decoding with the KV cache" if get_task(rec["task"]).kind == "seq2seq"
-           else "one forward pass, every labelled position")
+    how = (
+        "greedy decoding with the KV cache"
+        if get_task(rec["task"]).kind == "seq2seq"
+        else "one forward pass, every labelled position"
+    )
     printer(f"\n== evaluating ({how}; exact match = the whole answer right), {rec['samples']} examples per length")
     t0 = time.perf_counter()
     for run in runs:
         evaluate_run(run, rec["lengths"], samples=rec["samples"], checkpoint="last", printer=printer)
     timings["evaluate"] = time.perf_counter() - t0
-    rep = build_report(runs, out / "report", printer=printer,
-                       title="longsparse demo: exact match vs test length (trained on L in "
-                             f"[{cfg['train']['train_lengths'][0]}, {train_hi}])")
+    rep = build_report(
+        runs,
+        out / "report",
+        printer=printer,
+        title="longsparse demo: exact match vs test length (trained on L in "
+        f"[{cfg['train']['train_lengths'][0]}, {train_hi}])",
+    )
 
     printer(f"\n== attention on the last write ({rec['mass_examples']} test examples per length)")
     t0 = time.perf_counter()
-    mech = {"format": "longsparse-demo-mass",
-            "quantity": "attention weight of the final read on the last write before it (its w token, its bit and "
-                        "the token after the bit), mean over examples, per layer.head",
-            "train_hi": train_hi, "seed": seed, "models": {}}
+    mech = {
+        "format": "longsparse-demo-mass",
+        "quantity": "attention weight of the final read on the last write before it (its w token, its bit and "
+        "the token after the bit), mean over examples, per layer.head",
+        "train_hi": train_hi,
+        "seed": seed,
+        "models": {},
+    }
     for run, key in zip(runs, rec["methods"]):
         model, rcfg, _ = load_run_model(run, "last")
         model.eval()
-        mech["models"][_name(key)] = last_write_mass(model, make_task(rcfg["task"]), rec["lengths"],
-                                                     rec["mass_examples"])
+        mech["models"][_name(key)] = last_write_mass(
+            model, make_task(rcfg["task"]), rec["lengths"], rec["mass_examples"]
+        )
     timings["attention"] = time.perf_counter() - t0
     mass_json = atomic_write_text(out / "report" / "attention_on_last_write.json", json.dumps(mech, indent=1) + "\n")
     try:
@@ -355,8 +437,12 @@ def run_demo(out: str = "runs/demo", quick: bool = False, samples: int | None = 
     if quick:
         printer("(--quick: a smoke run far too short to show anything; run `longsparse demo` for the real one)")
     written = [rep["markdown"], rep["json"], rep["png"], mass_json, mass_png]
-    printer("\nwrote " + ", ".join(str(p) for p in written if p)
-            + ("" if rep["png"] and mass_png else " (no plots: pip install matplotlib)"))
-    printer("time: " + ", ".join(f"{k} {s:.0f} s" for k, s in timings.items())
-            + f"; total wall time {wall / 60:.1f} min")
+    printer(
+        "\nwrote "
+        + ", ".join(str(p) for p in written if p)
+        + ("" if rep["png"] and mass_png else " (no plots: pip install matplotlib)")
+    )
+    printer(
+        "time: " + ", ".join(f"{k} {s:.0f} s" for k, s in timings.items()) + f"; total wall time {wall / 60:.1f} min"
+    )
     return 0

@@ -7,6 +7,7 @@ so an LM run folder is an ordinary run folder (``config.json``, ``checkpoints/la
 Every step is resumable: a completed run is not retrained, a killed one resumes from its last checkpoint, and a
 run with ``eval.json`` (for the same eval config) is not re-evaluated.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,12 +26,31 @@ from longsparse.train import train
 from longsparse.train.rundir import checkpoint_path
 from longsparse_experiments.presets import presets_dir
 
-TRAIN_DEFAULTS = {"seq_len": 128, "batch_size": 32, "steps": 1000, "lr": 1e-3, "warmup_steps": 50,
-                  "min_lr_ratio": 0.1, "betas": [0.9, 0.99], "grad_clip": 1.0, "passkey_frac": 0.25,
-                  "passkey_digits": 5, "seed": 0, "threads": 1, "log_every": 25, "ckpt_every": 50,
-                  "val_windows": 8}
-EVAL_DEFAULTS = {"length_mults": [0.25, 0.5, 1, 2, 4, 8, 16], "n_windows": 8, "passkey_mults": [1, 2, 4, 8, 16],
-                 "passkey_depths": [0.0, 0.25, 0.5, 0.75, 1.0], "passkey_samples": 8, "batch_tokens": 16384}
+TRAIN_DEFAULTS = {
+    "seq_len": 128,
+    "batch_size": 32,
+    "steps": 1000,
+    "lr": 1e-3,
+    "warmup_steps": 50,
+    "min_lr_ratio": 0.1,
+    "betas": [0.9, 0.99],
+    "grad_clip": 1.0,
+    "passkey_frac": 0.25,
+    "passkey_digits": 5,
+    "seed": 0,
+    "threads": 1,
+    "log_every": 25,
+    "ckpt_every": 50,
+    "val_windows": 8,
+}
+EVAL_DEFAULTS = {
+    "length_mults": [0.25, 0.5, 1, 2, 4, 8, 16],
+    "n_windows": 8,
+    "passkey_mults": [1, 2, 4, 8, 16],
+    "passkey_depths": [0.0, 0.25, 0.5, 0.75, 1.0],
+    "passkey_samples": 8,
+    "batch_tokens": 16384,
+}
 
 
 def configs_lm_dir() -> Path:
@@ -42,9 +62,14 @@ def load_study_config(preset: str = "cpu", path: Optional[str] = None) -> dict:
     from longsparse.train.config import load_toml
 
     raw = load_toml(path or configs_lm_dir() / f"{preset}.toml")
-    cfg = {"description": raw.get("description", ""), "data": dict(raw.get("data", {})),
-           "model": dict(raw.get("model", {})), "train": {**TRAIN_DEFAULTS, **raw.get("train", {})},
-           "eval": {**EVAL_DEFAULTS, **raw.get("eval", {})}, "study": dict(raw.get("study", {}))}
+    cfg = {
+        "description": raw.get("description", ""),
+        "data": dict(raw.get("data", {})),
+        "model": dict(raw.get("model", {})),
+        "train": {**TRAIN_DEFAULTS, **raw.get("train", {})},
+        "eval": {**EVAL_DEFAULTS, **raw.get("eval", {})},
+        "study": dict(raw.get("study", {})),
+    }
     bad = sorted(set(cfg["train"]) - set(TRAIN_DEFAULTS)) + sorted(set(cfg["eval"]) - set(EVAL_DEFAULTS))
     if bad:
         raise ValueError(f"unknown lm config key(s): {bad}")
@@ -66,15 +91,37 @@ def run_config(cfg: dict, method: str, positions: str, seed: int, cache_dir: Opt
     d, t = cfg["data"], cfg["train"]
     corpus = "sample" if d["dir"] == str(SAMPLE_DIR) else d["dir"]
     T = t["seq_len"]
-    return {"task": {"name": "lm", "params": {"corpus": corpus, "tokenizer": d["tokenizer"],
-                                              "tokenizer_vocab": d["vocab_size"], "passkey_frac": t["passkey_frac"],
-                                              "passkey_digits": t["passkey_digits"], "cache_dir": cache_dir}},
-            "model": {**cfg["model"], "method": method, "positions": positions},
-            "train": {"steps": t["steps"], "batch_size": t["batch_size"], "lr": t["lr"],
-                      "warmup_steps": t["warmup_steps"], "min_lr_ratio": t["min_lr_ratio"], "betas": t["betas"],
-                      "grad_clip": t["grad_clip"], "seed": seed, "threads": t["threads"],
-                      "log_every": t["log_every"], "ckpt_every": t["ckpt_every"], "train_lengths": [T, T],
-                      "val_every": 0, "val_lengths": [T], "val_samples": t["val_windows"]}}
+    return {
+        "task": {
+            "name": "lm",
+            "params": {
+                "corpus": corpus,
+                "tokenizer": d["tokenizer"],
+                "tokenizer_vocab": d["vocab_size"],
+                "passkey_frac": t["passkey_frac"],
+                "passkey_digits": t["passkey_digits"],
+                "cache_dir": cache_dir,
+            },
+        },
+        "model": {**cfg["model"], "method": method, "positions": positions},
+        "train": {
+            "steps": t["steps"],
+            "batch_size": t["batch_size"],
+            "lr": t["lr"],
+            "warmup_steps": t["warmup_steps"],
+            "min_lr_ratio": t["min_lr_ratio"],
+            "betas": t["betas"],
+            "grad_clip": t["grad_clip"],
+            "seed": seed,
+            "threads": t["threads"],
+            "log_every": t["log_every"],
+            "ckpt_every": t["ckpt_every"],
+            "train_lengths": [T, T],
+            "val_every": 0,
+            "val_lengths": [T],
+            "val_samples": t["val_windows"],
+        },
+    }
 
 
 def _run_facts(run_dir: Path) -> dict:
@@ -83,10 +130,18 @@ def _run_facts(run_dir: Path) -> dict:
     rc = read_json(run_dir / "config.json")
     ckpt = checkpoint_path(run_dir, "last")
     extra = torch.load(ckpt, map_location="cpu", weights_only=False)["extra"] if ckpt.exists() else {}
-    return {"config": rc, "T": rc["train"]["train_lengths"][1], "digits": rc["task"]["params"]["passkey_digits"],
-            "method": rc["model"]["method"], "positions": rc["model"]["positions"], "seed": rc["train"]["seed"],
-            "threads": rc["train"].get("threads"), "checkpoint": ckpt, "steps": extra.get("step"),
-            "train_wall_s": round(float(extra.get("train_seconds", 0.0)), 1)}
+    return {
+        "config": rc,
+        "T": rc["train"]["train_lengths"][1],
+        "digits": rc["task"]["params"]["passkey_digits"],
+        "method": rc["model"]["method"],
+        "positions": rc["model"]["positions"],
+        "seed": rc["train"]["seed"],
+        "threads": rc["train"].get("threads"),
+        "checkpoint": ckpt,
+        "steps": extra.get("step"),
+        "train_wall_s": round(float(extra.get("train_seconds", 0.0)), 1),
+    }
 
 
 def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, split: str = "test") -> dict:
@@ -108,32 +163,61 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
     stream = tokens[split]
     t0 = time.perf_counter()
     lengths = sorted({max(1, int(round(m * T))) for m in ev["length_mults"]})
-    ppl = perplexity_by_length(model, stream, lengths, ev["n_windows"], ev["batch_tokens"],
-                               ref_length=T if T in lengths else None)
+    ppl = perplexity_by_length(
+        model, stream, lengths, ev["n_windows"], ev["batch_tokens"], ref_length=T if T in lengths else None
+    )
     t_ppl = time.perf_counter() - t0
     per_pos = ppl[max(lengths)].pop("per_position")
     per_pos_delta = ppl[max(lengths)].pop("per_position_delta", None)
-    if old is not None:                 # an evaluation from before the delta existed: add it, keep the rest
-        old.update({"per_position_nll": per_pos, "per_position_delta_nll": per_pos_delta,
-                    "position_buckets": bucket_positions(per_pos, T),
-                    "position_delta_buckets": _delta_buckets(per_pos_delta, T)})
+    if old is not None:  # an evaluation from before the delta existed: add it, keep the rest
+        old.update(
+            {
+                "per_position_nll": per_pos,
+                "per_position_delta_nll": per_pos_delta,
+                "position_buckets": bucket_positions(per_pos, T),
+                "position_delta_buckets": _delta_buckets(per_pos_delta, T),
+            }
+        )
         atomic_write_text(out_path, json.dumps(old, indent=1) + "\n")
         return old
     pk_lengths = [int(m * T) for m in ev["passkey_mults"]]
-    pk = passkey_accuracy(model, tok, stream, pk_lengths, ev["passkey_depths"], ev["passkey_samples"],
-                          n_digits=facts["digits"], batch_tokens=ev["batch_tokens"])
-    res = {"run": run_dir.name, "method": facts["method"], "positions": facts["positions"],
-           "seed": facts["seed"], "seq_len": T, "split": split, "eval_config": ev,
-           "train_wall_s": facts["train_wall_s"], "params": model.num_parameters(), "steps": facts["steps"],
-           "perplexity": {str(L): v for L, v in ppl.items()},
-           "per_position_nll": per_pos, "position_buckets": bucket_positions(per_pos, T),
-           "per_position_delta_nll": per_pos_delta, "position_delta_buckets": _delta_buckets(per_pos_delta, T),
-           "passkey": {str(L): v for L, v in pk.items()},
-           "eval_wall_s": {"perplexity": round(t_ppl, 1), "total": round(time.perf_counter() - t0, 1)}}
+    pk = passkey_accuracy(
+        model,
+        tok,
+        stream,
+        pk_lengths,
+        ev["passkey_depths"],
+        ev["passkey_samples"],
+        n_digits=facts["digits"],
+        batch_tokens=ev["batch_tokens"],
+    )
+    res = {
+        "run": run_dir.name,
+        "method": facts["method"],
+        "positions": facts["positions"],
+        "seed": facts["seed"],
+        "seq_len": T,
+        "split": split,
+        "eval_config": ev,
+        "train_wall_s": facts["train_wall_s"],
+        "params": model.num_parameters(),
+        "steps": facts["steps"],
+        "perplexity": {str(L): v for L, v in ppl.items()},
+        "per_position_nll": per_pos,
+        "position_buckets": bucket_positions(per_pos, T),
+        "per_position_delta_nll": per_pos_delta,
+        "position_delta_buckets": _delta_buckets(per_pos_delta, T),
+        "passkey": {str(L): v for L, v in pk.items()},
+        "eval_wall_s": {"perplexity": round(t_ppl, 1), "total": round(time.perf_counter() - t0, 1)},
+    }
     atomic_write_text(out_path, json.dumps(res, indent=1) + "\n")
-    printer(f"{run_dir.name}: ppl " + "  ".join(f"{L // 1}:{v['ppl']:.1f}" for L, v in ppl.items())
-            + " | passkey " + "  ".join(f"{L}:{v['accuracy']:.2f}" for L, v in pk.items())
-            + f"  ({res['eval_wall_s']['total']:.0f} s)")
+    printer(
+        f"{run_dir.name}: ppl "
+        + "  ".join(f"{L // 1}:{v['ppl']:.1f}" for L, v in ppl.items())
+        + " | passkey "
+        + "  ".join(f"{L}:{v['accuracy']:.2f}" for L, v in pk.items())
+        + f"  ({res['eval_wall_s']['total']:.0f} s)"
+    )
     return res
 
 
@@ -143,9 +227,16 @@ def _delta_buckets(delta, T: int):
     return [{"start": b["start"], "end": b["end"], "delta_nll": b["nll"]} for b in bucket_positions(delta, T)]
 
 
-def run_study(cfg: dict, out, *, methods: Optional[Sequence[str]] = None, positions: Optional[Sequence[str]] = None,
-              seeds: Optional[Sequence[int]] = None, report_dir: Optional[str] = None,
-              printer: Callable = print) -> dict:
+def run_study(
+    cfg: dict,
+    out,
+    *,
+    methods: Optional[Sequence[str]] = None,
+    positions: Optional[Sequence[str]] = None,
+    seeds: Optional[Sequence[int]] = None,
+    report_dir: Optional[str] = None,
+    printer: Callable = print,
+) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     st = cfg["study"]
@@ -156,7 +247,7 @@ def run_study(cfg: dict, out, *, methods: Optional[Sequence[str]] = None, positi
     tok, tokens = prepare(cfg["data"], cache_dir=cache_dir, printer=printer)
     results = []
     t0 = time.perf_counter()
-    for seed in seeds:                      # seed-major: a cut study still has every method at seed 0
+    for seed in seeds:  # seed-major: a cut study still has every method at seed 0
         for pos in positions:
             for method in methods:
                 rc = run_config(cfg, method, pos, seed, cache_dir)
@@ -180,10 +271,13 @@ def eval_files(paths: Sequence) -> List[tuple]:
     res = []
     for p in paths:
         p = Path(p)
-        files = ([p] if p.is_file() else
-                 sorted(p.glob("*/eval.json")) + ([p / "eval.json"] if (p / "eval.json").exists() else []))
+        files = (
+            [p]
+            if p.is_file()
+            else sorted(p.glob("*/eval.json")) + ([p / "eval.json"] if (p / "eval.json").exists() else [])
+        )
         for f in files:
-            d = read_json_or_none(f, warn_stderr if p.is_dir() else None)   # skip what an interrupted run left
+            d = read_json_or_none(f, warn_stderr if p.is_dir() else None)  # skip what an interrupted run left
             if d is None and not p.is_dir():
                 raise ValueError(f"{f}: not readable JSON")
             if d is not None:
@@ -207,7 +301,7 @@ def aggregate(results: List[dict]) -> Dict[str, dict]:
     for r in results:
         groups.setdefault(f"{r['method']}/{r['positions']}", []).append(r)
 
-    def key(k: str):        # positions first, then the methods in METHOD_ORDER (others last)
+    def key(k: str):  # positions first, then the methods in METHOD_ORDER (others last)
         method, positions = k.split("/")
         return positions, METHOD_ORDER.index(method) if method in METHOD_ORDER else 99
 
@@ -218,26 +312,52 @@ def aggregate(results: List[dict]) -> Dict[str, dict]:
         PLs = sorted(rs[0]["passkey"], key=int)
         n = min(len(r["per_position_nll"]) for r in rs)
         agg[k] = {
-            "method": rs[0]["method"], "positions": rs[0]["positions"], "seeds": [r["seed"] for r in rs],
+            "method": rs[0]["method"],
+            "positions": rs[0]["positions"],
+            "seeds": [r["seed"] for r in rs],
             "seq_len": rs[0]["seq_len"],
-            "ppl": {L: {"mean": _mean([r["perplexity"][L]["ppl"] for r in rs]),
-                        "per_seed": [r["perplexity"][L]["ppl"] for r in rs]} for L in Ls},
-            "passkey": {L: {"mean": _mean([r["passkey"][L]["accuracy"] for r in rs]),
-                            "per_seed": [r["passkey"][L]["accuracy"] for r in rs]} for L in PLs},
-            "passkey_digit_accuracy": {L: _mean([r["passkey"][L].get("digit_accuracy", float("nan")) for r in rs])
-                                       for L in PLs},
-            "passkey_answer_nll": {L: _mean([r["passkey"][L].get("answer_nll", float("nan")) for r in rs])
-                                   for L in PLs},
-            "passkey_by_depth": {L: {d: _mean([r["passkey"][L]["by_depth"][d] for r in rs])
-                                     for d in rs[0]["passkey"][L]["by_depth"]} for L in PLs},
-            "buckets": [{"start": b["start"], "end": b["end"],
-                         "ppl": math.exp(_mean([r["position_buckets"][i]["nll"] for r in rs]))}
-                        for i, b in enumerate(rs[0]["position_buckets"])],
+            "ppl": {
+                L: {
+                    "mean": _mean([r["perplexity"][L]["ppl"] for r in rs]),
+                    "per_seed": [r["perplexity"][L]["ppl"] for r in rs],
+                }
+                for L in Ls
+            },
+            "passkey": {
+                L: {
+                    "mean": _mean([r["passkey"][L]["accuracy"] for r in rs]),
+                    "per_seed": [r["passkey"][L]["accuracy"] for r in rs],
+                }
+                for L in PLs
+            },
+            "passkey_digit_accuracy": {
+                L: _mean([r["passkey"][L].get("digit_accuracy", float("nan")) for r in rs]) for L in PLs
+            },
+            "passkey_answer_nll": {
+                L: _mean([r["passkey"][L].get("answer_nll", float("nan")) for r in rs]) for L in PLs
+            },
+            "passkey_by_depth": {
+                L: {d: _mean([r["passkey"][L]["by_depth"][d] for r in rs]) for d in rs[0]["passkey"][L]["by_depth"]}
+                for L in PLs
+            },
+            "buckets": [
+                {
+                    "start": b["start"],
+                    "end": b["end"],
+                    "ppl": math.exp(_mean([r["position_buckets"][i]["nll"] for r in rs])),
+                }
+                for i, b in enumerate(rs[0]["position_buckets"])
+            ],
             "per_position_nll": [_mean([r["per_position_nll"][p] for r in rs]) for p in range(n)],
-            "per_position_delta_nll": ([_mean([r["per_position_delta_nll"][p] for r in rs]) for p in range(n)]
-                                       if all(r.get("per_position_delta_nll") for r in rs) else None),
-            "train_wall_s": [r["train_wall_s"] for r in rs], "eval_wall_s": [r["eval_wall_s"]["total"] for r in rs],
-            "params": rs[0]["params"], "steps": rs[0]["steps"],
+            "per_position_delta_nll": (
+                [_mean([r["per_position_delta_nll"][p] for r in rs]) for p in range(n)]
+                if all(r.get("per_position_delta_nll") for r in rs)
+                else None
+            ),
+            "train_wall_s": [r["train_wall_s"] for r in rs],
+            "eval_wall_s": [r["eval_wall_s"]["total"] for r in rs],
+            "params": rs[0]["params"],
+            "steps": rs[0]["steps"],
         }
     return agg
 
@@ -252,64 +372,100 @@ def markdown_tables(agg: Dict[str, dict]) -> str:
     T = any_["seq_len"]
     Ls = list(any_["ppl"])
     ratio_Ls = [L for L in Ls if int(L) in (8 * T, 16 * T)]
-    lines = [f"**Perplexity vs context length** (test plays, same target tokens for every length; T = {T}; "
-             f"mean over seeds, per-seed in brackets; last columns: ppl(L) / ppl(T), < 1 = longer context helps)",
-             "", "| method | " + " | ".join(f"{L} ({_fmt_mult(int(L), T)})" for L in Ls)
-             + "".join(f" | {_fmt_mult(int(L), T)} / 1×" for L in ratio_Ls) + " |",
-             "|---|" + "---|" * (len(Ls) + len(ratio_Ls))]
+    lines = [
+        f"**Perplexity vs context length** (test plays, same target tokens for every length; T = {T}; "
+        f"mean over seeds, per-seed in brackets; last columns: ppl(L) / ppl(T), < 1 = longer context helps)",
+        "",
+        "| method | "
+        + " | ".join(f"{L} ({_fmt_mult(int(L), T)})" for L in Ls)
+        + "".join(f" | {_fmt_mult(int(L), T)} / 1×" for L in ratio_Ls)
+        + " |",
+        "|---|" + "---|" * (len(Ls) + len(ratio_Ls)),
+    ]
     for k, a in agg.items():
         cells = []
         for L in Ls:
             v = a["ppl"][L]
-            cells.append(f"{v['mean']:.2f}" + (f" [{', '.join(f'{x:.1f}' for x in v['per_seed'])}]"
-                                               if len(v["per_seed"]) > 1 else ""))
+            cells.append(
+                f"{v['mean']:.2f}"
+                + (f" [{', '.join(f'{x:.1f}' for x in v['per_seed'])}]" if len(v["per_seed"]) > 1 else "")
+            )
         if str(T) in a["ppl"]:
             cells += [f"{a['ppl'][L]['mean'] / a['ppl'][str(T)]['mean']:.3f}" for L in ratio_Ls]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     B = any_["buckets"]
-    lines += ["", f"**Perplexity by position** inside the {int(Ls[-1])}-token windows (mean over seeds)", "",
-              "| method | " + " | ".join(f"{b['start']}–{b['end']}" for b in B) + " |", "|---|" + "---|" * len(B)]
+    lines += [
+        "",
+        f"**Perplexity by position** inside the {int(Ls[-1])}-token windows (mean over seeds)",
+        "",
+        "| method | " + " | ".join(f"{b['start']}–{b['end']}" for b in B) + " |",
+        "|---|" + "---|" * len(B),
+    ]
     for k, a in agg.items():
         lines.append(f"| {k} | " + " | ".join(f"{b['ppl']:.2f}" for b in a["buckets"]) + " |")
     if all(a["per_position_delta_nll"] for a in agg.values()):
-        lines += ["", f"**Effect of the extra context by position**: mean over the {int(Ls[-1])}-token windows of "
-                  f"NLL(token at that position) − NLL(same token scored in {T}-token windows), in nats "
-                  f"(< 0: the context beyond what a {T}-window has helps; > 0: it hurts; mean over seeds)", "",
-                  "| method | " + " | ".join(f"{b['start']}–{b['end']}" for b in B[3:]) + " |",
-                  "|---|" + "---|" * len(B[3:])]
+        lines += [
+            "",
+            f"**Effect of the extra context by position**: mean over the {int(Ls[-1])}-token windows of "
+            f"NLL(token at that position) − NLL(same token scored in {T}-token windows), in nats "
+            f"(< 0: the context beyond what a {T}-window has helps; > 0: it hurts; mean over seeds)",
+            "",
+            "| method | " + " | ".join(f"{b['start']}–{b['end']}" for b in B[3:]) + " |",
+            "|---|" + "---|" * len(B[3:]),
+        ]
         for k, a in agg.items():
             bd = bucket_positions(a["per_position_delta_nll"], T)[3:]
             lines.append(f"| {k} | " + " | ".join(f"{b['nll']:+.3f}" for b in bd) + " |")
     PLs = list(any_["passkey"])
-    lines += ["", "**Passkey retrieval** (exact match of the 5 digits, all depths pooled; mean over seeds, "
-              "per-seed in brackets)", "",
-              "| method | " + " | ".join(f"{L} ({_fmt_mult(int(L), T)})" for L in PLs) + " |",
-              "|---|" + "---|" * len(PLs)]
+    lines += [
+        "",
+        "**Passkey retrieval** (exact match of the 5 digits, all depths pooled; mean over seeds, per-seed in brackets)",
+        "",
+        "| method | " + " | ".join(f"{L} ({_fmt_mult(int(L), T)})" for L in PLs) + " |",
+        "|---|" + "---|" * len(PLs),
+    ]
     for k, a in agg.items():
         cells = []
         for L in PLs:
             v = a["passkey"][L]
-            cells.append(f"{100 * v['mean']:.0f}%" + (f" [{', '.join(f'{100 * x:.0f}' for x in v['per_seed'])}]"
-                                                      if len(v["per_seed"]) > 1 else ""))
+            cells.append(
+                f"{100 * v['mean']:.0f}%"
+                + (f" [{', '.join(f'{100 * x:.0f}' for x in v['per_seed'])}]" if len(v["per_seed"]) > 1 else "")
+            )
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
-    lines += ["", "**Passkey, graded**: per-digit accuracy % / mean NLL of the 5 answer digits (chance: 10 % / "
-              f"{math.log(10):.2f}; mean over seeds)", "",
-              "| method | " + " | ".join(f"{L} ({_fmt_mult(int(L), T)})" for L in PLs) + " |",
-              "|---|" + "---|" * len(PLs)]
+    lines += [
+        "",
+        "**Passkey, graded**: per-digit accuracy % / mean NLL of the 5 answer digits (chance: 10 % / "
+        f"{math.log(10):.2f}; mean over seeds)",
+        "",
+        "| method | " + " | ".join(f"{L} ({_fmt_mult(int(L), T)})" for L in PLs) + " |",
+        "|---|" + "---|" * len(PLs),
+    ]
     for k, a in agg.items():
-        lines.append(f"| {k} | " + " | ".join(f"{100 * a['passkey_digit_accuracy'][L]:.0f} / "
-                                              f"{a['passkey_answer_nll'][L]:.2f}" for L in PLs) + " |")
-    lines += ["", "**Wall clock** (training excludes checkpoint I/O; evaluation = perplexity + passkey)", "",
-              "| method | params | steps | train s (per seed) | eval s (per seed) |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {k} | "
+            + " | ".join(f"{100 * a['passkey_digit_accuracy'][L]:.0f} / {a['passkey_answer_nll'][L]:.2f}" for L in PLs)
+            + " |"
+        )
+    lines += [
+        "",
+        "**Wall clock** (training excludes checkpoint I/O; evaluation = perplexity + passkey)",
+        "",
+        "| method | params | steps | train s (per seed) | eval s (per seed) |",
+        "|---|---|---|---|---|",
+    ]
     for k, a in agg.items():
-        lines.append(f"| {k} | {a['params']:,} | {a['steps']} | {', '.join(f'{x:.0f}' for x in a['train_wall_s'])} | "
-                     f"{', '.join(f'{x:.0f}' for x in a['eval_wall_s'])} |")
+        lines.append(
+            f"| {k} | {a['params']:,} | {a['steps']} | {', '.join(f'{x:.0f}' for x in a['train_wall_s'])} | "
+            f"{', '.join(f'{x:.0f}' for x in a['eval_wall_s'])} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def plot(agg: Dict[str, dict], out: Path) -> List[str]:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -350,9 +506,9 @@ def plot(agg: Dict[str, dict], out: Path) -> List[str]:
         if not a["per_position_delta_nll"]:
             continue
         y = torch.tensor(a["per_position_delta_nll"])
-        edges = list(range(0, T + 1, max(1, T // 4)))       # linear bins up to T, then log-spaced
+        edges = list(range(0, T + 1, max(1, T // 4)))  # linear bins up to T, then log-spaced
         while edges[-1] < len(y):
-            edges.append(min(len(y), int(edges[-1] * 2 ** 0.25) + 1))
+            edges.append(min(len(y), int(edges[-1] * 2**0.25) + 1))
         xs = [(lo + hi) / 2 for lo, hi in zip(edges, edges[1:])]
         ys = [float(y[lo:hi].mean()) for lo, hi in zip(edges, edges[1:])]
         ax.plot(xs, ys, marker=".", label=k)
@@ -391,8 +547,15 @@ def plot(agg: Dict[str, dict], out: Path) -> List[str]:
         ax.set_xlabel("length")
         for i in range(len(ds)):
             for j in range(len(Ls)):
-                ax.text(j, i, f"{m[i][j]:.0%}".replace("%", ""), ha="center", va="center", fontsize=7,
-                        color="white" if m[i][j] < 0.5 else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{m[i][j]:.0%}".replace("%", ""),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if m[i][j] < 0.5 else "black",
+                )
     axes[0][0].set_ylabel("needle depth")
     fig.tight_layout()
     p = out / "lm_passkey_depth.png"
@@ -427,14 +590,31 @@ def lm_record(result: dict, *, source: str, config_hash: Optional[str] = None) -
 
     lm_eval = {**result, **{f: _round(result[f], 6) for f in PER_POSITION if result.get(f) is not None}}
     passkey = sorted(result["passkey"].items(), key=lambda kv: int(kv[0]))
-    results = [{"checkpoint": "last", "length": int(L), "n": v["n"], "exact_match": v["accuracy"],
-                "checkpoint_step": result.get("steps")} for L, v in passkey]
-    return store.new_record(study=LM_STUDY, run=f"{LM_STUDY}/{result['run']}", task="lm", method=result["method"],
-                            positions=result["positions"], seed=result["seed"], config_hash=config_hash,
-                            train_hi=result["seq_len"], results=results, source=source,
-                            train={"steps": result.get("steps"), "train_seconds": result.get("train_wall_s"),
-                                   "final_loss": None},
-                            eval_seconds=(result.get("eval_wall_s") or {}).get("total"), lm_eval=lm_eval)
+    results = [
+        {
+            "checkpoint": "last",
+            "length": int(L),
+            "n": v["n"],
+            "exact_match": v["accuracy"],
+            "checkpoint_step": result.get("steps"),
+        }
+        for L, v in passkey
+    ]
+    return store.new_record(
+        study=LM_STUDY,
+        run=f"{LM_STUDY}/{result['run']}",
+        task="lm",
+        method=result["method"],
+        positions=result["positions"],
+        seed=result["seed"],
+        config_hash=config_hash,
+        train_hi=result["seq_len"],
+        results=results,
+        source=source,
+        train={"steps": result.get("steps"), "train_seconds": result.get("train_wall_s"), "final_loss": None},
+        eval_seconds=(result.get("eval_wall_s") or {}).get("total"),
+        lm_eval=lm_eval,
+    )
 
 
 def records_from_saved_report(saved: dict, source: str) -> List[dict]:
@@ -446,8 +626,17 @@ def records_from_saved_report(saved: dict, source: str) -> List[dict]:
         group = saved["aggregate"][f"{r['method']}/{r['positions']}"]
         mean = {f: group[f] for f in PER_POSITION}
         seeds = ", ".join(map(str, group["seeds"]))
-        out.append(lm_record({**r, **mean, "per_position_source": f"mean over seeds {seeds} of {r['method']}/"
-                              f"{r['positions']} (the per-run arrays were not kept)"}, source=source))
+        out.append(
+            lm_record(
+                {
+                    **r,
+                    **mean,
+                    "per_position_source": f"mean over seeds {seeds} of {r['method']}/"
+                    f"{r['positions']} (the per-run arrays were not kept)",
+                },
+                source=source,
+            )
+        )
     return out
 
 
@@ -460,9 +649,17 @@ def store_lm_results(paths: Sequence, store_dir, printer: Callable = print) -> i
 
     if _is_saved_report(paths):
         new = records_from_saved_report(read_json(paths[0]), source=str(paths[0]))
-    else:      # a run folder's config.json is its resolved config: hashed as stored (resolving needs the corpus)
-        new = [lm_record(d, source=str(f), config_hash=config_hash(read_json(f.parent / "config.json"))
-                         if (f.parent / "config.json").is_file() else None) for f, d in eval_files(paths)]
+    else:  # a run folder's config.json is its resolved config: hashed as stored (resolving needs the corpus)
+        new = [
+            lm_record(
+                d,
+                source=str(f),
+                config_hash=config_hash(read_json(f.parent / "config.json"))
+                if (f.parent / "config.json").is_file()
+                else None,
+            )
+            for f, d in eval_files(paths)
+        ]
     stored = {}
     for rec in store.read_records(store_dir):
         stored.setdefault(rec["run"], []).append(rec.get("lm_eval"))
@@ -505,7 +702,7 @@ def build_lm_report(paths: Sequence, out_dir, printer: Callable = print, store_d
         agg = aggregate(results)
         note = f"a view of the results store {store_dir}; the per-position arrays are in its records"
     elif _is_saved_report(paths):
-        saved = read_json(paths[0])       # rebuild tables/plots from a saved report
+        saved = read_json(paths[0])  # rebuild tables/plots from a saved report
         results, agg = saved["runs"], saved["aggregate"]
         note = saved.get("note", "")
     else:
@@ -515,8 +712,9 @@ def build_lm_report(paths: Sequence, out_dir, printer: Callable = print, store_d
     table = markdown_tables(agg)
     atomic_write_text(out / "lm_results.md", table)
     slim = [{k: v for k, v in r.items() if k not in (*PER_POSITION, "per_position_source")} for r in results]
-    agg_small = {k: {**a, **{f: _round(a[f], 6) for f in PER_POSITION}}
-                 for k, a in agg.items()}   # only the plotted arrays are rounded; table numbers stay exact
+    agg_small = {
+        k: {**a, **{f: _round(a[f], 6) for f in PER_POSITION}} for k, a in agg.items()
+    }  # only the plotted arrays are rounded; table numbers stay exact
     atomic_write_text(out / "lm_results.json", json.dumps({"note": note, "runs": slim, "aggregate": agg_small}) + "\n")
     pngs = plot(agg, out)
     printer(table)
@@ -531,8 +729,7 @@ def add_cli(sub) -> None:
     lm = sub.add_parser("lm", help="language-modelling study: perplexity + passkey beyond the training length")
     lsub = lm.add_subparsers(dest="lm_command", required=True)
     r = lsub.add_parser("run", help="prepare, train every method/positions/seed, evaluate, report (resumable)")
-    r.add_argument("--preset", default="cpu",
-                   help="src/longsparse_experiments/configs/lm/<preset>.toml (default cpu)")
+    r.add_argument("--preset", default="cpu", help="src/longsparse_experiments/configs/lm/<preset>.toml (default cpu)")
     r.add_argument("--config", default=None, help="a TOML file instead of the preset")
     r.add_argument("--quick", action="store_true", help="the committed sample + tiny models (seconds)")
     r.add_argument("--out", default=None, help="run folder (default runs/lm, runs/lm-quick with --quick)")
@@ -542,14 +739,20 @@ def add_cli(sub) -> None:
     r.add_argument("--steps", type=int, default=None, help="override train.steps")
     r.add_argument("--report", default=None, help="write tables/JSON/PNG here (default OUT/report)")
     r.set_defaults(func=_cli_lm_run)
-    r.add_argument("--store", default=None, help="also append the evaluations to this results store "
-                                                  "(e.g. results/lm)")
+    r.add_argument("--store", default=None, help="also append the evaluations to this results store (e.g. results/lm)")
     p = lsub.add_parser("report", help="tables + JSON + PNG from evaluated LM runs or a results store")
-    p.add_argument("runs", nargs="*", help="study folders, run folders, eval.json files or a saved lm_results.json "
-                                           "(none: the runs of --store)")
+    p.add_argument(
+        "runs",
+        nargs="*",
+        help="study folders, run folders, eval.json files or a saved lm_results.json (none: the runs of --store)",
+    )
     p.add_argument("--out", required=True)
-    p.add_argument("--store", default=None, help="results store (e.g. results/lm): with runs, their evaluations "
-                                                 "are appended to it; without, the report is rendered from it")
+    p.add_argument(
+        "--store",
+        default=None,
+        help="results store (e.g. results/lm): with runs, their evaluations "
+        "are appended to it; without, the report is rendered from it",
+    )
     p.set_defaults(func=_cli_lm_report)
 
 
@@ -562,8 +765,14 @@ def _cli_lm_run(args) -> int:
     if args.steps is not None:
         cfg["train"]["steps"] = args.steps
     out = args.out or ("runs/lm-quick" if args.quick else "runs/lm")
-    run_study(cfg, out, methods=_csv(args.methods), positions=_csv(args.positions), seeds=_csv(args.seeds, int),
-              report_dir=args.report or str(Path(out) / "report"))
+    run_study(
+        cfg,
+        out,
+        methods=_csv(args.methods),
+        positions=_csv(args.positions),
+        seeds=_csv(args.seeds, int),
+        report_dir=args.report or str(Path(out) / "report"),
+    )
     if args.store:
         store_lm_results([out], args.store)
     return 0

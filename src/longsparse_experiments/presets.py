@@ -5,6 +5,7 @@
 
 The task presets every run starts from are the library's (``longsparse.train.configs_dir``).
 """
+
 from __future__ import annotations
 
 from importlib import resources
@@ -20,5 +21,8 @@ def presets_dir() -> Path:
 def available_presets() -> dict[str, list[str]]:
     """{kind ("lm", "reproduce"): sorted preset names}."""
     root = presets_dir()
-    return {d.name: sorted(f.stem for f in d.glob("*.toml"))
-            for d in sorted(p for p in root.iterdir() if p.is_dir()) if any(d.glob("*.toml"))}
+    return {
+        d.name: sorted(f.stem for f in d.glob("*.toml"))
+        for d in sorted(p for p in root.iterdir() if p.is_dir())
+        if any(d.glob("*.toml"))
+    }

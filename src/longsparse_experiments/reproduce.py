@@ -21,6 +21,7 @@ rendering rewrites them and never the store.
 
     longsparse reproduce synthetic --store results/synthetic --report docs/results --report-only   # the tables
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,16 @@ from typing import Callable, Optional, Sequence
 
 from longsparse.io import atomic_savefig, atomic_write_text, read_jsonl
 from longsparse.report import store as result_store
-from longsparse.train.config import (ConfigError, apply_overrides, apply_sets, build_config, config_hash, deep_merge,
-                                     load_toml, resolve)
+from longsparse.train.config import (
+    ConfigError,
+    apply_overrides,
+    apply_sets,
+    build_config,
+    config_hash,
+    deep_merge,
+    load_toml,
+    resolve,
+)
 from longsparse_experiments.presets import presets_dir
 
 FORMAT = "longsparse-reproduce"
@@ -63,7 +72,7 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
     out = []
     for i, s in enumerate(studies):
         s = _current_form(p, f"study #{i + 1}", s)
-        if "like" in s:      # inherit an earlier study's settings (not its name/description), then override
+        if "like" in s:  # inherit an earlier study's settings (not its name/description), then override
             base = next((dict(b) for b in out if b["name"] == s["like"]), None)
             if base is None:
                 raise ConfigError(f"{p}: study #{i + 1}: like = {s['like']!r} names no earlier study")
@@ -76,9 +85,27 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
         missing = [k for k in ("name", "task", "methods", "positions", "seeds", "lengths", "samples") if k not in s]
         if missing:
             raise ConfigError(f"{p}: study #{i + 1} lacks {missing}")
-        unknown = sorted(set(s) - {"name", "task", "preset", "methods", "positions", "seeds", "lengths", "samples",
-                                   "long_samples", "long_from", "id_samples", "overrides", "method_overrides",
-                                   "description", "checkpoints", "test_seed"})
+        unknown = sorted(
+            set(s)
+            - {
+                "name",
+                "task",
+                "preset",
+                "methods",
+                "positions",
+                "seeds",
+                "lengths",
+                "samples",
+                "long_samples",
+                "long_from",
+                "id_samples",
+                "overrides",
+                "method_overrides",
+                "description",
+                "checkpoints",
+                "test_seed",
+            }
+        )
         if unknown:
             raise ConfigError(f"{p}: study {s['name']!r} has unknown key(s) {unknown}")
         _check_study(p, s)
@@ -109,11 +136,14 @@ def _current_form(path: Path, where: str, table: dict) -> dict:
             raise ConfigError(f"{path}: {where} gives both {old} and {new}; give {new} alone")
         value = table.pop(old)
         lists = value if old == "method_sets" else {None: value}
-        if not isinstance(lists, dict) or not all(isinstance(v, list) and all(isinstance(x, str) for x in v)
-                                                  for v in lists.values()):
+        if not isinstance(lists, dict) or not all(
+            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in lists.values()
+        ):
             shape = "a table of lists" if old == "method_sets" else "a list"
-            raise ConfigError(f"{path}: {where}: {old} must be {shape} of section.key=value strings (the current "
-                              f"form: a {new} table, e.g. model.d_model = 64)")
+            raise ConfigError(
+                f"{path}: {where}: {old} must be {shape} of section.key=value strings (the current "
+                f"form: a {new} table, e.g. model.d_model = 64)"
+            )
         try:
             converted = {m: apply_sets({}, sets) for m, sets in lists.items()}
         except ConfigError as e:
@@ -124,8 +154,10 @@ def _current_form(path: Path, where: str, table: dict) -> dict:
             _check_overrides(path, f"{where}: {key}", table[key])
     if "method_overrides" in table:
         if not isinstance(table["method_overrides"], dict):
-            raise ConfigError(f"{path}: {where}: method_overrides must be a table of per-method override tables, "
-                              f"got {table['method_overrides']!r}")
+            raise ConfigError(
+                f"{path}: {where}: method_overrides must be a table of per-method override tables, "
+                f"got {table['method_overrides']!r}"
+            )
         for m, over in table["method_overrides"].items():
             _check_overrides(path, f"{where}: method_overrides.{m}", over)
     return table
@@ -154,8 +186,9 @@ def _check_study(path: Path, s: dict) -> None:
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from None
     if list(s["lengths"]) != sorted(set(s["lengths"])):
-        raise ConfigError(f"{where}: lengths must be increasing (the first is the in-distribution one), "
-                          f"got {s['lengths']}")
+        raise ConfigError(
+            f"{where}: lengths must be increasing (the first is the in-distribution one), got {s['lengths']}"
+        )
     for key in ("samples", "long_samples", "id_samples"):
         v = s.get(key, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -185,9 +218,15 @@ def cells(study: dict) -> list[dict]:
     for seed in study["seeds"]:
         for m in study["methods"]:
             for pos in study["positions"]:
-                out.append({"method": m, "positions": pos, "seed": seed,
-                            "run": f"{study['name']}/{m}-{pos}-s{seed}",
-                            "overrides": deep_merge(study["overrides"], study["method_overrides"].get(m, {}))})
+                out.append(
+                    {
+                        "method": m,
+                        "positions": pos,
+                        "seed": seed,
+                        "run": f"{study['name']}/{m}-{pos}-s{seed}",
+                        "overrides": deep_merge(study["overrides"], study["method_overrides"].get(m, {})),
+                    }
+                )
     return out
 
 
@@ -226,15 +265,23 @@ def check_report_folder(report: str | Path, store: str | Path) -> None:
     except result_store.StoreError as e:
         raise ConfigError(str(e)) from None
     if not data.get(result_store.VIEW_MARK) and Path(report).resolve() != Path(store).resolve():
-        raise ConfigError(f"{p} is an archive of earlier results that is not in the store {store}; nothing was "
-                          f"written: import it (longsparse.report.store.import_archive_file({str(p)!r}, "
-                          f"{str(store)!r})) or choose another --report")
+        raise ConfigError(
+            f"{p} is an archive of earlier results that is not in the store {store}; nothing was "
+            f"written: import it (longsparse.report.store.import_archive_file({str(p)!r}, "
+            f"{str(store)!r})) or choose another --report"
+        )
 
 
 def cell_config(study: dict, cell: dict) -> dict:
     """The training config of a cell: the task's preset plus the study's and the method's overrides."""
-    return build_config(study["task"], preset=study["preset"], method=cell["method"], positions=cell["positions"],
-                        seed=cell["seed"], overrides=cell["overrides"])
+    return build_config(
+        study["task"],
+        preset=study["preset"],
+        method=cell["method"],
+        positions=cell["positions"],
+        seed=cell["seed"],
+        overrides=cell["overrides"],
+    )
 
 
 def cell_hash(cfg: dict) -> str:
@@ -259,16 +306,25 @@ def archived(index: dict, study: dict, cell: dict, chash: str) -> dict:
     recs = _records_of(index, study, cell)
     fresh = [r for r in recs if r.get("config_hash") in (None, chash)]
     every = {k: result_store.result_entry(r) for k, r in result_store.merge_results(fresh).items()}
-    kept = {(ck, L): r for (ck, L), r in every.items()
-            if ck in study["checkpoints"] and L in study["lengths"] and r.get("n") == samples_for(study, L)}
+    kept = {
+        (ck, L): r
+        for (ck, L), r in every.items()
+        if ck in study["checkpoints"] and L in study["lengths"] and r.get("n") == samples_for(study, L)
+    }
     stale: dict[str, int] = {}
     for r in recs:
         if r.get("config_hash") not in (None, chash):
             stale[r["config_hash"]] = stale.get(r["config_hash"], 0) + len(r["results"])
     record = next((r for r in reversed(fresh) if r.get("train") is not None), None)
     train_hi = next((r["train_hi"] for r in reversed(fresh) if r.get("train_hi") is not None), None)
-    return {"kept": kept, "all": every, "off_spec": len(every) - len(kept), "stale": stale, "record": record,
-            "train_hi": train_hi}
+    return {
+        "kept": kept,
+        "all": every,
+        "off_spec": len(every) - len(kept),
+        "stale": stale,
+        "record": record,
+        "train_hi": train_hi,
+    }
 
 
 def _evaluated(run: Path, seed: int = 0) -> set[tuple[str, int, int]]:
@@ -277,7 +333,7 @@ def _evaluated(run: Path, seed: int = 0) -> set[tuple[str, int, int]]:
     for f in sorted((run / "eval").glob("*.json")) if (run / "eval").is_dir() else []:
         try:
             d = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError):     # an evaluation killed before its first length
+        except (OSError, json.JSONDecodeError):  # an evaluation killed before its first length
             continue
         if d.get("seed") == seed:
             done.update((d.get("checkpoint"), int(r["length"]), d.get("samples")) for r in d.get("results", []))
@@ -305,10 +361,17 @@ def selected(study: dict, only: Sequence[str], spec: dict) -> bool:
     return study["name"] in only or any(x not in names and x == study["task"] for x in only)
 
 
-def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = None, shard: tuple[int, int] = (0, 1),
-              archive: Optional[list[dict]] = None, dry_run: bool = False,
-              after_cell: Optional[Callable[[], None]] = None,
-              printer: Callable[[str], None] = print) -> list[Path]:
+def run_study(
+    spec: dict,
+    out: str | Path,
+    *,
+    only: Optional[Sequence[str]] = None,
+    shard: tuple[int, int] = (0, 1),
+    archive: Optional[list[dict]] = None,
+    dry_run: bool = False,
+    after_cell: Optional[Callable[[], None]] = None,
+    printer: Callable[[str], None] = print,
+) -> list[Path]:
     """Train and evaluate every cell (resumable); returns the run folders. ``shard=(K, N)`` takes every N-th
     of the selected cells (after ``only``) from the K-th, so N processes (one per core) can share a study;
     the same run is never trained by two processes at once (run directories are locked). A cell whose every
@@ -343,9 +406,10 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
                 done = _train_record(run)["steps"] if run.exists() else None
                 if done is not None and done >= steps:
                     plan = f"trained already ({done} steps)"
-                elif run.exists():    # stopped, or still training in another process
-                    plan = (f"partly trained ({done or 0} of {steps} steps logged); would resume from its last "
-                            f"checkpoint")
+                elif run.exists():  # stopped, or still training in another process
+                    plan = (
+                        f"partly trained ({done or 0} of {steps} steps logged); would resume from its last checkpoint"
+                    )
                 else:
                     plan = f"would train ({steps} steps; new)"
                 printer(f"{c['run']}: {plan} and would evaluate {pairs} (checkpoint, length) pairs")
@@ -354,13 +418,15 @@ def run_study(spec: dict, out: str | Path, *, only: Optional[Sequence[str]] = No
             printer(f"{c['run']}: training ({cfg['train']['steps']} steps; log in {run / 'train.log'})")
             res = train(cfg, str(run), progress=False, printer=lambda s: None)
             if res["trained_steps"]:
-                printer(f"{c['run']}: trained to step {res['step']} in {time.perf_counter() - t0:.0f} s, "
-                        f"loss {res['first_loss']:.3f} -> {res['last_loss']:.3f}")
+                printer(
+                    f"{c['run']}: trained to step {res['step']} in {time.perf_counter() - t0:.0f} s, "
+                    f"loss {res['first_loss']:.3f} -> {res['last_loss']:.3f}"
+                )
             pending = _to_evaluate(study, run)
             for ck, n, lengths in pending:
                 evaluate_run(run, lengths, samples=n, checkpoint=ck, seed=study["test_seed"], printer=printer)
             runs.append(run)
-            if after_cell is not None and (res["trained_steps"] or pending):    # only when something new is saved
+            if after_cell is not None and (res["trained_steps"] or pending):  # only when something new is saved
                 after_cell()
     return runs
 
@@ -371,13 +437,17 @@ def _train_record(run: Path) -> dict:
     config hash of the run (what an archived result is matched against later)."""
     from longsparse.train.rundir import read_config
 
-    rec = {"steps": None, "train_seconds": None, "final_loss": None,
-           "config_hash": config_hash(read_config(run)) if (run / "config.json").is_file() else None}
+    rec = {
+        "steps": None,
+        "train_seconds": None,
+        "final_loss": None,
+        "config_hash": config_hash(read_config(run)) if (run / "config.json").is_file() else None,
+    }
     mfile = run / "metrics.jsonl"
     if mfile.is_file():
         from datetime import datetime
 
-        lines = read_jsonl(mfile)    # a run still training may have a torn last line
+        lines = read_jsonl(mfile)  # a run still training may have a torn last line
         steps = [x for x in lines if "loss" in x]
         if steps:
             t = [datetime.fromisoformat(x["time"]) for x in steps]
@@ -398,22 +468,31 @@ def _run_results(run: Path, study: dict) -> dict:
     for f in sorted((run / "eval").glob("*.json")) if (run / "eval").is_dir() else []:
         try:
             d = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError):    # an evaluation killed before its first length
+        except (OSError, json.JSONDecodeError):  # an evaluation killed before its first length
             continue
         if d.get("checkpoint") not in study["checkpoints"] or d.get("seed", 0) != study["test_seed"]:
             continue
         train_hi = d["train_lengths"][1]
         for L, r in collect_runs([f])[0]["results"].items():
             if L in study["lengths"] and r["n"] == samples_for(study, L):
-                res[(d["checkpoint"], L)] = {"exact_match": r["exact_match"], "ci": r["exact_match_ci"], "n": r["n"],
-                                             "token_accuracy": r["token_accuracy"],
-                                             "checkpoint_step": d.get("checkpoint_step")}
+                res[(d["checkpoint"], L)] = {
+                    "exact_match": r["exact_match"],
+                    "ci": r["exact_match_ci"],
+                    "n": r["n"],
+                    "token_accuracy": r["token_accuracy"],
+                    "checkpoint_step": d.get("checkpoint_step"),
+                }
                 seconds[(d["checkpoint"], L)] = r.get("seconds")
                 if d.get("created", "") >= newest.get("created", ""):
                     newest = d
     timed = [x for x in seconds.values() if x is not None]
-    return {"results": res, "train_hi": train_hi, "eval_seconds": round(sum(timed), 1) if timed else None,
-            "code_commit": newest.get("env", {}).get("git", {}).get("commit"), "date": newest.get("created")}
+    return {
+        "results": res,
+        "train_hi": train_hi,
+        "eval_seconds": round(sum(timed), 1) if timed else None,
+        "code_commit": newest.get("env", {}).get("git", {}).get("commit"),
+        "date": newest.get("created"),
+    }
 
 
 def run_record(study: dict, cell: dict, run: Path) -> Optional[dict]:
@@ -424,16 +503,28 @@ def run_record(study: dict, cell: dict, run: Path) -> Optional[dict]:
     train = _train_record(run)
     chash = train.pop("config_hash")
     return result_store.new_record(
-        study=study["name"], run=cell["run"], task=study["task"], preset=study["preset"], method=cell["method"],
-        positions=cell["positions"], seed=cell["seed"], config_hash=chash, code_commit=got["code_commit"],
-        date=got["date"], test_seed=study["test_seed"], train_hi=got["train_hi"],
-        train=train if (run / "metrics.jsonl").is_file() else None, eval_seconds=got["eval_seconds"],
+        study=study["name"],
+        run=cell["run"],
+        task=study["task"],
+        preset=study["preset"],
+        method=cell["method"],
+        positions=cell["positions"],
+        seed=cell["seed"],
+        config_hash=chash,
+        code_commit=got["code_commit"],
+        date=got["date"],
+        test_seed=study["test_seed"],
+        train_hi=got["train_hi"],
+        train=train if (run / "metrics.jsonl").is_file() else None,
+        eval_seconds=got["eval_seconds"],
         results=[{"checkpoint": ck, "length": L, **r} for (ck, L), r in sorted(got["results"].items())],
-        source=f"run folder {cell['run']}")
+        source=f"run folder {cell['run']}",
+    )
 
 
-def new_records(spec: dict, out: str | Path, archive: Sequence[dict] = (),
-                printer: Callable[[str], None] = print) -> list[dict]:
+def new_records(
+    spec: dict, out: str | Path, archive: Sequence[dict] = (), printer: Callable[[str], None] = print
+) -> list[dict]:
     """The records of the run folders under ``out`` that add to or change what ``archive`` (the store's
     records) holds for their cells; an unchanged run folder gives none, so recording twice appends nothing.
     Prints each stored exact match that a run folder's result replaces."""
@@ -449,10 +540,15 @@ def new_records(spec: dict, out: str | Path, archive: Sequence[dict] = (),
             fresh = {(r["checkpoint"], r["length"]): result_store.result_entry(r) for r in rec["results"]}
             for k in old.keys() & fresh.keys():
                 if old[k]["exact_match"] != fresh[k]["exact_match"]:
-                    printer(f"{c['run']}: {k[0]} checkpoint at {k[1]}: stored exact match "
-                            f"{old[k]['exact_match']:.4f} replaced by this run folder's {fresh[k]['exact_match']:.4f}")
-            same_run = prev is not None and rec["train"] in (None, prev["train"]) and \
-                (prev.get("config_hash"), prev.get("eval_seconds")) == (rec["config_hash"], rec["eval_seconds"])
+                    printer(
+                        f"{c['run']}: {k[0]} checkpoint at {k[1]}: stored exact match "
+                        f"{old[k]['exact_match']:.4f} replaced by this run folder's {fresh[k]['exact_match']:.4f}"
+                    )
+            same_run = (
+                prev is not None
+                and rec["train"] in (None, prev["train"])
+                and (prev.get("config_hash"), prev.get("eval_seconds")) == (rec["config_hash"], rec["eval_seconds"])
+            )
             if not same_run or any(old.get(k) != v for k, v in fresh.items()):
                 new.append(rec)
     return new
@@ -468,8 +564,9 @@ def _run_info(rec: dict) -> dict:
     return info
 
 
-def view(spec: dict, records: Sequence[dict], printer: Optional[Callable[[str], None]] = print, *,
-         strict: bool = True) -> dict:
+def view(
+    spec: dict, records: Sequence[dict], printer: Optional[Callable[[str], None]] = print, *, strict: bool = True
+) -> dict:
     """The study view of ``records``: per study, per (method/positions, checkpoint, length) the seeds' results
     (exact match, n, CI, ...) with their mean, min, max, std, and per run its training record. ``strict``: only
     the checkpoints, lengths and sample counts the study file asks for (the report); otherwise every stored
@@ -479,15 +576,23 @@ def view(spec: dict, records: Sequence[dict], printer: Optional[Callable[[str], 
     index = result_store.by_run(records)
     data = {"format": FORMAT, "study_file": spec["path"], "studies": {}}
     for study in spec["studies"]:
-        sd = {"task": study["task"], "preset": study["preset"], "lengths": study["lengths"], "series": {},
-              "runs": {}, "test_seed": study["test_seed"]}
+        sd = {
+            "task": study["task"],
+            "preset": study["preset"],
+            "lengths": study["lengths"],
+            "series": {},
+            "runs": {},
+            "test_seed": study["test_seed"],
+        }
         off_spec = 0
         for c in cells(study):
             chash = cell_hash(cell_config(study, c))
             got = archived(index, study, c, chash)
             for h, n in got["stale"].items():
-                say(f"{c['run']}: {n} stored results left out: recorded for config {h}, the study file now gives "
-                    f"{chash}")
+                say(
+                    f"{c['run']}: {n} stored results left out: recorded for config {h}, the study file now gives "
+                    f"{chash}"
+                )
             off_spec += got["off_spec"] if strict else 0
             results = got["kept"] if strict else got["all"]
             if not results:
@@ -496,27 +601,32 @@ def view(spec: dict, records: Sequence[dict], printer: Optional[Callable[[str], 
                 sd["train_hi"] = got["train_hi"]
             sd["runs"][c["run"]] = _run_info(got["record"]) if got["record"] is not None else None
             by_ck = sd["series"].setdefault(f"{c['method']}/{c['positions']}", {})
-            keys = ([(ck, L) for ck in study["checkpoints"] for L in study["lengths"]] if strict
-                    else sorted(results))
+            keys = [(ck, L) for ck in study["checkpoints"] for L in study["lengths"]] if strict else sorted(results)
             for ck, L in keys:
                 if (ck, L) in results:
                     by_ck.setdefault(ck, {}).setdefault(str(L), {})[str(c["seed"])] = results[(ck, L)]
         if off_spec:
-            say(f"{study['name']}: {off_spec} stored results are at checkpoints, lengths or sample counts the study "
-                "does not ask for; they stay in the store, not in the tables")
+            say(
+                f"{study['name']}: {off_spec} stored results are at checkpoints, lengths or sample counts the study "
+                "does not ask for; they stay in the store, not in the tables"
+            )
         for by_ck in sd["series"].values():
             for by_L in by_ck.values():
                 for L, per in by_L.items():
                     ems = [v["exact_match"] for v in per.values()]
-                    per_summary = {"mean": statistics.fmean(ems), "min": min(ems), "max": max(ems),
-                                   "std": statistics.stdev(ems) if len(ems) > 1 else 0.0, "seeds": len(ems)}
+                    per_summary = {
+                        "mean": statistics.fmean(ems),
+                        "min": min(ems),
+                        "max": max(ems),
+                        "std": statistics.stdev(ems) if len(ems) > 1 else 0.0,
+                        "seeds": len(ems),
+                    }
                     by_L[L] = {"per_seed": per, **per_summary}
         data["studies"][study["name"]] = sd
     return data
 
 
-def collect(spec: dict, out: str | Path, archive: Sequence[dict] = (),
-            printer: Callable[[str], None] = print) -> dict:
+def collect(spec: dict, out: str | Path, archive: Sequence[dict] = (), printer: Callable[[str], None] = print) -> dict:
     """The study view (``view``) of ``archive`` (store records) and what the run folders under ``out`` add to it,
     without writing anything."""
     records = list(archive)
@@ -538,8 +648,11 @@ def markdown(data: dict, checkpoint: str) -> str:
         train_hi = sd.get("train_hi", 64)
         seeds = {k: max((r["seeds"] for r in sd["series"][k].get(checkpoint, {}).values()), default=0) for k in keys}
         head = "| length | × |" + "".join(f" {k} ({seeds[k]} seed{'s' * (seeds[k] != 1)}) |" for k in keys)
-        parts.append(f"**{name}** ({checkpoint} checkpoint; exact match %, mean [min–max] over seeds)\n\n{head}\n"
-                     + "|---:|---:|" + "---:|" * len(keys))
+        parts.append(
+            f"**{name}** ({checkpoint} checkpoint; exact match %, mean [min–max] over seeds)\n\n{head}\n"
+            + "|---:|---:|"
+            + "---:|" * len(keys)
+        )
         for L in sd["lengths"]:
             row = f"| {L} | {L / train_hi:g} |"
             for k in keys:
@@ -568,18 +681,25 @@ def markdown_per_seed(data: dict, checkpoint: str) -> str:
         keys = list(sd["series"])
         if not keys:
             continue
-        seeds = sorted({int(x) for k in keys for r in sd["series"][k].get(checkpoint, {}).values()
-                        for x in r["per_seed"]})
+        seeds = sorted(
+            {int(x) for k in keys for r in sd["series"][k].get(checkpoint, {}).values() for x in r["per_seed"]}
+        )
         train_hi = sd.get("train_hi", 64)
-        parts.append(f"**{name}** ({checkpoint} checkpoint; exact match % per seed: "
-                     + " / ".join(f"s{x}" for x in seeds) + ")\n\n| length | × |" + "".join(f" {k} |" for k in keys)
-                     + "\n|---:|---:|" + "---:|" * len(keys))
+        parts.append(
+            f"**{name}** ({checkpoint} checkpoint; exact match % per seed: "
+            + " / ".join(f"s{x}" for x in seeds)
+            + ")\n\n| length | × |"
+            + "".join(f" {k} |" for k in keys)
+            + "\n|---:|---:|"
+            + "---:|" * len(keys)
+        )
         for L in sd["lengths"]:
             row = f"| {L} | {L / train_hi:g} |"
             for k in keys:
                 per = sd["series"][k].get(checkpoint, {}).get(str(L), {}).get("per_seed", {})
-                row += " " + " / ".join(_pct(per[str(x)]["exact_match"]) if str(x) in per else "–"
-                                        for x in seeds) + " |"
+                row += (
+                    " " + " / ".join(_pct(per[str(x)]["exact_match"]) if str(x) in per else "–" for x in seeds) + " |"
+                )
             parts.append(row)
         parts.append("")
     return "\n".join(parts)
@@ -589,6 +709,7 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
     """Per study: exact match vs length (log x), mean over seeds with the min–max band; best and last panels."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -604,11 +725,16 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
                 if not pts:
                     continue
                 xs = [L for L, _ in pts]
-                line, = ax.plot(xs, [100 * r["mean"] for _, r in pts], marker="o", label=key)
-                ax.fill_between(xs, [100 * r["min"] for _, r in pts], [100 * r["max"] for _, r in pts],
-                                color=line.get_color(), alpha=0.15)
+                (line,) = ax.plot(xs, [100 * r["mean"] for _, r in pts], marker="o", label=key)
+                ax.fill_between(
+                    xs,
+                    [100 * r["min"] for _, r in pts],
+                    [100 * r["max"] for _, r in pts],
+                    color=line.get_color(),
+                    alpha=0.15,
+                )
             ax.set_xscale("log", base=2)
-            ax.set_ylim(-3, 103)    # the full 0-100 scale: a study near 100 % must not look like a spread
+            ax.set_ylim(-3, 103)  # the full 0-100 scale: a study near 100 % must not look like a spread
             ax.set_xlabel(f"test length L (trained up to {sd.get('train_hi', 64)})")
             ax.set_title(f"{name}: {ck} checkpoint")
             ax.grid(alpha=0.3)
@@ -622,8 +748,13 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
     return paths
 
 
-def update_archive(spec: dict, out: str | Path, report_dir: str | Path,
-                   printer: Callable[[str], None] = print, store: Optional[str | Path] = None) -> dict:
+def update_archive(
+    spec: dict,
+    out: str | Path,
+    report_dir: str | Path,
+    printer: Callable[[str], None] = print,
+    store: Optional[str | Path] = None,
+) -> dict:
     """Append what the run folders under ``out`` add to the store (``store``, default ``report_dir``), then write
     the study view of the whole store as ``report_dir/results.json``; no tables or plots. Returns the view.
     Shards of one study call this after each of their cells: two of them may append the same run folder's
@@ -635,7 +766,7 @@ def update_archive(spec: dict, out: str | Path, report_dir: str | Path,
     new = new_records(spec, out, records, printer)
     try:
         result_store.append_records(store, new)
-        if store.resolve() == report_dir.resolve():     # the view is written over the archive it was read from
+        if store.resolve() == report_dir.resolve():  # the view is written over the archive it was read from
             result_store.adopt_archive(store)
     except result_store.StoreError as e:
         raise ConfigError(str(e)) from None
@@ -647,12 +778,22 @@ def update_archive(spec: dict, out: str | Path, report_dir: str | Path,
 
 def tables_markdown(data: dict) -> str:
     """The report's tables.md: mean [min–max] per study and checkpoint, then every seed."""
-    return "\n".join([*(markdown(data, ck) for ck in CHECKPOINTS), "### Per seed\n",
-                      *(markdown_per_seed(data, ck) for ck in CHECKPOINTS)])
+    return "\n".join(
+        [
+            *(markdown(data, ck) for ck in CHECKPOINTS),
+            "### Per seed\n",
+            *(markdown_per_seed(data, ck) for ck in CHECKPOINTS),
+        ]
+    )
 
 
-def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: Callable[[str], None] = print,
-                 store: Optional[str | Path] = None) -> dict:
+def build_report(
+    spec: dict,
+    out: str | Path,
+    report_dir: str | Path,
+    printer: Callable[[str], None] = print,
+    store: Optional[str | Path] = None,
+) -> dict:
     """The store and the view (``update_archive``), then tables and plots from the view, in ``report_dir``."""
     report_dir = Path(report_dir)
     data = update_archive(spec, out, report_dir, printer, store=store)
@@ -660,41 +801,71 @@ def build_report(spec: dict, out: str | Path, report_dir: str | Path, printer: C
     atomic_write_text(report_dir / "tables.md", tables)
     pngs = plot(data, report_dir)
     printer(tables)
-    printer(f"wrote {report_dir / 'results.json'}, {report_dir / 'tables.md'}"
-            + "".join(f", {p}" for p in pngs))
+    printer(f"wrote {report_dir / 'results.json'}, {report_dir / 'tables.md'}" + "".join(f", {p}" for p in pngs))
     return {"data": data, "tables": tables, "png": pngs}
 
 
 # ---- CLI ---------------------------------------------------------------------------------------------------
 def add_cli(sub) -> None:
-    r = sub.add_parser("reproduce", help="rerun a study from src/longsparse_experiments/configs/reproduce (train + "
-                                         "evaluate + report)")
+    r = sub.add_parser(
+        "reproduce", help="rerun a study from src/longsparse_experiments/configs/reproduce (train + evaluate + report)"
+    )
     r.add_argument("study", choices=["synthetic"], help="src/longsparse_experiments/configs/reproduce/<study>.toml")
     r.add_argument("--quick", action="store_true", help="the tiny smoke version (<study>-quick.toml)")
-    r.add_argument("--config", default=None,
-                   help="a study TOML file instead of src/longsparse_experiments/configs/reproduce/<study>.toml")
+    r.add_argument(
+        "--config",
+        default=None,
+        help="a study TOML file instead of src/longsparse_experiments/configs/reproduce/<study>.toml",
+    )
     r.add_argument("--out", default=None, help="run folder (default runs/reproduce[-quick])")
-    r.add_argument("--report", default=None,
-                   help="tables.md, a PNG per study and results.json (the rendered view) here (default OUT/report)")
-    r.add_argument("--store", default=None,
-                   help="the results store: a folder whose records.jsonl the run folders' results are appended to "
-                        "and the report is rendered from (default: the --report folder); cells whose results are "
-                        "all stored are not retrained. The repository's: results/<study>")
-    r.add_argument("--only", default=None,
-                   help="comma list of study names, or tasks (every study of the task) where no study has that name")
+    r.add_argument(
+        "--report",
+        default=None,
+        help="tables.md, a PNG per study and results.json (the rendered view) here (default OUT/report)",
+    )
+    r.add_argument(
+        "--store",
+        default=None,
+        help="the results store: a folder whose records.jsonl the run folders' results are appended to "
+        "and the report is rendered from (default: the --report folder); cells whose results are "
+        "all stored are not retrained. The repository's: results/<study>",
+    )
+    r.add_argument(
+        "--only",
+        default=None,
+        help="comma list of study names, or tasks (every study of the task) where no study has that name",
+    )
     r.add_argument("--shard", default=None, help="K/N: run every N-th cell from the K-th (one process per core)")
     r.add_argument("--report-only", action="store_true", help="rebuild the report from saved results")
-    r.add_argument("--dry-run", action="store_true",
-                   help="print which cells would be trained / evaluated / skipped as stored; change nothing")
-    r.add_argument("--analyse", default=None, metavar="A-B[,A-B...]",
-                   help="only the paired seed-level analysis of the store's records: method pairs A - B, the "
-                        "first one primary (decision at --endpoint); writes analysis.json/.md and forest.png there")
-    r.add_argument("--endpoint", type=int, default=None,
-                   help="the primary endpoint's test length for --analyse (default: the study's third length)")
-    r.add_argument("--analysis-out", default=None,
-                   help="--analyse: write analysis.json/.md and forest.png here (default: the --report folder)")
-    r.add_argument("--margin", type=float, default=5.0,
-                   help="--analyse: a difference within +-margin points is of no practical size (default 5)")
+    r.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print which cells would be trained / evaluated / skipped as stored; change nothing",
+    )
+    r.add_argument(
+        "--analyse",
+        default=None,
+        metavar="A-B[,A-B...]",
+        help="only the paired seed-level analysis of the store's records: method pairs A - B, the "
+        "first one primary (decision at --endpoint); writes analysis.json/.md and forest.png there",
+    )
+    r.add_argument(
+        "--endpoint",
+        type=int,
+        default=None,
+        help="the primary endpoint's test length for --analyse (default: the study's third length)",
+    )
+    r.add_argument(
+        "--analysis-out",
+        default=None,
+        help="--analyse: write analysis.json/.md and forest.png here (default: the --report folder)",
+    )
+    r.add_argument(
+        "--margin",
+        type=float,
+        default=5.0,
+        help="--analyse: a difference within +-margin points is of no practical size (default 5)",
+    )
     r.set_defaults(func=_cli)
 
 
@@ -711,14 +882,21 @@ def _cli(args) -> int:
     store = Path(args.store) if args.store else report
     if args.analyse:
         studies = [s for s in spec["studies"] if not only or selected(s, only, spec)]
-        return _analyse({**spec, "studies": studies}, store, Path(args.analysis_out or report), args.analyse,
-                        args.endpoint, args.margin)
+        return _analyse(
+            {**spec, "studies": studies},
+            store,
+            Path(args.analysis_out or report),
+            args.analyse,
+            args.endpoint,
+            args.margin,
+        )
     check_report_folder(report, store)
     if args.dry_run:
         run_study(spec, out, only=only, shard=shard, archive=load_store(store), dry_run=True)
         return 0
     if not args.report_only:
-        def after_cell() -> None:     # the store and the view only (cheap); tables and plots once, below
+
+        def after_cell() -> None:  # the store and the view only (cheap); tables and plots once, below
             update_archive(spec, out, report, printer=lambda s: None, store=store)
             print(f"store updated: {result_store.records_path(store)}")
 
@@ -727,8 +905,7 @@ def _cli(args) -> int:
     return 0
 
 
-def _analyse(spec: dict, store: Path, out: Path, pairs_text: str, endpoint: Optional[int],
-             margin: float) -> int:
+def _analyse(spec: dict, store: Path, out: Path, pairs_text: str, endpoint: Optional[int], margin: float) -> int:
     """``--analyse``: the paired analysis (longsparse.report.paired) of the studies of ``spec`` from the records in
     ``store`` (lengths, checkpoint and in-distribution length from the first study), written to ``out``."""
     from longsparse.report import paired
@@ -750,8 +927,9 @@ def _analyse(spec: dict, store: Path, out: Path, pairs_text: str, endpoint: Opti
     if endpoint not in first["lengths"]:
         raise ConfigError(f"--endpoint {endpoint} is not a length of the study ({first['lengths']})")
     ck = first["checkpoints"][-1]
-    result = paired.analyse(archive, pairs, endpoint=endpoint, lengths=lengths, id_length=first["lengths"][0],
-                            margin=margin, checkpoint=ck)
+    result = paired.analyse(
+        archive, pairs, endpoint=endpoint, lengths=lengths, id_length=first["lengths"][0], margin=margin, checkpoint=ck
+    )
     text = paired.markdown(result, train_length=first["lengths"][0])
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "analysis.json", json.dumps(result, indent=1) + "\n")

@@ -20,6 +20,7 @@ they see the call with the ranges folded into ``attn_mask`` (`AttentionCall.with
 (B, 1, 1, Nk) bool mask built once per call). A backend that takes no mask then refuses the call, and its
 reason says that the key ranges became a mask.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,6 +44,7 @@ from longsparse.mappings import _kernel
 class Backend:
     """supports(call) -> None | reason; run(call) -> (B, H, Nq, D). key_ranges: whether the backend reads
     ``call.key_start`` / ``call.key_end`` natively (else `register` wraps it to see them as a mask)."""
+
     name: str
     summary: str
     supports: Callable[[AttentionCall], Optional[str]]
@@ -68,8 +70,11 @@ def _with_key_ranges_as_mask(backend: Backend) -> Backend:
         if not call.has_key_ranges:
             return supports(call)
         reason = supports(call.with_key_ranges_as_mask())
-        if (reason is not None and call.attn_mask is None
-                and supports(dataclasses.replace(call, key_start=None, key_end=None)) is None):
+        if (
+            reason is not None
+            and call.attn_mask is None
+            and supports(dataclasses.replace(call, key_start=None, key_end=None)) is None
+        ):
             reason = f"key_start / key_end reach it as an attn_mask, and {reason}"
         return reason
 
@@ -84,19 +89,34 @@ _NO_BIAS_GRAD = "does not differentiate alpha, alibi_slopes or attn_mask (use ba
 
 # ----------------------------------------------------------------------------- reference
 
+
 def _reference_run(call: AttentionCall) -> Tensor:
     k, v = call.kv_heads_repeated()
-    z = dense_logits(call.q, k, scale=call.scale, q_scale=call.q_scale, alibi_slopes=call.alibi_slopes,
-                     attn_mask=call.attn_mask, is_causal=call.is_causal)
+    z = dense_logits(
+        call.q,
+        k,
+        scale=call.scale,
+        q_scale=call.q_scale,
+        alibi_slopes=call.alibi_slopes,
+        attn_mask=call.attn_mask,
+        is_causal=call.is_causal,
+    )
     p = call.mapping(z)
     return torch.matmul(p, v.to(p.dtype)).to(call.q.dtype)
 
 
-register(Backend("reference", "materialises all (B, H, Nq, Nk) logits; autograd differentiates every input",
-                 lambda call: None, _reference_run))
+register(
+    Backend(
+        "reference",
+        "materialises all (B, H, Nq, Nk) logits; autograd differentiates every input",
+        lambda call: None,
+        _reference_run,
+    )
+)
 
 
 # ----------------------------------------------------------------------------- chunked, fused_cpu
+
 
 def _chunked_supports(call: AttentionCall) -> Optional[str]:
     return _NO_BIAS_GRAD if call.grad_of_bias else None
@@ -112,8 +132,9 @@ def _fused_supports(call: AttentionCall) -> Optional[str]:
     alpha = call.mapping.alpha
     if alpha is None:
         return f"mapping {call.mapping_name!r} is not α-entmax of the logits (the kernel solves α-entmax rows)"
-    if isinstance(alpha, Tensor) and not (alpha.dim() == 4 and alpha.shape[0] == 1
-                                          and alpha.shape[2] == alpha.shape[3] == 1):
+    if isinstance(alpha, Tensor) and not (
+        alpha.dim() == 4 and alpha.shape[0] == 1 and alpha.shape[2] == alpha.shape[3] == 1
+    ):
         return f"α of shape {tuple(alpha.shape)}: the kernel takes one α per head"
     if call.attn_mask is not None:
         return "attn_mask: the kernel applies only the causal mask"
@@ -122,19 +143,40 @@ def _fused_supports(call: AttentionCall) -> Optional[str]:
     return None
 
 
-register(Backend("chunked", "query blocks with a recomputing backward (PyTorch): O(block × Nk) memory",
-                 _chunked_supports, chunked_attention))
-register(Backend("fused_cpu", "flash-style C++ kernel: key tiles, α-entmax solved per row, p·v from the support "
-                              "(CPU): O(block × tile) memory", _fused_supports, fused_attention, key_ranges=True))
+register(
+    Backend(
+        "chunked",
+        "query blocks with a recomputing backward (PyTorch): O(block × Nk) memory",
+        _chunked_supports,
+        chunked_attention,
+    )
+)
+register(
+    Backend(
+        "fused_cpu",
+        "flash-style C++ kernel: key tiles, α-entmax solved per row, p·v from the support "
+        "(CPU): O(block × tile) memory",
+        _fused_supports,
+        fused_attention,
+        key_ranges=True,
+    )
+)
 
 
 # ----------------------------------------------------------------------------- fused_dense
 
-register(Backend("fused_dense", "all logits at once through the C++ kernel, p kept for the backward (CPU; short "
-                                "rows)", _fused_supports, fused_dense_attention))
+register(
+    Backend(
+        "fused_dense",
+        "all logits at once through the C++ kernel, p kept for the backward (CPU; short rows)",
+        _fused_supports,
+        fused_dense_attention,
+    )
+)
 
 
 # ----------------------------------------------------------------------------- sdpa
+
 
 def _sdpa_supports(call: AttentionCall) -> Optional[str]:
     if not call.mapping.softmax_form:
@@ -161,15 +203,30 @@ def _sdpa_run(call: AttentionCall) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, is_causal=call.is_causal, scale=call.scale)
     theta = None
     with torch.no_grad():
-        bias = additive_bias(B, H, Nq, Nk, dtype=q.dtype, device=q.device, alibi_slopes=call.alibi_slopes,
-                             attn_mask=call.attn_mask, is_causal=call.is_causal)
+        bias = additive_bias(
+            B,
+            H,
+            Nq,
+            Nk,
+            dtype=q.dtype,
+            device=q.device,
+            alibi_slopes=call.alibi_slopes,
+            attn_mask=call.attn_mask,
+            is_causal=call.is_causal,
+        )
         if m.adjusts_logits:
-            z = dense_logits(q, k, scale=call.scale, alibi_slopes=call.alibi_slopes, attn_mask=call.attn_mask,
-                             is_causal=call.is_causal)
+            z = dense_logits(
+                q,
+                k,
+                scale=call.scale,
+                alibi_slopes=call.alibi_slopes,
+                attn_mask=call.attn_mask,
+                is_causal=call.is_causal,
+            )
             theta, dropped = m.softmax_adjustment(z)
             if theta is not None:
                 theta = theta.to(q.dtype)
-                bias = None if bias is None else theta * bias          # θ ≥ 1 keeps −inf at −inf
+                bias = None if bias is None else theta * bias  # θ ≥ 1 keeps −inf at −inf
             if dropped is not None:
                 drop = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(dropped, float("-inf"))
                 bias = drop if bias is None else bias + drop
@@ -179,8 +236,14 @@ def _sdpa_run(call: AttentionCall) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=call.scale)
 
 
-register(Backend("sdpa", "torch scaled_dot_product_attention for softmax, top-k and adaptive temperature",
-                 _sdpa_supports, _sdpa_run))
+register(
+    Backend(
+        "sdpa",
+        "torch scaled_dot_product_attention for softmax, top-k and adaptive temperature",
+        _sdpa_supports,
+        _sdpa_run,
+    )
+)
 
 
 # ----------------------------------------------------------------------------- triton
@@ -209,23 +272,49 @@ def _triton_supports(call: AttentionCall) -> Optional[str]:
         return why
     if call.mapping.alpha is None:
         return f"mapping {call.mapping_name!r} is not α-entmax"
-    return mod.supports(call.q, call.k, call.v, mapping=call.mapping_name, alpha=_triton_alpha(call),
-                        is_causal=call.is_causal, scale=call.scale, alibi_slopes=call.alibi_slopes,
-                        q_scale=call.q_scale, attn_mask=call.attn_mask, key_start=call.key_start,
-                        key_end=call.key_end)
+    return mod.supports(
+        call.q,
+        call.k,
+        call.v,
+        mapping=call.mapping_name,
+        alpha=_triton_alpha(call),
+        is_causal=call.is_causal,
+        scale=call.scale,
+        alibi_slopes=call.alibi_slopes,
+        q_scale=call.q_scale,
+        attn_mask=call.attn_mask,
+        key_start=call.key_start,
+        key_end=call.key_end,
+    )
 
 
 def _triton_run(call: AttentionCall) -> Tensor:
     mod, why = triton_module()
     if mod is None:
         raise RuntimeError(why)
-    return mod.entmax_attention_triton(call.q, call.k, call.v, alpha=_triton_alpha(call), is_causal=call.is_causal,
-                                       alibi_slopes=call.alibi_slopes, q_scale=call.q_scale, scale=call.scale,
-                                       key_start=call.key_start, key_end=call.key_end)
+    return mod.entmax_attention_triton(
+        call.q,
+        call.k,
+        call.v,
+        alpha=_triton_alpha(call),
+        is_causal=call.is_causal,
+        alibi_slopes=call.alibi_slopes,
+        q_scale=call.q_scale,
+        scale=call.scale,
+        key_start=call.key_start,
+        key_end=call.key_end,
+    )
 
 
-register(Backend("triton", "α-entmax flash attention in Triton (CUDA; CPU under TRITON_INTERPRET=1 when named)",
-                 _triton_supports, _triton_run, key_ranges=True))
+register(
+    Backend(
+        "triton",
+        "α-entmax flash attention in Triton (CUDA; CPU under TRITON_INTERPRET=1 when named)",
+        _triton_supports,
+        _triton_run,
+        key_ranges=True,
+    )
+)
 
 
 # ----------------------------------------------------------------------------- adasplash

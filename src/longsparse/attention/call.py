@@ -7,6 +7,7 @@ key_start[b] ≤ j < key_end[b]: left padding (pads before the real tokens) and 
 them) without a dense mask. Backends that take them natively read them here (the Triton kernels); the
 others get `key_range_mask`, the equivalent (B, 1, 1, Nk) bool mask, folded into ``attn_mask`` by
 `with_key_ranges_as_mask` (attention/backends.py `register` does that for them)."""
+
 from __future__ import annotations
 
 import math
@@ -29,6 +30,7 @@ class AttentionCall:
     it viewed to broadcast over (B, H, Nq, Nk) rows. scale: the resolved logit scale. The query rows sit
     at the last Nq key positions (`first_pos` = Nk − Nq). key_start, key_end: (B,) int64 on q's device
     or None (0 / Nk): batch row b attends only to keys key_start[b] ≤ j < key_end[b]."""
+
     q: Tensor
     k: Tensor
     v: Tensor
@@ -115,8 +117,9 @@ class AttentionCall:
     @property
     def wants_grad(self) -> bool:
         """Whether autograd will differentiate the output with respect to q, k, v or q_scale."""
-        return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
-                                               for t in (self.q, self.k, self.v, self.q_scale))
+        return torch.is_grad_enabled() and any(
+            isinstance(t, Tensor) and t.requires_grad for t in (self.q, self.k, self.v, self.q_scale)
+        )
 
 
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -150,14 +153,13 @@ def _check_finite_inputs(**tensors: Optional[Tensor]) -> None:
     attention's O(N²·D). Skipped under torch.compile (no data-dependent branches)."""
     if torch.compiler.is_compiling():
         return
-    given = {name: t for name, t in tensors.items()
-             if t is not None and t.numel() and t.is_floating_point()}
+    given = {name: t for name, t in tensors.items() if t is not None and t.numel() and t.is_floating_point()}
     if not given:
         return
     with torch.no_grad():
-        stats = []          # (stack promotes mixed dtypes to the widest: finiteness is kept)
+        stats = []  # (stack promotes mixed dtypes to the widest: finiteness is kept)
         for name, t in given.items():
-            if name == "attn_mask":     # −inf masks; its max is NaN or +inf only for a bad entry
+            if name == "attn_mask":  # −inf masks; its max is NaN or +inf only for a bad entry
                 stats += [t.amax().clamp_min(0)] * 2
             else:
                 stats += torch.aminmax(t)
@@ -173,19 +175,36 @@ def _key_bound(name: str, t: Optional[Tensor], B: int, device: torch.device) -> 
     attends to nothing), so the values are not checked: that would synchronise with the device."""
     if t is None:
         return None
-    if not isinstance(t, Tensor) or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool \
-            or tuple(t.shape) != (B,):
+    if (
+        not isinstance(t, Tensor)
+        or t.is_floating_point()
+        or t.is_complex()
+        or t.dtype == torch.bool
+        or tuple(t.shape) != (B,)
+    ):
         got = f"dtype {t.dtype}, shape {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
-        raise ValueError(f"{name} must be an integer tensor of shape ({B},) (one key index per batch row); "
-                         f"got {got}")
+        raise ValueError(f"{name} must be an integer tensor of shape ({B},) (one key index per batch row); got {got}")
     return t.to(device=device, dtype=torch.long)
 
 
-def make_call(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha: AlphaLike = 1.5,
-              is_causal: bool = True, scale: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
-              q_scale: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
-              chunk_size: Optional[int] = None, topk: int = 32, adatemp_order: str = "original",
-              key_start: Optional[Tensor] = None, key_end: Optional[Tensor] = None) -> AttentionCall:
+def make_call(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mapping: str = "entmax",
+    alpha: AlphaLike = 1.5,
+    is_causal: bool = True,
+    scale: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    q_scale: Optional[Tensor] = None,
+    attn_mask: Optional[Tensor] = None,
+    chunk_size: Optional[int] = None,
+    topk: int = 32,
+    adatemp_order: str = "original",
+    key_start: Optional[Tensor] = None,
+    key_end: Optional[Tensor] = None,
+) -> AttentionCall:
     """Validates `attention`'s arguments (shapes, dtypes, finiteness, the mapping's options) into a call."""
     _check_shapes(q, k, v)
     name = mapping
@@ -194,7 +213,8 @@ def make_call(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
             raise ValueError(
                 f"mapping={mapping!r} is {SCALED_METHODS[mapping]} with per-query length scales, which must be "
                 f"passed as q_scale (e.g. from longsparse.nn.{'ASEntmaxScaler' if mapping == 'asentmax' else 'SSMaxScaler'}); "
-                f"without them use mapping={SCALED_METHODS[mapping]!r}")
+                f"without them use mapping={SCALED_METHODS[mapping]!r}"
+            )
         name = SCALED_METHODS[mapping]
     bound = get_mapping(name, alpha=alpha, topk=topk, adatemp_order=adatemp_order)
     B, H, Nq, D = q.shape
@@ -208,18 +228,32 @@ def make_call(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
         try:
             torch.broadcast_shapes(attn_mask.shape, (B, H, Nq, Nk))
         except RuntimeError:
-            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
-                             f"{(B, H, Nq, Nk)}") from None
-    key_start, key_end = (_key_bound(arg, t, B, q.device) for arg, t in (("key_start", key_start),
-                                                                        ("key_end", key_end)))
+            raise ValueError(
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {(B, H, Nq, Nk)}"
+            ) from None
+    key_start, key_end = (
+        _key_bound(arg, t, B, q.device) for arg, t in (("key_start", key_start), ("key_end", key_end))
+    )
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number; got {scale}")
     _check_finite_inputs(q=q, k=k, v=v, q_scale=q_scale, alibi_slopes=alibi_slopes, attn_mask=attn_mask)
-    if isinstance(bound.alpha, Tensor):     # per-head (H,) or any shape broadcastable over the rows
+    if isinstance(bound.alpha, Tensor):  # per-head (H,) or any shape broadcastable over the rows
         bound = type(bound)(bound.name, _alpha_view(bound.alpha, torch.empty((B, H, Nq, Nk), device="meta"), 3))
-    return AttentionCall(q=q, k=k, v=v, mapping_name=name, mapping=bound, alpha=alpha, is_causal=bool(is_causal),
-                         scale=1.0 / math.sqrt(D) if scale is None else float(scale), alibi_slopes=alibi_slopes,
-                         q_scale=q_scale, attn_mask=attn_mask, chunk_size=chunk_size, key_start=key_start,
-                         key_end=key_end)
+    return AttentionCall(
+        q=q,
+        k=k,
+        v=v,
+        mapping_name=name,
+        mapping=bound,
+        alpha=alpha,
+        is_causal=bool(is_causal),
+        scale=1.0 / math.sqrt(D) if scale is None else float(scale),
+        alibi_slopes=alibi_slopes,
+        q_scale=q_scale,
+        attn_mask=attn_mask,
+        chunk_size=chunk_size,
+        key_start=key_start,
+        key_end=key_end,
+    )

@@ -20,6 +20,7 @@ solve. Extra memory: O(block rows × key tile) plus the rows' candidates, never 
 `BlockSpec.fused_probabilities` / `fused_jvp` map whole blocks with the kernel's older in-place entry points
 (`entmax_scores_forward` / `_backward`); the fused_dense backend uses them.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -45,9 +46,20 @@ _MIN_ROWS = 256
 class BlockSpec:
     """Everything the blocks share: how to build logits and map them."""
 
-    def __init__(self, *, mapping: Mapping, is_causal: bool, scale: float, alibi_slopes: Optional[Tensor],
-                 attn_mask: Optional[Tensor], first_pos: int, block: int, head_block: int, dtype: torch.dtype,
-                 fused: bool):
+    def __init__(
+        self,
+        *,
+        mapping: Mapping,
+        is_causal: bool,
+        scale: float,
+        alibi_slopes: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        first_pos: int,
+        block: int,
+        head_block: int,
+        dtype: torch.dtype,
+        fused: bool,
+    ):
         self.mapping, self.is_causal, self.scale = mapping, is_causal, scale
         self.alibi_slopes = None if alibi_slopes is None else alibi_slopes.detach().to(dtype)
         if attn_mask is not None and attn_mask.dim() < 4:
@@ -72,8 +84,9 @@ class BlockSpec:
         z = torch.matmul(qs, k.transpose(-1, -2))
         a = self._per_block_rows(self.mapping.alpha, heads, z.shape[0], n_heads)
         slopes = self._per_block_rows(self.alibi_slopes, heads, z.shape[0], n_heads)
-        bad = _kernel.get().entmax_scores_forward(z.view(-1, z.shape[-2], z.shape[-1]), a, self.scale,
-                                                  self.first_pos + rows.start, self.is_causal, slopes)
+        bad = _kernel.get().entmax_scores_forward(
+            z.view(-1, z.shape[-2], z.shape[-1]), a, self.scale, self.first_pos + rows.start, self.is_causal, slopes
+        )
         if bad:
             raise ValueError("attention logits contain NaN or +inf (check q, k, scale and q_scale)")
         return z
@@ -81,8 +94,9 @@ class BlockSpec:
     def fused_jvp(self, p: Tensor, dp: Tensor, heads: slice, n_heads: int) -> Tensor:
         """∂L/∂(q·kᵀ), i.e. already multiplied by the scale, computed in place in dp."""
         a = self._per_block_rows(self.mapping.alpha, heads, p.shape[0], n_heads)
-        _kernel.get().entmax_scores_backward(p.view(-1, p.shape[-2], p.shape[-1]),
-                                             dp.view(-1, dp.shape[-2], dp.shape[-1]), a, self.scale)
+        _kernel.get().entmax_scores_backward(
+            p.view(-1, p.shape[-2], p.shape[-1]), dp.view(-1, dp.shape[-2], dp.shape[-1]), a, self.scale
+        )
         return dp
 
     # -- blocks -----------------------------------------------------------------------------
@@ -102,11 +116,21 @@ class BlockSpec:
         """(p, saved) of one block: query rows `rows` of heads `heads` (q already scaled) against k[..., :kend, :]."""
         mask = self.attn_mask
         if mask is not None:
-            mask = mask[:, heads if mask.shape[1] != 1 else slice(None),
-                        rows if mask.shape[2] != 1 else slice(None), : k.shape[-2]]
-        z = block_logits(qs, k, scale=self.scale, first_pos=self.first_pos + rows.start,
-                         alibi_slopes=None if self.alibi_slopes is None else self.alibi_slopes[heads],
-                         attn_mask=mask, is_causal=self.is_causal)
+            mask = mask[
+                :,
+                heads if mask.shape[1] != 1 else slice(None),
+                rows if mask.shape[2] != 1 else slice(None),
+                : k.shape[-2],
+            ]
+        z = block_logits(
+            qs,
+            k,
+            scale=self.scale,
+            first_pos=self.first_pos + rows.start,
+            alibi_slopes=None if self.alibi_slopes is None else self.alibi_slopes[heads],
+            attn_mask=mask,
+            is_causal=self.is_causal,
+        )
         return self.mapping.rows(heads, rows).forward(z)
 
     def jvp(self, p: Tensor, dp: Tensor, saved, heads: slice, rows: slice) -> Tensor:
@@ -125,18 +149,27 @@ def chunked_attention(call: AttentionCall) -> Tensor:
         # all heads at once while that leaves ≥ _MIN_ROWS queries per block, else fewer heads
         head_block = max(1, min(H, _AUTO_CHUNK_ELEMENTS // max(1, B * Nk * _MIN_ROWS)))
         chunk_size = max(1, _AUTO_CHUNK_ELEMENTS // max(1, B * head_block * Nk))
-        if call.is_causal:   # ≥ 8 query blocks, so that blocks skip the keys in their future
+        if call.is_causal:  # ≥ 8 query blocks, so that blocks skip the keys in their future
             chunk_size = min(chunk_size, max(_MIN_ROWS, -(-Nq // 8)))
-    spec = BlockSpec(mapping=call.mapping, is_causal=call.is_causal, scale=call.scale,
-                     alibi_slopes=call.alibi_slopes, attn_mask=call.attn_mask, first_pos=call.first_pos,
-                     block=chunk_size, head_block=head_block, dtype=call.compute_dtype, fused=False)
+    spec = BlockSpec(
+        mapping=call.mapping,
+        is_causal=call.is_causal,
+        scale=call.scale,
+        alibi_slopes=call.alibi_slopes,
+        attn_mask=call.attn_mask,
+        first_pos=call.first_pos,
+        block=chunk_size,
+        head_block=head_block,
+        dtype=call.compute_dtype,
+        fused=False,
+    )
     return ChunkedAttention.apply(q, k, v, call.q_scale, spec)
 
 
 class ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, q_scale: Optional[Tensor], spec: BlockSpec) -> Tensor:
-        with torch.autocast(q.device.type, enabled=False):   # blocks are computed in spec.dtype
+        with torch.autocast(q.device.type, enabled=False):  # blocks are computed in spec.dtype
             return ChunkedAttention._forward(ctx, q, k, v, q_scale, spec)
 
     @staticmethod
@@ -189,8 +222,7 @@ class ChunkedAttention(torch.autograd.Function):
                 dq[:, h, r] = dqs * sc[:, h, r, None]
                 dsc[:, h, r] = (dqs * q_blk).sum(-1)
         dt = ctx.in_dtypes
-        return (dq.to(dt[0]), dk.to(dt[1]), dv.to(dt[2]),
-                None if dsc is None else dsc.to(dt[3]), None)
+        return (dq.to(dt[0]), dk.to(dt[1]), dv.to(dt[2]), None if dsc is None else dsc.to(dt[3]), None)
 
 
 # ----------------------------------------------------------------------------- fused_cpu
@@ -221,15 +253,25 @@ class FusedSpec:
         H = call.q.shape[1]
         self.alpha = _per_head(call.mapping.alpha, H)
         self.slopes = _NONE_F64 if call.alibi_slopes is None else _per_head(call.alibi_slopes, H)
-        self.key_start, self.key_end = (_NONE_I64 if t is None else t.to(device="cpu", dtype=torch.int64).contiguous()
-                                        for t in (call.key_start, call.key_end))
+        self.key_start, self.key_end = (
+            _NONE_I64 if t is None else t.to(device="cpu", dtype=torch.int64).contiguous()
+            for t in (call.key_start, call.key_end)
+        )
         self.scale, self.is_causal, self.dtype = call.scale, call.is_causal, call.compute_dtype
         self.block_rows, self.key_tile = block_rows, key_tile
 
     def args(self):
         """The kernel's arguments after (q, k, v[, dout, out, stats])."""
-        return (self.alpha, self.scale, self.is_causal, self.slopes, self.key_start, self.key_end, self.block_rows,
-                self.key_tile)
+        return (
+            self.alpha,
+            self.scale,
+            self.is_causal,
+            self.slopes,
+            self.key_start,
+            self.key_end,
+            self.block_rows,
+            self.key_tile,
+        )
 
 
 def fused_attention(call: AttentionCall) -> Tensor:
@@ -267,8 +309,9 @@ class FusedAttention(torch.autograd.Function):
         spec = ctx.spec
         cdt = spec.dtype
         qs = _scaled_queries(q, q_scale, cdt)
-        dqs, dk, dv = _kernel.get().attention_backward(qs, k.to(cdt).contiguous(), v.to(cdt).contiguous(),
-                                                       dout.to(cdt).contiguous(), out, stats, *spec.args())
+        dqs, dk, dv = _kernel.get().attention_backward(
+            qs, k.to(cdt).contiguous(), v.to(cdt).contiguous(), dout.to(cdt).contiguous(), out, stats, *spec.args()
+        )
         dq = dsc = None
         if q_scale is None:
             dq = dqs

@@ -4,6 +4,7 @@ Logits z_ij = (q_i · s_i) · k_j · scale − m_h · (i − j) + mask (attentio
 (mappings/registry.py). The backend is named (``backend=``) or chosen by the documented auto policy
 (attention/policy.py); `explain_attention` says which and why.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -27,12 +28,26 @@ def _backend_from_path(backend: str, path: Optional[str]) -> tuple:
     return path, True
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha: AlphaLike = 1.5,
-              is_causal: bool = True, scale: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
-              q_scale: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
-              chunk_size: Optional[int] = None, topk: int = 32, adatemp_order: str = "original",
-              key_start: Optional[Tensor] = None, key_end: Optional[Tensor] = None,
-              backend: str = "auto", path: Optional[str] = None) -> Tensor:
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mapping: str = "entmax",
+    alpha: AlphaLike = 1.5,
+    is_causal: bool = True,
+    scale: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    q_scale: Optional[Tensor] = None,
+    attn_mask: Optional[Tensor] = None,
+    chunk_size: Optional[int] = None,
+    topk: int = 32,
+    adatemp_order: str = "original",
+    key_start: Optional[Tensor] = None,
+    key_end: Optional[Tensor] = None,
+    backend: str = "auto",
+    path: Optional[str] = None,
+) -> Tensor:
     """Attention on (B, H, N, D) tensors with any mapping; returns (B, H, Nq, D).
 
     q (B, H, Nq, D); k, v (B, Hkv, Nk, D), H a multiple of Hkv (GQA), Nq ≤ Nk: the queries sit at the last
@@ -59,9 +74,23 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha
     """
     backend, via_path = _backend_from_path(backend, path)
     check_backend_name(backend)
-    call = make_call(q, k, v, mapping=mapping, alpha=alpha, is_causal=is_causal, scale=scale,
-                     alibi_slopes=alibi_slopes, q_scale=q_scale, attn_mask=attn_mask, chunk_size=chunk_size,
-                     topk=topk, adatemp_order=adatemp_order, key_start=key_start, key_end=key_end)
+    call = make_call(
+        q,
+        k,
+        v,
+        mapping=mapping,
+        alpha=alpha,
+        is_causal=is_causal,
+        scale=scale,
+        alibi_slopes=alibi_slopes,
+        q_scale=q_scale,
+        attn_mask=attn_mask,
+        chunk_size=chunk_size,
+        topk=topk,
+        adatemp_order=adatemp_order,
+        key_start=key_start,
+        key_end=key_end,
+    )
     return BACKENDS[_chosen(call, backend, via_path)].run(call)
 
 

@@ -9,6 +9,7 @@ A custom scale and per-query q-scales (SSMax/ASEntmax) are folded into q, which 
 z = (q·s·scale·√D)·k / √D. ALiBi/NAPE slopes, masks, decoding with Nq < Nk and per-head α are not
 expressible there. LONGSPARSE_ADASPLASH=0 disables it.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,7 @@ from longsparse.attention.call import AttentionCall
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _HEAD_DIMS = (16, 32, 64, 128, 256)
-_MIN_LEN = 64     # adasplash's block-mask tile
+_MIN_LEN = 64  # adasplash's block-mask tile
 
 
 def _on_cuda(call: AttentionCall) -> bool:
@@ -81,5 +82,6 @@ def run(call: AttentionCall) -> Tensor:
         q = q * (call.q_scale.unsqueeze(-1).to(q.dtype) * factor)
     elif factor != 1.0:
         q = q * factor
-    return mod.adasplash(q.contiguous(), k.contiguous(), v.contiguous(), alpha=float(call.mapping.alpha),
-                         is_causal=call.is_causal)
+    return mod.adasplash(
+        q.contiguous(), k.contiguous(), v.contiguous(), alpha=float(call.mapping.alpha), is_causal=call.is_causal
+    )

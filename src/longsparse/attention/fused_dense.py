@@ -8,6 +8,7 @@ the reference builds the logits with several autograd passes (scale, ALiBi, mask
 product in place (`BlockSpec.fused_jvp`), then the three products. Memory: p is kept, B·H·Nq·Nk elements of
 the compute dtype, so the auto policy sends it short rows only (`policy.FUSED_DENSE_MAX_KEYS` / `_ELEMENTS`).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -24,23 +25,32 @@ def fused_dense_attention(call: AttentionCall) -> Tensor:
     Returns (B, H, Nq, D) in q's dtype."""
     k, v = call.kv_heads_repeated()
     B, H, Nq, Nk, _ = call.shape
-    spec = BlockSpec(mapping=call.mapping, is_causal=call.is_causal, scale=call.scale,
-                     alibi_slopes=call.alibi_slopes, attn_mask=None, first_pos=call.first_pos,
-                     block=max(1, Nq), head_block=H, dtype=call.compute_dtype, fused=True)
+    spec = BlockSpec(
+        mapping=call.mapping,
+        is_causal=call.is_causal,
+        scale=call.scale,
+        alibi_slopes=call.alibi_slopes,
+        attn_mask=None,
+        first_pos=call.first_pos,
+        block=max(1, Nq),
+        head_block=H,
+        dtype=call.compute_dtype,
+        fused=True,
+    )
     return FusedDenseAttention.apply(call.q, k, v, call.q_scale, spec)
 
 
 class FusedDenseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, q_scale: Optional[Tensor], spec: BlockSpec) -> Tensor:
-        with torch.autocast(q.device.type, enabled=False):     # computed in spec.dtype, as the chunked blocks
+        with torch.autocast(q.device.type, enabled=False):  # computed in spec.dtype, as the chunked blocks
             cdt = spec.dtype
             # contiguous once here: the batched products would copy strided (B, N, H, D)-layout heads at every
             # use, three times more in the backward
             qs = q.to(cdt) if q_scale is None else q.to(cdt) * q_scale.to(cdt).unsqueeze(-1)
             qs, kc, vc = qs.contiguous(), k.to(cdt).contiguous(), v.to(cdt).contiguous()
             H = q.shape[1]
-            p = spec.fused_probabilities(qs, kc, slice(0, H), slice(0, q.shape[2]), H)   # (B, H, Nq, Nk)
+            p = spec.fused_probabilities(qs, kc, slice(0, H), slice(0, q.shape[2]), H)  # (B, H, Nq, Nk)
             out = torch.matmul(p, vc)
         ctx.spec = spec
         ctx.in_dtypes = (q.dtype, k.dtype, v.dtype, None if q_scale is None else q_scale.dtype)

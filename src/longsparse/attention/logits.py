@@ -11,6 +11,7 @@ query may attend; a float mask is added.
 `add_bias_and_masks` is the bias/mask step on any block of rows; `block_logits` and `dense_logits` build
 logits from q and k with it, `additive_bias` builds the bias alone (for SDPA's attn_mask).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -28,12 +29,20 @@ def check_mask_dtype(attn_mask: Optional[Tensor]) -> None:
     """SDPA's contract: a bool mask (True = attend) or a float one (added); an integer mask would be
     read as a bias of 0/1, silently not masking."""
     if attn_mask is not None and attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-        raise ValueError(f"attn_mask must be bool (True = attend) or floating point (added to the logits); "
-                         f"got dtype {attn_mask.dtype}")
+        raise ValueError(
+            f"attn_mask must be bool (True = attend) or floating point (added to the logits); "
+            f"got dtype {attn_mask.dtype}"
+        )
 
 
-def add_bias_and_masks(z: Tensor, first_pos: int, *, alibi_slopes: Optional[Tensor] = None,
-                       attn_mask: Optional[Tensor] = None, is_causal: bool = True) -> Tensor:
+def add_bias_and_masks(
+    z: Tensor,
+    first_pos: int,
+    *,
+    alibi_slopes: Optional[Tensor] = None,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = True,
+) -> Tensor:
     """Adds ALiBi and the masks to logits z (B, h, n, kend) of query rows at absolute positions first_pos …
     first_pos + n − 1 against keys 0 … kend − 1, in place (autograd-safe: no op here saves z).
 
@@ -46,25 +55,44 @@ def add_bias_and_masks(z: Tensor, first_pos: int, *, alibi_slopes: Optional[Tens
         dist = q_pos - torch.arange(kend, dtype=z.dtype, device=z.device)
         z = z.sub_(alibi_slopes.to(z.dtype).view(-1, 1, 1) * dist)
     if attn_mask is not None:
-        z = z.masked_fill_(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else z.add_(attn_mask.to(z.dtype))
+        z = (
+            z.masked_fill_(~attn_mask, float("-inf"))
+            if attn_mask.dtype == torch.bool
+            else z.add_(attn_mask.to(z.dtype))
+        )
     if is_causal and kend > first_pos + 1:
         # only keys after the first row's position can be in the future of some row
         future = torch.arange(first_pos + 1, kend, device=z.device).unsqueeze(0) > q_pos.long()
-        z[..., first_pos + 1:].masked_fill_(future, float("-inf"))
+        z[..., first_pos + 1 :].masked_fill_(future, float("-inf"))
     return z
 
 
-def block_logits(qs: Tensor, k: Tensor, *, scale: float, first_pos: int, alibi_slopes: Optional[Tensor] = None,
-                 attn_mask: Optional[Tensor] = None, is_causal: bool = True) -> Tensor:
+def block_logits(
+    qs: Tensor,
+    k: Tensor,
+    *,
+    scale: float,
+    first_pos: int,
+    alibi_slopes: Optional[Tensor] = None,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = True,
+) -> Tensor:
     """Logits (B, h, n, kend) of query rows qs (B, h, n, D) (q-scale already applied, in the compute dtype)
     against keys k (B, h, kend, D); see `add_bias_and_masks` for the rest."""
     z = torch.matmul(qs, k.transpose(-1, -2)).mul_(scale)
     return add_bias_and_masks(z, first_pos, alibi_slopes=alibi_slopes, attn_mask=attn_mask, is_causal=is_causal)
 
 
-def dense_logits(q: Tensor, k: Tensor, *, scale: float, q_scale: Optional[Tensor] = None,
-                 alibi_slopes: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
-                 is_causal: bool = True) -> Tensor:
+def dense_logits(
+    q: Tensor,
+    k: Tensor,
+    *,
+    scale: float,
+    q_scale: Optional[Tensor] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = True,
+) -> Tensor:
     """All logits (B, H, Nq, Nk) in the compute dtype, −inf where masked, differentiable in every tensor
     argument. q (B, H, Nq, D); k (B, H, Nk, D) with H heads (GQA already repeated); q_scale (B, H, Nq);
     alibi_slopes (H,); attn_mask broadcastable to (B, H, Nq, Nk)."""
@@ -79,8 +107,9 @@ def dense_logits(q: Tensor, k: Tensor, *, scale: float, q_scale: Optional[Tensor
     return add_bias_and_masks(z, Nk - Nq, alibi_slopes=alibi_slopes, attn_mask=attn_mask, is_causal=is_causal)
 
 
-def bias_shape(B: int, H: int, Nq: int, Nk: int, *, alibi_slopes: Optional[Tensor],
-               attn_mask: Optional[Tensor]) -> Tuple[int, ...]:
+def bias_shape(
+    B: int, H: int, Nq: int, Nk: int, *, alibi_slopes: Optional[Tensor], attn_mask: Optional[Tensor]
+) -> Tuple[int, ...]:
     """The smallest shape broadcastable to (B, H, Nq, Nk) that holds the bias of these arguments."""
     shape = (1, H if alibi_slopes is not None else 1, Nq, Nk)
     if attn_mask is not None:
@@ -88,9 +117,18 @@ def bias_shape(B: int, H: int, Nq: int, Nk: int, *, alibi_slopes: Optional[Tenso
     return tuple(shape)
 
 
-def additive_bias(B: int, H: int, Nq: int, Nk: int, *, dtype: torch.dtype, device: torch.device,
-                  alibi_slopes: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
-                  is_causal: bool = True) -> Optional[Tensor]:
+def additive_bias(
+    B: int,
+    H: int,
+    Nq: int,
+    Nk: int,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    alibi_slopes: Optional[Tensor] = None,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = True,
+) -> Optional[Tensor]:
     """ALiBi, attn_mask and the causal mask as one additive bias of shape `bias_shape` (broadcastable to
     (B, H, Nq, Nk)) in ``dtype``, −inf where masked; None when there is nothing to add. Built in the
     compute dtype, without gradient."""
@@ -99,6 +137,11 @@ def additive_bias(B: int, H: int, Nq: int, Nk: int, *, dtype: torch.dtype, devic
     shape = bias_shape(B, H, Nq, Nk, alibi_slopes=alibi_slopes, attn_mask=attn_mask)
     with torch.no_grad():
         z = torch.zeros(shape, dtype=compute_dtype(dtype), device=device)
-        z = add_bias_and_masks(z, Nk - Nq, alibi_slopes=None if alibi_slopes is None else alibi_slopes.detach(),
-                               attn_mask=None if attn_mask is None else attn_mask.detach(), is_causal=is_causal)
+        z = add_bias_and_masks(
+            z,
+            Nk - Nq,
+            alibi_slopes=None if alibi_slopes is None else alibi_slopes.detach(),
+            attn_mask=None if attn_mask is None else attn_mask.detach(),
+            is_causal=is_causal,
+        )
     return z.to(dtype)

@@ -1,6 +1,7 @@
 """How ``backend="auto"`` chooses: `select_backend`, the one policy, and the `Choice` it returns (what
 `explain_attention` shows). A named backend is never replaced: if it cannot take the call, `resolve_backend`
 raises with its reason."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,13 +19,13 @@ SDPA_MAX_ELEMENTS = 1 << 24
 # chunked backends' recomputing backward, which costs a second forward: 0.70-0.95x their time for entmax at
 # 32-64 keys (`longsparse bench short`), training at the synthetic tasks' lengths.
 REFERENCE_MAX_KEYS = 64
-REFERENCE_MAX_ELEMENTS = 1 << 22     # and at most this many logits (a few such buffers are kept)
+REFERENCE_MAX_ELEMENTS = 1 << 22  # and at most this many logits (a few such buffers are kept)
 # Rows that auto differentiates through fused_dense (the kernel on all logits at once, p kept for the backward)
 # instead of fused_cpu (flash-style, recomputing backward): fwd+bwd CPU time against fused_cpu for 1.5-entmax
 # 0.82-0.89x at 64 keys, 0.87-0.95x at 96, 0.89-1.15x at 128; sparsemax 1.20-1.49x at every length
 # (benchmarks/short_rows_policy.py, docs/benchmarks.md).
 FUSED_DENSE_MAX_KEYS = 96
-FUSED_DENSE_MAX_ELEMENTS = 1 << 22   # p is kept until the backward: 16 MiB of fp32 per call
+FUSED_DENSE_MAX_ELEMENTS = 1 << 22  # p is kept until the backward: 16 MiB of fp32 per call
 
 OPT_IN = {"adasplash": "opt-in (name it): not yet measured equal to the reference on a GPU"}
 
@@ -32,6 +33,7 @@ OPT_IN = {"adasplash": "opt-in (name it): not yet measured equal to the referenc
 @dataclass
 class Choice:
     """The backend for one call, why, and why each other backend was passed over."""
+
     backend: str
     why: str
     passed_over: Dict[str, str] = field(default_factory=dict)
@@ -42,19 +44,32 @@ class Choice:
 
     def __str__(self) -> str:
         width = max(map(len, [self.backend, *self.passed_over]))
-        lines = [f"attention{' ' + self.call if self.call else ''}",
-                 f"  -> {self.backend:<{width}}  {self.why}"]
+        lines = [f"attention{' ' + self.call if self.call else ''}", f"  -> {self.backend:<{width}}  {self.why}"]
         lines += [f"     {name:<{width}}  {reason}" for name, reason in self.passed_over.items()]
         return "\n".join(lines)
 
 
 def describe(call: AttentionCall) -> str:
     B, H, Nq, Nk, D = call.shape
-    parts = [call.mapping_name, f"B={B} H={H}" + (f"/{call.k.shape[1]}" if call.k.shape[1] != H else ""),
-             f"Nq={Nq} Nk={Nk} D={D}", str(call.q.dtype).replace("torch.", ""), call.device_type,
-             "causal" if call.is_causal else "non-causal"]
-    parts += [name for name, t in (("alibi", call.alibi_slopes), ("q_scale", call.q_scale), ("mask", call.attn_mask),
-                                   ("key_start", call.key_start), ("key_end", call.key_end)) if t is not None]
+    parts = [
+        call.mapping_name,
+        f"B={B} H={H}" + (f"/{call.k.shape[1]}" if call.k.shape[1] != H else ""),
+        f"Nq={Nq} Nk={Nk} D={D}",
+        str(call.q.dtype).replace("torch.", ""),
+        call.device_type,
+        "causal" if call.is_causal else "non-causal",
+    ]
+    parts += [
+        name
+        for name, t in (
+            ("alibi", call.alibi_slopes),
+            ("q_scale", call.q_scale),
+            ("mask", call.attn_mask),
+            ("key_start", call.key_start),
+            ("key_end", call.key_end),
+        )
+        if t is not None
+    ]
     if call.wants_grad or call.grad_of_bias:
         parts.append("grad")
     return "(" + ", ".join(parts) + ")"
@@ -70,8 +85,12 @@ def _sdpa_gate(call: AttentionCall) -> Optional[str]:
         if n > SDPA_MAX_ELEMENTS:
             return f"its no-grad pass would materialise {n:,} logits (auto's limit: {SDPA_MAX_ELEMENTS:,})"
         return None
-    needs_bias = (call.alibi_slopes is not None or call.attn_mask is not None or call.has_key_ranges
-                  or (call.is_causal and (Nq != Nk or call.scale <= 0)))
+    needs_bias = (
+        call.alibi_slopes is not None
+        or call.attn_mask is not None
+        or call.has_key_ranges
+        or (call.is_causal and (Nq != Nk or call.scale <= 0))
+    )
     n = (H if call.alibi_slopes is not None else 1) * Nq * Nk
     if needs_bias and n > SDPA_MAX_ELEMENTS:
         return f"its bias would hold {n:,} elements per batch row (auto's limit: {SDPA_MAX_ELEMENTS:,})"
@@ -91,8 +110,10 @@ def _short_rows_gate(call: AttentionCall, what: str, max_keys: int, max_elements
         # sparsemax rows are fused_cpu's cheapest: either other backend takes 1.2-2.7x its time (short_rows_policy.py)
         return "α = 2 (sparsemax): fused_cpu's recomputing backward is faster"
     if Nk > max_keys or B * H * Nq * Nk > max_elements:
-        return (f"rows too long for {what} ({Nk} keys, {B * H * Nq * Nk:,} logits; auto's limits: "
-                f"{max_keys} keys, {max_elements:,} logits)")
+        return (
+            f"rows too long for {what} ({Nk} keys, {B * H * Nq * Nk:,} logits; auto's limits: "
+            f"{max_keys} keys, {max_elements:,} logits)"
+        )
     return None
 
 
@@ -108,8 +129,9 @@ def _short_reference_gate(call: AttentionCall) -> Optional[str]:
     return why
 
 
-def select_backend(call: AttentionCall, *, supports: Optional[Callable[[str], Optional[str]]] = None,
-                   complete: bool = False) -> Choice:
+def select_backend(
+    call: AttentionCall, *, supports: Optional[Callable[[str], Optional[str]]] = None, complete: bool = False
+) -> Choice:
     """The auto policy. The first rule that applies picks:
 
     1. CUDA tensors: ``triton`` when it supports the call.
@@ -154,22 +176,36 @@ def select_backend(call: AttentionCall, *, supports: Optional[Callable[[str], Op
         passed.pop(name, None)
         return Choice(name, why, {n: passed[n] for n in BACKENDS if n in passed}, describe(call) if complete else "")
 
-    if consider("triton", None if call.device_type == "cuda" else
-                f"tensors on {call.device_type}: auto uses triton for CUDA tensors only"):
+    if consider(
+        "triton",
+        None
+        if call.device_type == "cuda"
+        else f"tensors on {call.device_type}: auto uses triton for CUDA tensors only",
+    ):
         return pick("triton", "CUDA tensors, and the Triton kernels take the call")
     if call.grad_of_bias:
         return pick("reference", "α, the ALiBi slopes or the mask need a gradient: only the reference gives it")
     if consider("sdpa", _sdpa_gate(call)):
-        return pick("sdpa", "softmax: torch SDPA" if not call.mapping.adjusts_logits else
-                    f"{call.mapping_name} is a softmax after a per-row choice without gradient: one no-grad pass "
-                    "over the logits, then torch SDPA")
+        return pick(
+            "sdpa",
+            "softmax: torch SDPA"
+            if not call.mapping.adjusts_logits
+            else f"{call.mapping_name} is a softmax after a per-row choice without gradient: one no-grad pass "
+            "over the logits, then torch SDPA",
+        )
     if consider("fused_dense", _fused_dense_gate(call)):
-        return pick("fused_dense", f"a gradient through short rows (≤ {FUSED_DENSE_MAX_KEYS} keys): the kernel on all "
-                                   "logits at once, p kept for the backward instead of a recomputed forward")
+        return pick(
+            "fused_dense",
+            f"a gradient through short rows (≤ {FUSED_DENSE_MAX_KEYS} keys): the kernel on all "
+            "logits at once, p kept for the backward instead of a recomputed forward",
+        )
     short = _short_reference_gate(call)
     if short is None:
-        return pick("reference", f"a gradient through short rows (≤ {REFERENCE_MAX_KEYS} keys): autograd through "
-                                 "the logits beats the chunked backends' recomputing backward")
+        return pick(
+            "reference",
+            f"a gradient through short rows (≤ {REFERENCE_MAX_KEYS} keys): autograd through "
+            "the logits beats the chunked backends' recomputing backward",
+        )
     passed["reference"] = short
     if consider("fused_cpu", None):
         return pick("fused_cpu", "the C++ kernel takes the call: chunked blocks, one fused pass each")

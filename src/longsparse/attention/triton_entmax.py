@@ -73,6 +73,7 @@ tests) must be set before that first use. The entry point is a ``torch.library.c
 (forward, backward) with fake implementations and registered autograd, so ``torch.compile`` traces
 a model that calls it (fullgraph).
 """
+
 import math
 import os
 
@@ -82,23 +83,25 @@ from torch import Tensor
 try:  # the kernels need Triton; without it, `supports` says so and nothing else is built
     import triton
     import triton.language as tl
+
     _TRITON_ERROR: str | None = None
 except ImportError as exc:  # pragma: no cover - exercised only where triton is absent
     import types
+
     triton = None
-    tl = types.SimpleNamespace(constexpr=object)   # kernels' annotations still evaluate
+    tl = types.SimpleNamespace(constexpr=object)  # kernels' annotations still evaluate
     _TRITON_ERROR = f"triton is not installed ({exc}); pip install 'longsparse[gpu]'"
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-DECODE_MAX_QUERIES = 16      # the decode path holds all of a program's query rows in one tile
-DECODE_MIN_KEYS = 1024       # below this the block kernel has enough key tiles per query block anyway
-_TOL = 1e-6                  # Newton step (in τ, whose bracket has width < 1) at which general α stops
-_MAX_ITER_EXACT = 24         # α = 1.5 / 2: the exact finish certifies after a handful of sweeps
-_MAX_ITER_GENERAL = 32       # other α: quadratic convergence once the support is found
+DECODE_MAX_QUERIES = 16  # the decode path holds all of a program's query rows in one tile
+DECODE_MIN_KEYS = 1024  # below this the block kernel has enough key tiles per query block anyway
+_TOL = 1e-6  # Newton step (in τ, whose bracket has width < 1) at which general α stops
+_MAX_ITER_EXACT = 24  # α = 1.5 / 2: the exact finish certifies after a handful of sweeps
+_MAX_ITER_GENERAL = 32  # other α: quadratic convergence once the support is found
 
 _MODE_GENERAL, _MODE_15, _MODE_2 = 0, 1, 2
-INTERPRETER_BLOCK = 32       # query and key tile of the interpreter (CPU tensors): see `_config`
+INTERPRETER_BLOCK = 32  # query and key tile of the interpreter (CPU tensors): see `_config`
 
 
 # ============================================================================ kernels (raw functions)
@@ -197,7 +200,7 @@ def _tau_update(tau, lo, hi, active, fsum, wsum, cnt, mind, am1, MODE: tl.conste
     f = fsum - 1.0
     lo = tl.where(active & (f >= 0), tau, lo)
     hi = tl.where(active & (f < 0), tau, hi)
-    has_support = wsum > 0                      # False only for rows that are not active
+    has_support = wsum > 0  # False only for rows that are not active
     step = f * am1 / tl.where(has_support, wsum, 1.0)
     new = tau + step
     inside = has_support & (new >= lo) & (new <= hi)
@@ -211,7 +214,7 @@ def _tau_update(tau, lo, hi, active, fsum, wsum, cnt, mind, am1, MODE: tl.conste
             exact = f / tl.where(has_support, wsum + tl.sqrt(tl.maximum(disc, 0.0)), 1.0)
             done = has_support & (f >= 0) & (disc >= 0) & (mind > exact)
         else:
-            exact = step                            # sparsemax: the Newton step is the closed form
+            exact = step  # sparsemax: the Newton step is the closed form
             done = has_support & (f >= 0) & (mind > exact)
         new = tl.where(done, tau + exact, new)
     tau = tl.where(active, new, tau)
@@ -289,17 +292,57 @@ def _logits_t(k, qT, qpos, kpos, start, row_lim, scale, slope, DOT_PREC: tl.cons
     return tl.where(_in_range(kpos[:, None], start, row_lim[None, :]), z, float("-inf"))
 
 
-def _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope,
-                 D: tl.constexpr, BN: tl.constexpr, DOT_PREC: tl.constexpr):
+def _tile_logits(
+    q,
+    k_base,
+    t,
+    start,
+    kend,
+    skn,
+    skd,
+    qpos,
+    row_lim,
+    scale,
+    slope,
+    D: tl.constexpr,
+    BN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Loads key tile t (only its keys in [start, kend)) and returns (kpos, its logits)."""
     kpos = t * BN + tl.arange(0, BN)
     kT = _load_tile_t(k_base, kpos, _in_range(kpos, start, kend), skn, skd, D)
     return kpos, _logits(q, kT, qpos, kpos, start, row_lim, scale, slope, DOT_PREC)
 
 
-def _query_block(Q, K, V, TileMask, Alpha, Slopes, Starts, Ends, sqb, sqh, sqn, sqd, skb, skh, svb, svh,
-                 H, GROUP, Nq, Nk, n_qb, n_kt, causal, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 MODE: tl.constexpr):
+def _query_block(
+    Q,
+    K,
+    V,
+    TileMask,
+    Alpha,
+    Slopes,
+    Starts,
+    Ends,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    skb,
+    skh,
+    svb,
+    svh,
+    H,
+    GROUP,
+    Nq,
+    Nk,
+    n_qb,
+    n_kt,
+    causal,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MODE: tl.constexpr,
+):
     """The start of every block kernel's program (grid (⌈Nq/BM⌉, B·H)): its query rows and what they see.
 
     Returns (bh, rows (BM,), rmask = real rows, qpos = their absolute positions, start, row_lim (BM,): each
@@ -319,8 +362,23 @@ def _query_block(Q, K, V, TileMask, Alpha, Slopes, Starts, Ends, sqb, sqh, sqn, 
     am1, slope = _head_consts(Alpha, Slopes, h, MODE)
     q = _load_tile(Q + b * sqb + h * sqh, rows, rmask, sqn, sqd, D)
     mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
-    return (bh, rows, rmask, rows + (Nk - Nq), start, row_lim, kend, start // BN, (kend + BN - 1) // BN,
-            am1, slope, q, K + b * skb + hk * skh, V + b * svb + hk * svh, mask_row)
+    return (
+        bh,
+        rows,
+        rmask,
+        rows + (Nk - Nq),
+        start,
+        row_lim,
+        kend,
+        start // BN,
+        (kend + BN - 1) // BN,
+        am1,
+        slope,
+        q,
+        K + b * skb + hk * skh,
+        V + b * svb + hk * svh,
+        mask_row,
+    )
 
 
 def _bwd_rows(DO, Stats, bh, rows, rmask, Nq, plane, D: tl.constexpr):
@@ -335,20 +393,87 @@ def _bwd_rows(DO, Stats, bh, rows, rmask, Nq, plane, D: tl.constexpr):
 def _row_stats(Stats, rows, rmask, row0, plane):
     """The forward's row statistics (M, τ, 1/Σp) of rows row0 + rows (`plane` = B·H·Nq)."""
     srow = Stats + row0 + rows
-    return (tl.load(srow, mask=rmask, other=0.0), tl.load(srow + plane, mask=rmask, other=0.0),
-            tl.load(srow + 2 * plane, mask=rmask, other=0.0))
+    return (
+        tl.load(srow, mask=rmask, other=0.0),
+        tl.load(srow + plane, mask=rmask, other=0.0),
+        tl.load(srow + 2 * plane, mask=rmask, other=0.0),
+    )
 
 
-def _fwd_kernel(Q, K, V, O, Stats, TileMask, Alpha, Slopes, Starts, Ends,
-                sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
-                H, GROUP, Nq, Nk, n_qb, n_kt, scale, causal,
-                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
-                MAX_ITER: tl.constexpr, TOL: tl.constexpr, DOT_PREC: tl.constexpr):
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    O,  # noqa: E741 (the output pointer; Q, K, V, O as in the attention formula)
+    Stats,
+    TileMask,
+    Alpha,
+    Slopes,
+    Starts,
+    Ends,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sob,
+    soh,
+    son,
+    sod,
+    H,
+    GROUP,
+    Nq,
+    Nk,
+    n_qb,
+    n_kt,
+    scale,
+    causal,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MODE: tl.constexpr,
+    MAX_ITER: tl.constexpr,
+    TOL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Grid (⌈Nq/BM⌉, B·H). Writes O, Stats[0..2] = (row max M, τ, 1/Σp) and the tile mask bits of the
     key tiles t0 ≤ t < t1 (the backward reads no others)."""
     bh, rows, rmask, qpos, start, row_lim, kend, t0, t1, am1, slope, q, k_base, v_base, mask_row = _query_block(
-        Q, K, V, TileMask, Alpha, Slopes, Starts, Ends, sqb, sqh, sqn, sqd, skb, skh, svb, svh,
-        H, GROUP, Nq, Nk, n_qb, n_kt, causal, D, BM, BN, MODE)
+        Q,
+        K,
+        V,
+        TileMask,
+        Alpha,
+        Slopes,
+        Starts,
+        Ends,
+        sqb,
+        sqh,
+        sqn,
+        sqd,
+        skb,
+        skh,
+        svb,
+        svh,
+        H,
+        GROUP,
+        Nq,
+        Nk,
+        n_qb,
+        n_kt,
+        causal,
+        D,
+        BM,
+        BN,
+        MODE,
+    )
 
     # 1. row max
     m = tl.full([BM], float("-inf"), tl.float32)
@@ -362,15 +487,16 @@ def _fwd_kernel(Q, K, V, O, Stats, TileMask, Alpha, Slopes, Starts, Ends,
     it = 0
     n_active = tl.sum(active.to(tl.int32), 0)
     while (it < MAX_ITER) & (n_active > 0):
-        floor = tl.where(active, lo, tau)           # ≤ every later τ of the row: tiles below it stay dead
+        floor = tl.where(active, lo, tau)  # ≤ every later τ of the row: tiles below it stay dead
         fsum = tl.zeros([BM], tl.float32)
         wsum = tl.zeros([BM], tl.float32)
         cnt = tl.zeros([BM], tl.float32)
         mind = tl.full([BM], float("inf"), tl.float32)
         for t in range(t0, t1):
-            if (it == 0) | _tile_live(mask_row, t, True):    # the first sweep writes every tile's bit
-                kpos, z = _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN,
-                                       DOT_PREC)
+            if (it == 0) | _tile_live(mask_row, t, True):  # the first sweep writes every tile's bit
+                kpos, z = _tile_logits(
+                    q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN, DOT_PREC
+                )
                 X = am1 * (z - m[:, None])
                 fsum, wsum, cnt, mind = _sweep_add(X - tau[:, None], am1, fsum, wsum, cnt, mind, 1, MODE)
                 live = tl.max(tl.max(tl.where(X > floor[:, None], 1, 0), 1), 0)
@@ -384,8 +510,7 @@ def _fwd_kernel(Q, K, V, O, Stats, TileMask, Alpha, Slopes, Starts, Ends,
     lsum = tl.zeros([BM], tl.float32)
     for t in range(t0, t1):
         if (it == 0) | _tile_live(mask_row, t, True):
-            kpos, z = _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN,
-                                   DOT_PREC)
+            kpos, z = _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN, DOT_PREC)
             p, _ = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
             nz = tl.max(tl.max(p, 1), 0) > 0
             tl.store(mask_row + t, nz.to(tl.int8))
@@ -395,32 +520,94 @@ def _fwd_kernel(Q, K, V, O, Stats, TileMask, Alpha, Slopes, Starts, Ends,
                 lsum += tl.sum(p, 1)
     inv = tl.where(lsum > 0, 1.0 / tl.where(lsum > 0, lsum, 1.0), 0.0)
     dcol = tl.arange(0, D)
-    tl.store(O + (bh // H).to(tl.int64) * sob + (bh % H) * soh + rows[:, None] * son + dcol[None, :] * sod,
-             (acc * inv[:, None]).to(O.dtype.element_ty), mask=rmask[:, None])
+    tl.store(
+        O + (bh // H).to(tl.int64) * sob + (bh % H) * soh + rows[:, None] * son + dcol[None, :] * sod,
+        (acc * inv[:, None]).to(O.dtype.element_ty),
+        mask=rmask[:, None],
+    )
     srow = Stats + bh.to(tl.int64) * Nq + rows
-    plane = tl.num_programs(1).to(tl.int64) * Nq      # B·H·Nq
+    plane = tl.num_programs(1).to(tl.int64) * Nq  # B·H·Nq
     tl.store(srow, m, mask=rmask)
     tl.store(srow + plane, tau, mask=rmask)
     tl.store(srow + 2 * plane, inv, mask=rmask)
 
 
-def _bwd_prep_kernel(Q, K, V, DO, Stats, TileMask, Delta, Alpha, Slopes, Starts, Ends,
-                     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                     H, GROUP, Nq, Nk, n_qb, n_kt, scale, causal,
-                     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
-                     USE_MASK: tl.constexpr, DOT_PREC: tl.constexpr):
+def _bwd_prep_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    Stats,
+    TileMask,
+    Delta,
+    Alpha,
+    Slopes,
+    Starts,
+    Ends,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    H,
+    GROUP,
+    Nq,
+    Nk,
+    n_qb,
+    n_kt,
+    scale,
+    causal,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MODE: tl.constexpr,
+    USE_MASK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Grid (⌈Nq/BM⌉, B·H): δ_i = dO_i · Σ_j u_ij v_j / Σ_j u_ij (u unnormalised: the scale cancels).
     dO is contiguous (B, H, Nq, D)."""
     bh, rows, rmask, qpos, start, row_lim, kend, t0, t1, am1, slope, q, k_base, v_base, mask_row = _query_block(
-        Q, K, V, TileMask, Alpha, Slopes, Starts, Ends, sqb, sqh, sqn, sqd, skb, skh, svb, svh,
-        H, GROUP, Nq, Nk, n_qb, n_kt, causal, D, BM, BN, MODE)
+        Q,
+        K,
+        V,
+        TileMask,
+        Alpha,
+        Slopes,
+        Starts,
+        Ends,
+        sqb,
+        sqh,
+        sqn,
+        sqd,
+        skb,
+        skh,
+        svb,
+        svh,
+        H,
+        GROUP,
+        Nq,
+        Nk,
+        n_qb,
+        n_kt,
+        causal,
+        D,
+        BM,
+        BN,
+        MODE,
+    )
     row0, do, m, tau, inv = _bwd_rows(DO, Stats, bh, rows, rmask, Nq, tl.num_programs(1).to(tl.int64) * Nq, D)
     usum = tl.zeros([BM], tl.float32)
     uv = tl.zeros([BM, D], tl.float32)
     for t in range(t0, t1):
         if _tile_live(mask_row, t, USE_MASK):
-            kpos, z = _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN,
-                                   DOT_PREC)
+            kpos, z = _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN, DOT_PREC)
             _, w = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
             v = _load_tile(v_base, kpos, _in_range(kpos, start, kend), svn, svd, D)
             usum += tl.sum(w, 1)
@@ -430,11 +617,47 @@ def _bwd_prep_kernel(Q, K, V, DO, Stats, TileMask, Delta, Alpha, Slopes, Starts,
     tl.store(Delta + row0 + rows, delta, mask=rmask)
 
 
-def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, Stats, Delta, TileMask, Alpha, Slopes, Starts, Ends,
-                     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                     H, GROUP, Nq, Nk, n_qb, n_kt, scale, causal,
-                     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
-                     USE_MASK: tl.constexpr, DOT_PREC: tl.constexpr):
+def _bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    DK,
+    DV,
+    Stats,
+    Delta,
+    TileMask,
+    Alpha,
+    Slopes,
+    Starts,
+    Ends,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    H,
+    GROUP,
+    Nq,
+    Nk,
+    n_qb,
+    n_kt,
+    scale,
+    causal,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MODE: tl.constexpr,
+    USE_MASK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Grid (⌈Nk/BN⌉, B·Hkv): dk, dv of one key tile, summed over the GQA group's query heads and the
     query blocks that see the tile. dO, DK, DV are contiguous."""
     pid_n = tl.program_id(0)
@@ -482,15 +705,76 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, Stats, Delta, TileMask, Alpha, Slopes,
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kmask[:, None])
 
 
-def _bwd_dq_kernel(Q, K, V, DO, DQ, Stats, Delta, TileMask, Alpha, Slopes, Starts, Ends,
-                   sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                   H, GROUP, Nq, Nk, n_qb, n_kt, scale, causal,
-                   D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
-                   USE_MASK: tl.constexpr, DOT_PREC: tl.constexpr):
+def _bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    DQ,
+    Stats,
+    Delta,
+    TileMask,
+    Alpha,
+    Slopes,
+    Starts,
+    Ends,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    H,
+    GROUP,
+    Nq,
+    Nk,
+    n_qb,
+    n_kt,
+    scale,
+    causal,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MODE: tl.constexpr,
+    USE_MASK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Grid (⌈Nq/BM⌉, B·H): dq of one query block over its live key tiles. dO, DQ are contiguous."""
     bh, rows, rmask, qpos, start, row_lim, kend, t0, t1, am1, slope, q, k_base, v_base, mask_row = _query_block(
-        Q, K, V, TileMask, Alpha, Slopes, Starts, Ends, sqb, sqh, sqn, sqd, skb, skh, svb, svh,
-        H, GROUP, Nq, Nk, n_qb, n_kt, causal, D, BM, BN, MODE)
+        Q,
+        K,
+        V,
+        TileMask,
+        Alpha,
+        Slopes,
+        Starts,
+        Ends,
+        sqb,
+        sqh,
+        sqn,
+        sqd,
+        skb,
+        skh,
+        svb,
+        svh,
+        H,
+        GROUP,
+        Nq,
+        Nk,
+        n_qb,
+        n_kt,
+        causal,
+        D,
+        BM,
+        BN,
+        MODE,
+    )
     row0, do, m, tau, inv = _bwd_rows(DO, Stats, bh, rows, rmask, Nq, tl.num_programs(1).to(tl.int64) * Nq, D)
     delta = tl.load(Delta + row0 + rows, mask=rmask, other=0.0)
     unorm = _u_norm(inv, am1, MODE)
@@ -527,18 +811,46 @@ def _dec_program(g, H, GROUP, HPP, Nq, Nk, Starts, Ends, causal, BM: tl.constexp
     return b, h0 // GROUP, h, i, rvalid, start, row_lim, tl.max(row_lim, 0), (b * H + h) * Nq + i
 
 
-def _dec_scores_kernel(Q, K, Z, Mpart, Slopes, Starts, Ends,
-                       sqb, sqh, sqn, sqd, skb, skh, skn, skd,
-                       H, GROUP, HPP, Nq, Nk, split, n_split, scale, causal,
-                       D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DOT_PREC: tl.constexpr):
+def _dec_scores_kernel(
+    Q,
+    K,
+    Z,
+    Mpart,
+    Slopes,
+    Starts,
+    Ends,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    H,
+    GROUP,
+    HPP,
+    Nq,
+    Nk,
+    split,
+    n_split,
+    scale,
+    causal,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Grid (n_split, B·H/HPP): logits of the split's visible keys [j0, j1) into Z (B·H·Nq, Nk) and the
     split's row max."""
     s = tl.program_id(0)
     b, hk, h, i, rvalid, start, row_lim, kend, srow = _dec_program(
-        tl.program_id(1), H, GROUP, HPP, Nq, Nk, Starts, Ends, causal, BM)
+        tl.program_id(1), H, GROUP, HPP, Nq, Nk, Starts, Ends, causal, BM
+    )
     dcol = tl.arange(0, D)
-    q = tl.load(Q + b * sqb + h[:, None] * sqh + i[:, None] * sqn + dcol[None, :] * sqd,
-                mask=rvalid[:, None], other=0.0)
+    q = tl.load(
+        Q + b * sqb + h[:, None] * sqh + i[:, None] * sqn + dcol[None, :] * sqd, mask=rvalid[:, None], other=0.0
+    )
     slope = tl.load(Slopes + h, mask=rvalid, other=0.0)[:, None]
     k_base = K + b * skb + hk * skh
     j0 = tl.maximum(s * split, start)
@@ -553,15 +865,30 @@ def _dec_scores_kernel(Q, K, Z, Mpart, Slopes, Starts, Ends,
     tl.store(Mpart + srow * n_split + s, m, mask=rvalid)
 
 
-def _dec_solve_kernel(Z, Mpart, Stats, Alpha, Starts, Ends, H, Nq, Nk, n_split, causal,
-                      BLOCK_J: tl.constexpr, BLOCK_S: tl.constexpr, MODE: tl.constexpr,
-                      MAX_ITER: tl.constexpr, TOL: tl.constexpr):
+def _dec_solve_kernel(
+    Z,
+    Mpart,
+    Stats,
+    Alpha,
+    Starts,
+    Ends,
+    H,
+    Nq,
+    Nk,
+    n_split,
+    causal,
+    BLOCK_J: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    MODE: tl.constexpr,
+    MAX_ITER: tl.constexpr,
+    TOL: tl.constexpr,
+):
     """Grid (B·H·Nq,): the row max from the split maxima, then τ by sweeps over the row's scratch logits
     [start, lim). Writes Stats[0] = M, Stats[1] = τ (Stats[2] is set after the output reduction)."""
     row = tl.program_id(0)
     bh = row // Nq
     start, end = _key_range(Starts, Ends, bh // H, Nk)
-    lim1 = _row_limits(row % Nq + tl.zeros([1], tl.int32), Nq, Nk, start, end, causal)   # the row as a 1-vector
+    lim1 = _row_limits(row % Nq + tl.zeros([1], tl.int32), Nq, Nk, start, end, causal)  # the row as a 1-vector
     lim = tl.max(lim1, 0)
     sidx = tl.arange(0, BLOCK_S)
     m = tl.max(tl.load(Mpart + row.to(tl.int64) * n_split + sidx, mask=sidx < n_split, other=float("-inf")), 0)
@@ -589,15 +916,39 @@ def _dec_solve_kernel(Z, Mpart, Stats, Alpha, Starts, Ends, H, Nq, Nk, n_split, 
     tl.store(Stats + plane + row + one, tau)
 
 
-def _dec_out_kernel(Z, V, Stats, Opart, Lpart, Alpha, Starts, Ends, svb, svh, svn, svd,
-                    H, GROUP, HPP, Nq, Nk, split, n_split, causal,
-                    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr,
-                    DOT_PREC: tl.constexpr):
+def _dec_out_kernel(
+    Z,
+    V,
+    Stats,
+    Opart,
+    Lpart,
+    Alpha,
+    Starts,
+    Ends,
+    svb,
+    svh,
+    svn,
+    svd,
+    H,
+    GROUP,
+    HPP,
+    Nq,
+    Nk,
+    split,
+    n_split,
+    causal,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MODE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Grid (n_split, B·H/HPP): partial Σ p·v and Σ p of the split's visible keys (the V tile is read
     only where some p > 0)."""
     s = tl.program_id(0)
     b, hk, h, i, rvalid, start, row_lim, kend, srow = _dec_program(
-        tl.program_id(1), H, GROUP, HPP, Nq, Nk, Starts, Ends, causal, BM)
+        tl.program_id(1), H, GROUP, HPP, Nq, Nk, Starts, Ends, causal, BM
+    )
     plane = (tl.num_programs(1) * HPP).to(tl.int64) * Nq
     m = tl.load(Stats + srow, mask=rvalid, other=0.0)
     tau = tl.load(Stats + plane + srow, mask=rvalid, other=0.0)
@@ -605,7 +956,7 @@ def _dec_out_kernel(Z, V, Stats, Opart, Lpart, Alpha, Starts, Ends, svb, svh, sv
         am1 = 0.5
     elif MODE == 2:
         am1 = 1.0
-    else:       # per row: the program's rows may belong to heads with different α
+    else:  # per row: the program's rows may belong to heads with different α
         am1 = (tl.load(Alpha + h, mask=rvalid, other=2.0) - 1.0)[:, None]
     v_base = V + b * svb + hk * svh
     j0 = tl.maximum(s * split, start)
@@ -614,8 +965,7 @@ def _dec_out_kernel(Z, V, Stats, Opart, Lpart, Alpha, Starts, Ends, svb, svh, sv
     lsum = tl.zeros([BM], tl.float32)
     for t in range((j1 - j0 + BN - 1) // BN):
         kpos = j0 + t * BN + tl.arange(0, BN)
-        z = tl.load(Z + srow[:, None] * Nk + kpos[None, :], mask=kpos[None, :] < row_lim[:, None],
-                    other=float("-inf"))
+        z = tl.load(Z + srow[:, None] * Nk + kpos[None, :], mask=kpos[None, :] < row_lim[:, None], other=float("-inf"))
         p, _ = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
         if tl.max(tl.max(p, 1), 0) > 0:
             v = _load_tile(v_base, kpos, kpos < j1, svn, svd, D)
@@ -627,24 +977,48 @@ def _dec_out_kernel(Z, V, Stats, Opart, Lpart, Alpha, Starts, Ends, svb, svh, sv
 
 
 _JIT_NAMES = (
-    "_powers", "_u_norm", "_key_range", "_row_limits", "_alpha_minus_one", "_head_consts", "_bracket_hi",
-    "_tau_update", "_solver_start", "_sweep_add", "_dot", "_tile_live", "_load_tile", "_load_tile_t", "_in_range",
-    "_logits", "_logits_t", "_tile_logits", "_query_block", "_bwd_rows", "_row_stats", "_dec_program",
-    "_fwd_kernel", "_bwd_prep_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel",
-    "_dec_scores_kernel", "_dec_solve_kernel", "_dec_out_kernel",
+    "_powers",
+    "_u_norm",
+    "_key_range",
+    "_row_limits",
+    "_alpha_minus_one",
+    "_head_consts",
+    "_bracket_hi",
+    "_tau_update",
+    "_solver_start",
+    "_sweep_add",
+    "_dot",
+    "_tile_live",
+    "_load_tile",
+    "_load_tile_t",
+    "_in_range",
+    "_logits",
+    "_logits_t",
+    "_tile_logits",
+    "_query_block",
+    "_bwd_rows",
+    "_row_stats",
+    "_dec_program",
+    "_fwd_kernel",
+    "_bwd_prep_kernel",
+    "_bwd_dkdv_kernel",
+    "_bwd_dq_kernel",
+    "_dec_scores_kernel",
+    "_dec_solve_kernel",
+    "_dec_out_kernel",
 )
 # Sizes stay runtime values: specialising on them (Triton does for 1 and multiples of 16) would
 # compile a kernel per sequence length; strides keep their specialisation (contiguous loads).
 _SIZE_ARGS = ("H", "GROUP", "HPP", "Nq", "Nk", "n_qb", "n_kt", "split", "n_split", "causal")
 _RAW = {name: globals()[name] for name in _JIT_NAMES}
-_BUILT: bool | None = None      # None: not built; else whether the kernels run in the interpreter
+_BUILT: bool | None = None  # None: not built; else whether the kernels run in the interpreter
 
 
 def _interpreting() -> bool:
     """TRITON_INTERPRET as triton.jit reads it (at the moment of this call)."""
     try:
         return bool(triton.knobs.runtime.interpret)
-    except AttributeError:      # Triton without knobs (< 3.4)
+    except AttributeError:  # Triton without knobs (< 3.4)
         return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
@@ -663,7 +1037,7 @@ def _kernels() -> bool:
             # costs ~0.5 ms per helper call; plain helpers run under the kernel's patch and are exact.
             if name.endswith("_kernel"):
                 raw = _RAW[name]
-                sizes = [a for a in _SIZE_ARGS if a in raw.__code__.co_varnames[:raw.__code__.co_argcount]]
+                sizes = [a for a in _SIZE_ARGS if a in raw.__code__.co_varnames[: raw.__code__.co_argcount]]
                 g[name] = triton.jit(raw, do_not_specialize=sizes)
             elif not interpret:
                 g[name] = triton.jit(_RAW[name])
@@ -677,6 +1051,7 @@ def _interpreter_mode() -> bool:
 
 
 # ============================================================================ launch configuration
+
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
@@ -695,16 +1070,56 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
     to 16 (the smallest tile tl.dot takes) to span more tiles."""
     if device_type != "cuda":
         b = INTERPRETER_BLOCK
-        return {"BM": b, "BN": b, "fwd": 4, "prep": 4, "dkdv": 4, "dq": 4, "dec": 4, "dec_BN": b, "dec_BJ": 2 * b,
-                "prec": {torch.float32: "ieee", torch.bfloat16: "upcast"}.get(dtype, "tf32")}
-    if dtype == torch.float32:      # 32×32 keeps shared memory ≤ 64 KiB at D = 128 (A100-sized too)
-        return {"BM": 32, "BN": 32, "fwd": 4, "prep": 4, "dkdv": 4, "dq": 4, "dec": 4,
-                "dec_BN": 64, "dec_BJ": 1024, "prec": "tf32x3"}
+        return {
+            "BM": b,
+            "BN": b,
+            "fwd": 4,
+            "prep": 4,
+            "dkdv": 4,
+            "dq": 4,
+            "dec": 4,
+            "dec_BN": b,
+            "dec_BJ": 2 * b,
+            "prec": {torch.float32: "ieee", torch.bfloat16: "upcast"}.get(dtype, "tf32"),
+        }
+    if dtype == torch.float32:  # 32×32 keeps shared memory ≤ 64 KiB at D = 128 (A100-sized too)
+        return {
+            "BM": 32,
+            "BN": 32,
+            "fwd": 4,
+            "prep": 4,
+            "dkdv": 4,
+            "dq": 4,
+            "dec": 4,
+            "dec_BN": 64,
+            "dec_BJ": 1024,
+            "prec": "tf32x3",
+        }
     if D <= 64:
-        return {"BM": 64, "BN": 64, "fwd": 4, "prep": 8, "dkdv": 8, "dq": 4, "dec": 4, "dec_BN": 64, "dec_BJ": 1024,
-                "prec": "tf32"}
-    return {"BM": 64, "BN": 64, "fwd": 8, "prep": 8, "dkdv": 8, "dq": 8, "dec": 4, "dec_BN": 64, "dec_BJ": 1024,
-            "prec": "tf32"}
+        return {
+            "BM": 64,
+            "BN": 64,
+            "fwd": 4,
+            "prep": 8,
+            "dkdv": 8,
+            "dq": 4,
+            "dec": 4,
+            "dec_BN": 64,
+            "dec_BJ": 1024,
+            "prec": "tf32",
+        }
+    return {
+        "BM": 64,
+        "BN": 64,
+        "fwd": 8,
+        "prep": 8,
+        "dkdv": 8,
+        "dq": 8,
+        "dec": 4,
+        "dec_BN": 64,
+        "dec_BJ": 1024,
+        "prec": "tf32",
+    }
 
 
 def _mode(alpha: float, alpha_heads: Tensor | None) -> int:
@@ -722,7 +1137,7 @@ def _filled(n: int, value, dtype: torch.dtype, device: torch.device) -> Tensor:
     """A constant (n,) tensor, kept per (n, value, dtype, device): the kernels only read it, and a decode
     step then launches no fill kernels of its own."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.full((n,), value, dtype=dtype, device=device)     # graph-pool memory: not kept
+        return torch.full((n,), value, dtype=dtype, device=device)  # graph-pool memory: not kept
     key = (n, value, dtype, str(device))
     t = _FILLED.get(key)
     if t is None:
@@ -732,24 +1147,38 @@ def _filled(n: int, value, dtype: torch.dtype, device: torch.device) -> Tensor:
     return t
 
 
-def _runtime_args(q: Tensor, k: Tensor, alpha: float, alpha_heads: Tensor | None, slopes: Tensor | None,
-                  key_start: Tensor | None, key_end: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _runtime_args(
+    q: Tensor,
+    k: Tensor,
+    alpha: float,
+    alpha_heads: Tensor | None,
+    slopes: Tensor | None,
+    key_start: Tensor | None,
+    key_end: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The kernels' per-head α (H,) fp32, slopes (H,) fp32 (zeros: no bias), key starts and ends (B,)
     int32 (0 and Nk: no padding; given ones are already int32, see `_op_args`)."""
     B, H = q.shape[:2]
     Nk = int(k.shape[2])
     dev = q.device
-    alphas = (_filled(H, float(alpha), torch.float32, dev) if alpha_heads is None
-              else alpha_heads.to(device=dev, dtype=torch.float32).expand(H).contiguous())
-    slopes = (_filled(H, 0.0, torch.float32, dev) if slopes is None
-              else slopes.to(device=dev, dtype=torch.float32).contiguous())
+    alphas = (
+        _filled(H, float(alpha), torch.float32, dev)
+        if alpha_heads is None
+        else alpha_heads.to(device=dev, dtype=torch.float32).expand(H).contiguous()
+    )
+    slopes = (
+        _filled(H, 0.0, torch.float32, dev)
+        if slopes is None
+        else slopes.to(device=dev, dtype=torch.float32).contiguous()
+    )
     starts = _filled(B, 0, torch.int32, dev) if key_start is None else key_start
     ends = _filled(B, Nk, torch.int32, dev) if key_end is None else key_end
     return alphas, slopes, starts, ends
 
 
-def _tile_mask_shape(B: int, H: int, Nq: int, Nk: int, D: int, dtype: torch.dtype, device_type: str,
-                     decode: bool) -> tuple:
+def _tile_mask_shape(
+    B: int, H: int, Nq: int, Nk: int, D: int, dtype: torch.dtype, device_type: str, decode: bool
+) -> tuple:
     if decode:
         return (0,)
     cfg = _config(D, dtype, device_type)
@@ -768,9 +1197,20 @@ def _common_args(q: Tensor, k: Tensor, v: Tensor):
 
 # ============================================================================ forward / backward launches
 
-def _forward_impl(q: Tensor, k: Tensor, v: Tensor, alpha: float, alpha_heads: Tensor | None,
-                  slopes: Tensor | None, key_start: Tensor | None, key_end: Tensor | None, scale: float,
-                  is_causal: bool, decode: bool) -> tuple[Tensor, Tensor, Tensor]:
+
+def _forward_impl(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alpha: float,
+    alpha_heads: Tensor | None,
+    slopes: Tensor | None,
+    key_start: Tensor | None,
+    key_end: Tensor | None,
+    scale: float,
+    is_causal: bool,
+    decode: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     _kernels()
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -788,14 +1228,40 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, alpha: float, alpha_heads: Te
         # the backward reads only the bits the forward writes (see _bwd_dkdv_kernel): no fill needed
         tile_mask = torch.empty((B, H, n_qb, n_kt), dtype=torch.int8, device=q.device)
         _fwd_kernel[(n_qb, B * H)](
-            q, k, v, o, stats, tile_mask, alphas, slopes, starts, ends,
-            *_common_args(q, k, v), *o.stride(), H, group, Nq, Nk, n_qb, n_kt, scale, causal,
-            D=D, BM=BM, BN=BN, MODE=mode, MAX_ITER=max_iter, TOL=_TOL, DOT_PREC=cfg["prec"], num_warps=cfg["fwd"])
+            q,
+            k,
+            v,
+            o,
+            stats,
+            tile_mask,
+            alphas,
+            slopes,
+            starts,
+            ends,
+            *_common_args(q, k, v),
+            *o.stride(),
+            H,
+            group,
+            Nq,
+            Nk,
+            n_qb,
+            n_kt,
+            scale,
+            causal,
+            D=D,
+            BM=BM,
+            BN=BN,
+            MODE=mode,
+            MAX_ITER=max_iter,
+            TOL=_TOL,
+            DOT_PREC=cfg["prec"],
+            num_warps=cfg["fwd"],
+        )
         return o, stats, tile_mask
 
     # decode: split-K logits → per-row threshold → split-K output → reduction
     BN, BJ = cfg["dec_BN"], cfg["dec_BJ"]
-    hpp = group if group * Nq <= 64 else 1           # query heads per program (they share one kv head)
+    hpp = group if group * Nq <= 64 else 1  # query heads per program (they share one kv head)
     BMd = max(16, _next_pow2(hpp * Nq))
     n_prog = B * (H // hpp)
     n_split = max(1, min(triton.cdiv(Nk, BN), triton.cdiv(2 * _n_sm(q.device), n_prog)))
@@ -805,17 +1271,75 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, alpha: float, alpha_heads: Te
     z = torch.empty((rows, Nk), dtype=torch.float32, device=q.device)
     mpart = torch.empty((rows, n_split), dtype=torch.float32, device=q.device)
     _dec_scores_kernel[(n_split, n_prog)](
-        q, k, z, mpart, slopes, starts, ends, *q.stride(), *k.stride(), H, group, hpp, Nq, Nk, split, n_split, scale,
+        q,
+        k,
+        z,
+        mpart,
+        slopes,
+        starts,
+        ends,
+        *q.stride(),
+        *k.stride(),
+        H,
+        group,
+        hpp,
+        Nq,
+        Nk,
+        split,
+        n_split,
+        scale,
         causal,
-        D=D, BM=BMd, BN=BN, DOT_PREC=cfg["prec"], num_warps=cfg["dec"])
+        D=D,
+        BM=BMd,
+        BN=BN,
+        DOT_PREC=cfg["prec"],
+        num_warps=cfg["dec"],
+    )
     _dec_solve_kernel[(rows,)](
-        z, mpart, stats, alphas, starts, ends, H, Nq, Nk, n_split, causal,
-        BLOCK_J=BJ, BLOCK_S=_next_pow2(n_split), MODE=mode, MAX_ITER=max_iter, TOL=_TOL)
+        z,
+        mpart,
+        stats,
+        alphas,
+        starts,
+        ends,
+        H,
+        Nq,
+        Nk,
+        n_split,
+        causal,
+        BLOCK_J=BJ,
+        BLOCK_S=_next_pow2(n_split),
+        MODE=mode,
+        MAX_ITER=max_iter,
+        TOL=_TOL,
+    )
     opart = torch.empty((rows, n_split, D), dtype=torch.float32, device=q.device)
     lpart = torch.empty((rows, n_split), dtype=torch.float32, device=q.device)
     _dec_out_kernel[(n_split, n_prog)](
-        z, v, stats, opart, lpart, alphas, starts, ends, *v.stride(), H, group, hpp, Nq, Nk, split, n_split, causal,
-        D=D, BM=BMd, BN=BN, MODE=mode, DOT_PREC=cfg["prec"], num_warps=cfg["dec"])
+        z,
+        v,
+        stats,
+        opart,
+        lpart,
+        alphas,
+        starts,
+        ends,
+        *v.stride(),
+        H,
+        group,
+        hpp,
+        Nq,
+        Nk,
+        split,
+        n_split,
+        causal,
+        D=D,
+        BM=BMd,
+        BN=BN,
+        MODE=mode,
+        DOT_PREC=cfg["prec"],
+        num_warps=cfg["dec"],
+    )
     lsum = lpart.sum(1)
     inv = torch.where(lsum > 0, 1.0 / lsum, torch.zeros_like(lsum))
     o.copy_((opart.sum(1) * inv[:, None]).view(B, H, Nq, D))
@@ -823,9 +1347,21 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, alpha: float, alpha_heads: Te
     return o, stats, torch.empty((0,), dtype=torch.int8, device=q.device)
 
 
-def _backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, stats: Tensor, tile_mask: Tensor,
-                   alpha: float, alpha_heads: Tensor | None, slopes: Tensor | None, key_start: Tensor | None,
-                   key_end: Tensor | None, scale: float, is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _backward_impl(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    stats: Tensor,
+    tile_mask: Tensor,
+    alpha: float,
+    alpha_heads: Tensor | None,
+    slopes: Tensor | None,
+    key_start: Tensor | None,
+    key_end: Tensor | None,
+    scale: float,
+    is_causal: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     _kernels()
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -840,24 +1376,41 @@ def _backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, stats: Tensor, t
     dq = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
     dk = torch.empty((B, Hkv, Nk, D), dtype=k.dtype, device=k.device)
     dv = torch.empty((B, Hkv, Nk, D), dtype=v.dtype, device=v.device)
-    mask_ptr = tile_mask if use_mask else delta        # never read without USE_MASK
-    args = (alphas, slopes, starts, ends, *_common_args(q, k, v), H, group, Nq, Nk, n_qb, n_kt, scale,
-            int(is_causal))
-    flags = {"D": D, "BM": BM, "BN": BN, "MODE": _mode(alpha, alpha_heads), "USE_MASK": use_mask,
-             "DOT_PREC": cfg["prec"]}
+    mask_ptr = tile_mask if use_mask else delta  # never read without USE_MASK
+    args = (alphas, slopes, starts, ends, *_common_args(q, k, v), H, group, Nq, Nk, n_qb, n_kt, scale, int(is_causal))
+    flags = {
+        "D": D,
+        "BM": BM,
+        "BN": BN,
+        "MODE": _mode(alpha, alpha_heads),
+        "USE_MASK": use_mask,
+        "DOT_PREC": cfg["prec"],
+    }
     _bwd_prep_kernel[(n_qb, B * H)](q, k, v, do, stats, mask_ptr, delta, *args, num_warps=cfg["prep"], **flags)
-    _bwd_dkdv_kernel[(n_kt, B * Hkv)](q, k, v, do, dk, dv, stats, delta, mask_ptr, *args, num_warps=cfg["dkdv"],
-                                      **flags)
+    _bwd_dkdv_kernel[(n_kt, B * Hkv)](
+        q, k, v, do, dk, dv, stats, delta, mask_ptr, *args, num_warps=cfg["dkdv"], **flags
+    )
     _bwd_dq_kernel[(n_qb, B * H)](q, k, v, do, dq, stats, delta, mask_ptr, *args, num_warps=cfg["dq"], **flags)
     return dq, dk, dv
 
 
 # ============================================================================ custom ops (torch.compile)
 
+
 @torch.library.custom_op("longsparse::triton_entmax_attention", mutates_args=())
-def _attention_op(q: Tensor, k: Tensor, v: Tensor, alpha: float, alpha_heads: Tensor | None,
-                  slopes: Tensor | None, key_start: Tensor | None, key_end: Tensor | None, scale: float,
-                  is_causal: bool, decode: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _attention_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alpha: float,
+    alpha_heads: Tensor | None,
+    slopes: Tensor | None,
+    key_start: Tensor | None,
+    key_end: Tensor | None,
+    scale: float,
+    is_causal: bool,
+    decode: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     """(O (B, H, Nq, D), stats (3, B, H, Nq) fp32 = row max, τ, 1/Σp, tile mask int8 (B, H, ⌈Nq/BM⌉,
     ⌈Nk/BN⌉), or (0,) from the decode path)."""
     return _forward_impl(q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode)
@@ -874,17 +1427,30 @@ def _attention_fake(q, k, v, alpha, alpha_heads, slopes, key_start, key_end, sca
 
 
 @torch.library.custom_op("longsparse::triton_entmax_attention_backward", mutates_args=())
-def _attention_backward_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, stats: Tensor, tile_mask: Tensor,
-                           alpha: float, alpha_heads: Tensor | None, slopes: Tensor | None,
-                           key_start: Tensor | None, key_end: Tensor | None, scale: float,
-                           is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return _backward_impl(do, q, k, v, stats, tile_mask, alpha, alpha_heads, slopes, key_start, key_end, scale,
-                          is_causal)
+def _attention_backward_op(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    stats: Tensor,
+    tile_mask: Tensor,
+    alpha: float,
+    alpha_heads: Tensor | None,
+    slopes: Tensor | None,
+    key_start: Tensor | None,
+    key_end: Tensor | None,
+    scale: float,
+    is_causal: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _backward_impl(
+        do, q, k, v, stats, tile_mask, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal
+    )
 
 
 @_attention_backward_op.register_fake
-def _attention_backward_fake(do, q, k, v, stats, tile_mask, alpha, alpha_heads, slopes, key_start, key_end, scale,
-                             is_causal):
+def _attention_backward_fake(
+    do, q, k, v, stats, tile_mask, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal
+):
     # contiguous, as `_backward_impl` returns them (empty_like would copy the strides of a transposed q)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -899,8 +1465,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, _dstats, _dmask):
     q, k, v, stats, tile_mask, alpha_heads, slopes, key_start, key_end = ctx.saved_tensors
-    dq, dk, dv = _attention_backward_op(do, q, k, v, stats, tile_mask, ctx.alpha, alpha_heads, slopes,
-                                        key_start, key_end, ctx.scale, ctx.is_causal)
+    dq, dk, dv = _attention_backward_op(
+        do, q, k, v, stats, tile_mask, ctx.alpha, alpha_heads, slopes, key_start, key_end, ctx.scale, ctx.is_causal
+    )
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
@@ -914,11 +1481,23 @@ AlphaArg = float | int | Tensor
 _IGNORED_KWARGS = ("chunk_size", "topk", "adatemp_order", "path", "backend")
 
 
-def supports(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha: AlphaArg = 1.5,
-             is_causal: bool = False, scale: float | None = None, alibi_slopes: Tensor | None = None,
-             q_scale: Tensor | None = None, attn_mask: Tensor | None = None,
-             key_start: Tensor | None = None, key_end: Tensor | None = None, decode: bool | None = None,
-             **other) -> str | None:
+def supports(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mapping: str = "entmax",
+    alpha: AlphaArg = 1.5,
+    is_causal: bool = False,
+    scale: float | None = None,
+    alibi_slopes: Tensor | None = None,
+    q_scale: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    key_start: Tensor | None = None,
+    key_end: Tensor | None = None,
+    decode: bool | None = None,
+    **other,
+) -> str | None:
     """None when `entmax_attention_triton` can take this call, else a one-line reason.
 
     Accepts ``ls.attention``'s keywords (``mapping`` entmax / asentmax / sparsemax; ``chunk_size``,
@@ -970,7 +1549,7 @@ def supports(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha:
             return "alpha requires grad (the kernels do not differentiate α; use backend='reference')"
         if alpha.numel() != 1 and tuple(alpha.shape) != (H,):
             return f"alpha tensor of shape {tuple(alpha.shape)}: only a scalar or per-head (H,) = ({H},)"
-        if alpha.device.type == "cpu" and not torch.compiler.is_compiling():   # no device sync for CUDA α
+        if alpha.device.type == "cpu" and not torch.compiler.is_compiling():  # no device sync for CUDA α
             a = alpha.detach()
             if not bool(((a > 1) & (a <= 2)).all()):
                 return "alpha outside (1, 2]"
@@ -978,8 +1557,7 @@ def supports(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha:
         if not isinstance(alpha, (int, float)) or not 1.0 < float(alpha) <= 2.0:
             return f"alpha {alpha!r} outside (1, 2]"
     if attn_mask is not None:
-        return ("attn_mask is not supported (key_start / key_end take left / right padding, is_causal "
-                "causality)")
+        return "attn_mask is not supported (key_start / key_end take left / right padding, is_causal causality)"
     if alibi_slopes is not None:
         if alibi_slopes.requires_grad:
             return "alibi_slopes requires grad (not differentiated by the kernels)"
@@ -988,8 +1566,13 @@ def supports(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha:
     if q_scale is not None and tuple(q_scale.shape) not in ((B, H, Nq), (B, H, Nq, 1)):
         return f"q_scale must have shape ({B}, {H}, {Nq}) or ({B}, {H}, {Nq}, 1); got {tuple(q_scale.shape)}"
     for name, t in (("key_start", key_start), ("key_end", key_end)):
-        if t is not None and (not isinstance(t, Tensor) or t.is_floating_point() or t.is_complex()
-                              or t.dtype == torch.bool or tuple(t.shape) != (B,)):
+        if t is not None and (
+            not isinstance(t, Tensor)
+            or t.is_floating_point()
+            or t.is_complex()
+            or t.dtype == torch.bool
+            or tuple(t.shape) != (B,)
+        ):
             return f"{name} must be an integer tensor of shape ({B},)"
     if decode and Nq > DECODE_MAX_QUERIES:
         return f"the decode path takes at most {DECODE_MAX_QUERIES} queries; got {Nq}"
@@ -998,10 +1581,20 @@ def supports(q: Tensor, k: Tensor, v: Tensor, *, mapping: str = "entmax", alpha:
     return None
 
 
-def entmax_attention_triton(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaArg = 1.5, is_causal: bool = False,
-                            alibi_slopes: Tensor | None = None, q_scale: Tensor | None = None,
-                            scale: float | None = None, key_start: Tensor | None = None,
-                            key_end: Tensor | None = None, decode: bool | None = None) -> Tensor:
+def entmax_attention_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    alpha: AlphaArg = 1.5,
+    is_causal: bool = False,
+    alibi_slopes: Tensor | None = None,
+    q_scale: Tensor | None = None,
+    scale: float | None = None,
+    key_start: Tensor | None = None,
+    key_end: Tensor | None = None,
+    decode: bool | None = None,
+) -> Tensor:
     """α-entmax attention through the Triton kernels; returns (B, H, Nq, D) in q's dtype.
 
     q: (B, H, Nq, D); k, v: (B, H_kv, Nk, D) with H % H_kv == 0 (GQA) and Nq ≤ Nk: query i sits at
@@ -1017,9 +1610,21 @@ def entmax_attention_triton(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaArg 
     decode: force (True) or forbid (False) the split-K decode path; None = Nq ≤ 16 and Nk ≥ 1024.
     Rows that can attend to nothing give zeros. Differentiable in q, k, v (not α, not the slopes).
     Raises ValueError with `supports`' reason when the call is not supported."""
-    out, _, _ = _attention_op(*_op_args(q, k, v, alpha=alpha, is_causal=is_causal, alibi_slopes=alibi_slopes,
-                                        q_scale=q_scale, scale=scale, key_start=key_start, key_end=key_end,
-                                        decode=decode))
+    out, _, _ = _attention_op(
+        *_op_args(
+            q,
+            k,
+            v,
+            alpha=alpha,
+            is_causal=is_causal,
+            alibi_slopes=alibi_slopes,
+            q_scale=q_scale,
+            scale=scale,
+            key_start=key_start,
+            key_end=key_end,
+            decode=decode,
+        )
+    )
     return out
 
 
@@ -1030,18 +1635,40 @@ def threshold_stats(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> tuple[Tensor, 
     return _attention_op(*_op_args(q, k, v, **kwargs))
 
 
-def _op_args(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaArg = 1.5, is_causal: bool = False,
-             alibi_slopes: Tensor | None = None, q_scale: Tensor | None = None, scale: float | None = None,
-             key_start: Tensor | None = None, key_end: Tensor | None = None, decode: bool | None = None) -> tuple:
+def _op_args(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    alpha: AlphaArg = 1.5,
+    is_causal: bool = False,
+    alibi_slopes: Tensor | None = None,
+    q_scale: Tensor | None = None,
+    scale: float | None = None,
+    key_start: Tensor | None = None,
+    key_end: Tensor | None = None,
+    decode: bool | None = None,
+) -> tuple:
     """Checks the call (`supports`) and turns it into the custom op's arguments."""
-    reason = supports(q, k, v, alpha=alpha, is_causal=is_causal, scale=scale, alibi_slopes=alibi_slopes,
-                      q_scale=q_scale, key_start=key_start, key_end=key_end, decode=decode)
+    reason = supports(
+        q,
+        k,
+        v,
+        alpha=alpha,
+        is_causal=is_causal,
+        scale=scale,
+        alibi_slopes=alibi_slopes,
+        q_scale=q_scale,
+        key_start=key_start,
+        key_end=key_end,
+        decode=decode,
+    )
     if reason is not None:
         raise ValueError(f"entmax_attention_triton: {reason}")
     H, Nq, D = q.shape[1:]
     Nk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    if q_scale is not None:       # exact: the scale multiplies q·k, never the ALiBi bias
+    if q_scale is not None:  # exact: the scale multiplies q·k, never the ALiBi bias
         q = q * (q_scale if q_scale.dim() == 4 else q_scale.unsqueeze(-1)).to(q.dtype)
     alpha_heads = None
     if isinstance(alpha, Tensor):
@@ -1049,11 +1676,12 @@ def _op_args(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaArg = 1.5, is_causa
             alpha = float(alpha.item())
         else:
             alpha_heads = alpha.detach().to(device=q.device, dtype=torch.float32).reshape(-1).expand(H).contiguous()
-            alpha = 1.5           # not read by the kernels when per-head α is given
+            alpha = 1.5  # not read by the kernels when per-head α is given
     slopes = None if alibi_slopes is None else alibi_slopes.detach().to(device=q.device, dtype=torch.float32)
     # the kernels' int32, clamped to [0, Nk] before narrowing (the kernels then clamp start to end)
-    start, end = (None if t is None else t.to(q.device).clamp(0, Nk).to(torch.int32).contiguous()
-                  for t in (key_start, key_end))
+    start, end = (
+        None if t is None else t.to(q.device).clamp(0, Nk).to(torch.int32).contiguous() for t in (key_start, key_end)
+    )
     if decode is None:
         decode = Nq <= DECODE_MAX_QUERIES and Nk >= DECODE_MIN_KEYS
     return q, k, v, float(alpha), alpha_heads, slopes, start, end, scale, bool(is_causal), bool(decode)

@@ -5,6 +5,7 @@ The examples of (task, length, seed, split) are one seeded stream, drawn batch a
 examples are scored whatever the batch size (``Task.batch`` with an int length consumes the stream only
 through the examples themselves).
 """
+
 from __future__ import annotations
 
 import math
@@ -16,7 +17,7 @@ import torch
 
 from longsparse.tasks import Batch, Score
 
-DEFAULT_BATCH_TOKENS = 1 << 15   # tokens per evaluation batch (memory); long lengths go one example at a time
+DEFAULT_BATCH_TOKENS = 1 << 15  # tokens per evaluation batch (memory); long lengths go one example at a time
 # Greedy generation (seq2seq tasks) is bound by the per-step cost of a decoding step, not by memory: at 2,048
 # source tokens 20 examples in one batch took 0.72x the time of batches of 7, with the same predictions (a copy
 # model).
@@ -41,8 +42,9 @@ def sequence_tokens(task, length: int) -> int:
 
 
 def check_batch_tokens(batch_tokens) -> None:
-    if batch_tokens is not None and (isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int)
-                                     or batch_tokens < 1):
+    if batch_tokens is not None and (
+        isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1
+    ):
         raise ValueError(f"--batch-tokens must be a positive integer, got {batch_tokens!r}")
 
 
@@ -70,28 +72,41 @@ def predict(model, task, batch: Batch, autocast_dtype: Optional[torch.dtype] = N
     """seq2seq: greedy tokens after the prompt (B, target width); tokcls: argmax per position (B, T)."""
     dev = next(model.parameters()).device
     batch = batch.to(dev)
-    ctx = (torch.autocast(dev.type, dtype=autocast_dtype) if autocast_dtype is not None
-           else torch.autocast(dev.type, enabled=False))
+    ctx = (
+        torch.autocast(dev.type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else torch.autocast(dev.type, enabled=False)
+    )
     with ctx:
         if task.kind == "seq2seq":
             p = batch.prompt_len
             if bool((p == p[0]).all()):
                 prompts, mask = batch.prompt_ids(), None
-            else:   # left-pad the prompts
+            else:  # left-pad the prompts
                 P = int(p.max())
                 prompts = torch.zeros(batch.batch_size, P, dtype=torch.long, device=dev)
                 mask = torch.zeros(batch.batch_size, P, dtype=torch.bool, device=dev)
                 for b, row in enumerate(batch.prompts()):
-                    prompts[b, P - len(row):] = row
-                    mask[b, P - len(row):] = True
+                    prompts[b, P - len(row) :] = row
+                    mask[b, P - len(row) :] = True
             return model.generate(prompts, batch.max_new_tokens, attention_mask=mask, use_cache=True)
         return model(batch.input_ids, attention_mask=batch.attention_mask).argmax(-1)
 
 
 @torch.no_grad()
-def score_length(model, task, length: int, samples: int, *, seed: int = 0, split: str = "test",
-                 batch_size: Optional[int] = None, batch_tokens: Optional[int] = None,
-                 autocast_dtype: Optional[torch.dtype] = None, progress: bool = False) -> dict:
+def score_length(
+    model,
+    task,
+    length: int,
+    samples: int,
+    *,
+    seed: int = 0,
+    split: str = "test",
+    batch_size: Optional[int] = None,
+    batch_tokens: Optional[int] = None,
+    autocast_dtype: Optional[torch.dtype] = None,
+    progress: bool = False,
+) -> dict:
     """Score ``samples`` examples of ``length``; returns a JSON-able dict with exact match, token accuracy,
     Wilson 95% intervals, the batch size used and the seconds taken. ``progress``: a progress bar on stderr
     (only when it is a terminal)."""
@@ -120,8 +135,18 @@ def score_length(model, task, length: int, samples: int, *, seed: int = 0, split
             bar.close()
     lo, hi = wilson_interval(total.n_exact, total.n_examples)
     tlo, thi = wilson_interval(total.n_correct_tokens, total.n_tokens)
-    return {"length": length, "n": total.n_examples, "n_exact": total.n_exact,
-            "exact_match": total.exact_match, "exact_match_ci": [lo, hi],
-            "n_tokens": total.n_tokens, "n_correct_tokens": total.n_correct_tokens,
-            "token_accuracy": total.token_accuracy, "token_accuracy_ci": [tlo, thi],
-            "batch_size": bs, "seconds": round(time.perf_counter() - t0, 3), "seed": seed, "split": split}
+    return {
+        "length": length,
+        "n": total.n_examples,
+        "n_exact": total.n_exact,
+        "exact_match": total.exact_match,
+        "exact_match_ci": [lo, hi],
+        "n_tokens": total.n_tokens,
+        "n_correct_tokens": total.n_correct_tokens,
+        "token_accuracy": total.token_accuracy,
+        "token_accuracy_ci": [tlo, thi],
+        "batch_size": bs,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "seed": seed,
+        "split": split,
+    }

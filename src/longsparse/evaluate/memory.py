@@ -16,6 +16,7 @@ batch size (float32, which autocast never exceeds):
 limit when there is one) on CPU, ``torch.cuda.mem_get_info`` on CUDA. A length is refused when its estimate
 exceeds ``HEADROOM`` of that, since the allocator, fragmentation and the rest of the process need the remainder.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,11 +25,11 @@ from pathlib import Path
 import torch
 
 HOST_BYTES_PER_TOKEN = 128
-ATTN_BLOCK_ELEMENTS = 1 << 24     # = longsparse.attention.chunked._AUTO_CHUNK_ELEMENTS
-ATTN_BUFFERS = 6                  # logits, mapped weights, masks/bias and the mapping's temporaries
+ATTN_BLOCK_ELEMENTS = 1 << 24  # = longsparse.attention.chunked._AUTO_CHUNK_ELEMENTS
+ATTN_BUFFERS = 6  # logits, mapped weights, masks/bias and the mapping's temporaries
 HEADROOM = 0.8
 FLOAT_BYTES = 4
-PROBE_LENGTH = 64                 # token counts are extrapolated linearly from two probes at small lengths
+PROBE_LENGTH = 64  # token counts are extrapolated linearly from two probes at small lengths
 
 
 def _read_int(path: str) -> int | None:
@@ -66,10 +67,16 @@ def model_dims(model) -> dict:
     heads = int(getattr(cfg, "n_heads", 1))
     head_dim = getattr(cfg, "head_dim", None) or d // max(1, heads)
     layers = getattr(cfg, "n_layers", None)
-    if layers is None:     # HSAModel: lower + upper decoder layers and the chunk encoder
+    if layers is None:  # HSAModel: lower + upper decoder layers and the chunk encoder
         layers = sum(int(getattr(cfg, k, 0) or 0) for k in ("n_lower", "n_upper", "encoder_layers")) or 1
-    return {"d_model": d, "layers": int(layers), "heads": heads, "attn_width": heads * int(head_dim),
-            "d_ff": int(getattr(cfg, "d_ff", 4 * d)), "vocab": int(cfg.vocab_size)}
+    return {
+        "d_model": d,
+        "layers": int(layers),
+        "heads": heads,
+        "attn_width": heads * int(head_dim),
+        "d_ff": int(getattr(cfg, "d_ff", 4 * d)),
+        "vocab": int(cfg.vocab_size),
+    }
 
 
 class TokenCounter:
@@ -83,7 +90,7 @@ class TokenCounter:
         self.na = len(task.sample(self.a, rng).input_ids)
         try:
             self.nb = len(task.sample(self.b, rng).input_ids)
-        except ValueError:      # a task with a longest length: the proportional estimate below is used
+        except ValueError:  # a task with a longest length: the proportional estimate below is used
             self.nb = self.na
 
     def __call__(self, length: int) -> int:
@@ -102,8 +109,7 @@ def estimate_bytes(dims: dict, kind: str, tokens: int, batch: int, device_type: 
         "activations": bn * (6 * d + 4 * w + 4 * ff) * f,
         "kv_cache": (layers + 1) * 2 * bn * w * f if kind == "seq2seq" else 0,
         "logits": batch * V * f if kind == "seq2seq" else bn * (V * f + 8),
-        "attention": ATTN_BUFFERS * min(batch * dims["heads"] * tokens * tokens,
-                                        max(ATTN_BLOCK_ELEMENTS, bn)) * f,
+        "attention": ATTN_BUFFERS * min(batch * dims["heads"] * tokens * tokens, max(ATTN_BLOCK_ELEMENTS, bn)) * f,
     }
     device = sum(v for k, v in parts.items() if k != "batch")
     if device_type == "cpu":
@@ -124,14 +130,17 @@ def _default_batch_tokens(task) -> int:
     return DECODE_BATCH_TOKENS if task.kind == "seq2seq" else DEFAULT_BATCH_TOKENS
 
 
-def check_lengths_fit(model, task, lengths, samples: int, batch_tokens: int | None, device: torch.device,
-                      available: dict | None = None) -> None:
+def check_lengths_fit(
+    model, task, lengths, samples: int, batch_tokens: int | None, device: torch.device, available: dict | None = None
+) -> None:
     """Raise ValueError (one line) for the first length whose scoring would not fit in the free memory, naming
     the largest length that would. ``available``: {"host": bytes, "device": bytes} instead of reading them."""
     device = torch.device(device)
     if available is None:
-        available = {"host": available_bytes("cpu"),
-                     "device": available_bytes(device) if device.type == "cuda" else None}
+        available = {
+            "host": available_bytes("cpu"),
+            "device": available_bytes(device) if device.type == "cuda" else None,
+        }
     host_free, dev_free = available.get("host"), available.get("device")
     if host_free is None and dev_free is None:
         return
@@ -146,14 +155,15 @@ def check_lengths_fit(model, task, lengths, samples: int, batch_tokens: int | No
     def fits(e: dict) -> bool:
         if device.type == "cpu":
             return host_free is None or e["device"] <= HEADROOM * host_free
-        return ((host_free is None or e["host"] <= HEADROOM * host_free)
-                and (dev_free is None or e["device"] <= HEADROOM * dev_free))
+        return (host_free is None or e["host"] <= HEADROOM * host_free) and (
+            dev_free is None or e["device"] <= HEADROOM * dev_free
+        )
 
     for L in sorted(lengths):
         e = need(L)
         if fits(e):
             continue
-        lo, hi = task.min_length(), L          # fits(lo) ... not fits(hi)
+        lo, hi = task.min_length(), L  # fits(lo) ... not fits(hi)
         if not fits(need(lo)):
             largest = "no length fits"
         else:
@@ -163,13 +173,19 @@ def check_lengths_fit(model, task, lengths, samples: int, batch_tokens: int | No
             largest = f"the largest length that fits is {lo}"
         short = device.type == "cpu" or (dev_free is not None and e["device"] > HEADROOM * dev_free)
         where = "RAM" if device.type == "cpu" or not short else "GPU memory"
-        total, free = (e["device"], dev_free if device.type == "cuda" else host_free) if short else (e["host"],
-                                                                                                    host_free)
-        parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(e[k])}"
-                          for k in ("batch", "activations", "kv_cache", "logits", "attention") if e[k])
+        total, free = (
+            (e["device"], dev_free if device.type == "cuda" else host_free) if short else (e["host"], host_free)
+        )
+        parts = ", ".join(
+            f"{k.replace('_', ' ')} {fmt_bytes(e[k])}"
+            for k in ("batch", "activations", "kv_cache", "logits", "attention")
+            if e[k]
+        )
         hint = ""
         if e["batch_size"] > 1 and fits(need(L, 1)):
             hint = f"; or lower --batch-tokens to {e['tokens']} (batch size 1 fits)"
-        raise ValueError(f"length {L} does not fit in memory: scoring {e['batch_size']} example(s) of "
-                         f"{e['tokens']:,} tokens needs about {fmt_bytes(total)} of {where} ({parts}) but only "
-                         f"{fmt_bytes(free)} is available (usable: {HEADROOM:.0%}); {largest}{hint}")
+        raise ValueError(
+            f"length {L} does not fit in memory: scoring {e['batch_size']} example(s) of "
+            f"{e['tokens']:,} tokens needs about {fmt_bytes(total)} of {where} ({parts}) but only "
+            f"{fmt_bytes(free)} is available (usable: {HEADROOM:.0%}); {largest}{hint}"
+        )

@@ -23,6 +23,7 @@ The file appears with the first length's results and is replaced atomically afte
 Before any length is scored, every length is checked: valid for the task, and its estimated memory
 (``longsparse.evaluate.memory``) within what the device has free; a refusal names the largest length that fits.
 """
+
 from __future__ import annotations
 
 import json
@@ -83,7 +84,7 @@ def _int(s: str) -> int:
     text, mult = s, 1
     if s.endswith("k"):
         s, mult = s[:-1], 1024
-    if not (s.isascii() and s.isdigit()) or len(s) > 12:   # int() would take "1_000"; 12 digits bound a range
+    if not (s.isascii() and s.isdigit()) or len(s) > 12:  # int() would take "1_000"; 12 digits bound a range
         if s.isdigit():
             raise ValueError(f"length {text!r} is too long: at most {MAX_LENGTH:,} tokens")
         raise ValueError(f"not a length: {text!r} (use integers like 64,128 or 16k)")
@@ -96,9 +97,14 @@ def load_run_model(run: str | Path, which: str = "best", device: str | torch.dev
     path = checkpoint_path(run, which)
     if not path.exists():
         other = [w for w in ("best", "last") if w != which and checkpoint_path(run, w).exists()]
-        raise RunDirError(f"{run}: no {which} checkpoint ({path})"
-                          + (f"; available: {', '.join(other)} (use --checkpoint {other[0]})" if other else
-                             "; has the run been trained?"))
+        raise RunDirError(
+            f"{run}: no {which} checkpoint ({path})"
+            + (
+                f"; available: {', '.join(other)} (use --checkpoint {other[0]})"
+                if other
+                else "; has the run been trained?"
+            )
+        )
     model, extra = load_checkpoint(str(path), map_location=device)
     stored = dict(cfg["model"])
     have = config_section(model.cfg)
@@ -108,10 +114,21 @@ def load_run_model(run: str | Path, which: str = "best", device: str | torch.dev
     return model, cfg, extra
 
 
-def evaluate_run(run: str | Path, lengths, *, samples: int = 100, checkpoint: str = "best", seed: int = 0,
-                 batch_tokens: Optional[int] = None, device: str = "auto", bf16: bool = False,
-                 printer: Optional[Callable[[str], None]] = print, write: bool = True, progress: bool = True,
-                 check_memory: bool = True) -> tuple[Optional[Path], dict]:
+def evaluate_run(
+    run: str | Path,
+    lengths,
+    *,
+    samples: int = 100,
+    checkpoint: str = "best",
+    seed: int = 0,
+    batch_tokens: Optional[int] = None,
+    device: str = "auto",
+    bf16: bool = False,
+    printer: Optional[Callable[[str], None]] = print,
+    write: bool = True,
+    progress: bool = True,
+    check_memory: bool = True,
+) -> tuple[Optional[Path], dict]:
     """Evaluate a run at each length; returns (path of the new result file or None, result dict).
     ``progress``: a progress bar per length on stderr when it is a terminal. ``check_memory``: refuse lengths
     whose estimated memory exceeds what is free (``longsparse.evaluate.memory``)."""
@@ -122,56 +139,90 @@ def evaluate_run(run: str | Path, lengths, *, samples: int = 100, checkpoint: st
     check_batch_tokens(batch_tokens)
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"--device must be auto, cpu or cuda, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():     # else torch.load blames the checkpoint
-        raise ValueError(f"--device cuda: CUDA is not available (torch {torch.__version__}"
-                         + (", built without CUDA" if torch.version.cuda is None else ", no usable GPU")
-                         + "); use --device cpu")
+    if device == "cuda" and not torch.cuda.is_available():  # else torch.load blames the checkpoint
+        raise ValueError(
+            f"--device cuda: CUDA is not available (torch {torch.__version__}"
+            + (", built without CUDA" if torch.version.cuda is None else ", no usable GPU")
+            + "); use --device cpu"
+        )
     cfg = read_config(run)
     task = make_task(cfg["task"])
     if task.objective != "exact_match":
-        raise ValueError(f"{run}: a {task.name!r} run is scored by {task.objective}, not by exact match by length; "
-                         f"evaluate it with longsparse.lm.evaluate (the LM study: `longsparse lm run`)")
-    for L in lengths:      # every length checked before any work
+        raise ValueError(
+            f"{run}: a {task.name!r} run is scored by {task.objective}, not by exact match by length; "
+            f"evaluate it with longsparse.lm.evaluate (the LM study: `longsparse lm run`)"
+        )
+    for L in lengths:  # every length checked before any work
         try:
             task.check_length(L)
         except ValueError as e:
             raise ValueError(f"impossible length: {e}") from None
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
+    dev = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    )
     model, cfg, extra = load_run_model(run, checkpoint, dev)
     if check_memory:
         check_lengths_fit(model, task, lengths, samples, batch_tokens, dev)
     train_hi = cfg["train"]["train_lengths"][1]
-    res = {"format": FORMAT, "version": VERSION, "run": str(run.resolve()), "run_name": run.name,
-           "label": run_label(cfg), "task": cfg["task"]["name"],
-           "task_preset": cfg["task"].get("preset"), "arch": cfg["model"].get("arch", DEFAULT_ARCH),
-           "method": cfg["model"]["method"],
-           "positions": cfg["model"]["positions"], "checkpoint": checkpoint,
-           "checkpoint_step": extra.get("step"), "train_lengths": cfg["train"]["train_lengths"], "samples": samples,
-           "seed": seed, "results": [], "config": cfg, "env": environment(1, str(dev)), "created": now(),
-           "command": sys.argv}
+    res = {
+        "format": FORMAT,
+        "version": VERSION,
+        "run": str(run.resolve()),
+        "run_name": run.name,
+        "label": run_label(cfg),
+        "task": cfg["task"]["name"],
+        "task_preset": cfg["task"].get("preset"),
+        "arch": cfg["model"].get("arch", DEFAULT_ARCH),
+        "method": cfg["model"]["method"],
+        "positions": cfg["model"]["positions"],
+        "checkpoint": checkpoint,
+        "checkpoint_step": extra.get("step"),
+        "train_lengths": cfg["train"]["train_lengths"],
+        "samples": samples,
+        "seed": seed,
+        "results": [],
+        "config": cfg,
+        "env": environment(1, str(dev)),
+        "created": now(),
+        "command": sys.argv,
+    }
     path = None
     score_needles = get_architecture(res["arch"]).needle_scorer if hasattr(task, "needle_positions") else None
     for L in lengths:
-        r = score_length(model, task, L, samples, seed=seed, split="test", batch_tokens=batch_tokens,
-                         autocast_dtype=torch.bfloat16 if bf16 else None, progress=progress)
+        r = score_length(
+            model,
+            task,
+            L,
+            samples,
+            seed=seed,
+            split="test",
+            batch_tokens=batch_tokens,
+            autocast_dtype=torch.bfloat16 if bf16 else None,
+            progress=progress,
+        )
         r["ratio"] = L / train_hi
         if printer:
             lo, hi = r["exact_match_ci"]
-            printer(f"{res['label']:<18} L={L:>6} ({r['ratio']:g}x)  exact match {100 * r['exact_match']:5.1f}% "
-                    f"[{100 * lo:.1f}, {100 * hi:.1f}]  token acc {100 * r['token_accuracy']:5.1f}%  "
-                    f"n={r['n']}  bs={r['batch_size']}  {r['seconds']:.1f}s")
+            printer(
+                f"{res['label']:<18} L={L:>6} ({r['ratio']:g}x)  exact match {100 * r['exact_match']:5.1f}% "
+                f"[{100 * lo:.1f}, {100 * hi:.1f}]  token acc {100 * r['token_accuracy']:5.1f}%  "
+                f"n={r['n']}  bs={r['batch_size']}  {r['seconds']:.1f}s"
+            )
         if score_needles is not None:
-            r["needles"] = nd = score_needles(model, task, L, samples, seed=seed, split="test",
-                                              batch_size=r["batch_size"])
+            r["needles"] = nd = score_needles(
+                model, task, L, samples, seed=seed, split="test", batch_size=r["batch_size"]
+            )
             if printer:
                 g = nd["exact_match_given_recall"]
-                printer(f"{'':<18} needles: recall@{nd['topk']} {nd['recall_at_k']:.3f}  full recall "
-                        f"{nd['full_recall']['rate']:.3f}  rank {nd['mean_rank']:.2f}  weight "
-                        f"{nd['mean_needle_weight']:.3f}  exact|recall "
-                        + ("-" if g["rate"] is None else f"{g['rate']:.3f} (n={g['n']})") + f"  {nd['seconds']:.1f}s")
+                printer(
+                    f"{'':<18} needles: recall@{nd['topk']} {nd['recall_at_k']:.3f}  full recall "
+                    f"{nd['full_recall']['rate']:.3f}  rank {nd['mean_rank']:.2f}  weight "
+                    f"{nd['mean_needle_weight']:.3f}  exact|recall "
+                    + ("-" if g["rate"] is None else f"{g['rate']:.3f} (n={g['n']})")
+                    + f"  {nd['seconds']:.1f}s"
+                )
         res["results"].append(r)
-        if write:      # partial results survive an interruption, always as complete JSON
+        if write:  # partial results survive an interruption, always as complete JSON
             text = json.dumps(res, indent=1) + "\n"
             path = write_new(run / "eval", "eval", text) if path is None else atomic_write_text(path, text)
     return path, res

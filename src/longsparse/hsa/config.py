@@ -1,6 +1,7 @@
 """HSAConfig: every knob of the hierarchical sparse attention model (docs/method.md §8), validated, and
 round-trippable as a flat plain dict. Its token attention (method, positions, α, scalers, backend) is a
 ``longsparse.nn.AttentionSettings``, the decoder's, stored flat among its own fields (``flat_attention_settings``)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,13 +23,57 @@ def hsa_attention_defaults() -> AttentionSettings:
     return AttentionSettings(method="softmax", positions="rope")
 
 
-@flat_attention_settings(names={"topk": "attn_topk"}, order=(
-    "vocab_size", "d_model", "n_heads", "head_dim", "d_ff", "n_lower", "n_upper", "upper_group_size",
-    "encoder_layers", "chunk_size", "window", "topk", "landmark", "fusion", "weights", "retrieval", "hsa_positions",
-    "retrieval_dim", "entmax_alpha", "entmax_cap", "length_scale", "length_gamma", "gumbel_noise", "select_warmup",
-    "select_warmup_topk", "hsa_local", "hsa_impl", "rope_theta", "norm_eps", "init_std", "branch_gain", "method",
-    "positions", "alpha", "learn_alpha", "max_alpha", "attn_topk", "adatemp_order", "nape_slopes", "asentmax_init",
-    "asentmax_scaler", "asentmax_delta", "asentmax_gamma_range", "ssmax_init", "attn_chunk_size", "attn_backend"))
+@flat_attention_settings(
+    names={"topk": "attn_topk"},
+    order=(
+        "vocab_size",
+        "d_model",
+        "n_heads",
+        "head_dim",
+        "d_ff",
+        "n_lower",
+        "n_upper",
+        "upper_group_size",
+        "encoder_layers",
+        "chunk_size",
+        "window",
+        "topk",
+        "landmark",
+        "fusion",
+        "weights",
+        "retrieval",
+        "hsa_positions",
+        "retrieval_dim",
+        "entmax_alpha",
+        "entmax_cap",
+        "length_scale",
+        "length_gamma",
+        "gumbel_noise",
+        "select_warmup",
+        "select_warmup_topk",
+        "hsa_local",
+        "hsa_impl",
+        "rope_theta",
+        "norm_eps",
+        "init_std",
+        "branch_gain",
+        "method",
+        "positions",
+        "alpha",
+        "learn_alpha",
+        "max_alpha",
+        "attn_topk",
+        "adatemp_order",
+        "nape_slopes",
+        "asentmax_init",
+        "asentmax_scaler",
+        "asentmax_delta",
+        "asentmax_gamma_range",
+        "ssmax_init",
+        "attn_chunk_size",
+        "attn_backend",
+    ),
+)
 @dataclass
 class HSAConfig:
     """Hierarchical sparse attention decoder (docs/method.md §8, paper [B]); defaults = the CPU scale of docs/method.md §8.
@@ -79,6 +124,7 @@ class HSAConfig:
       and the model never leaves chance (docs/reports/2026-11-21-hsa-recipe-search.md). Small gains start these
       blocks near identity (as LayerScale / ReZero do); they are trained.
     """
+
     vocab_size: int
     d_model: int = 128
     n_heads: int = 4
@@ -96,7 +142,7 @@ class HSAConfig:
     weights: str = "stickbreaking"
     retrieval: str = "token"
     hsa_positions: str = "nope"
-    retrieval_dim: Optional[int] = None      # default head_dim
+    retrieval_dim: Optional[int] = None  # default head_dim
     entmax_alpha: float = 1.5
     entmax_cap: Optional[int] = None
     length_scale: str = "none"
@@ -131,8 +177,19 @@ class HSAConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
 
-        for name in ("vocab_size", "d_model", "n_heads", "head_dim", "d_ff", "n_upper", "upper_group_size",
-                     "chunk_size", "window", "topk", "retrieval_dim"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_heads",
+            "head_dim",
+            "d_ff",
+            "n_upper",
+            "upper_group_size",
+            "chunk_size",
+            "window",
+            "topk",
+            "retrieval_dim",
+        ):
             pos_int(name)
         pos_int("n_lower", 0)
         pos_int("select_warmup", 0)
@@ -141,19 +198,29 @@ class HSAConfig:
         if self.encoder_layers > 2:
             raise ValueError(f"encoder_layers must be 0, 1 or 2, got {self.encoder_layers}")
         if self.n_upper % self.upper_group_size:
-            raise ValueError(f"n_upper ({self.n_upper}) must be a multiple of upper_group_size "
-                             f"({self.upper_group_size})")
-        for name, allowed in (("landmark", LANDMARKS), ("fusion", FUSIONS), ("weights", WEIGHTS),
-                              ("retrieval", RETRIEVALS), ("hsa_positions", HSA_POSITIONS),
-                              ("length_scale", LENGTH_SCALES), ("hsa_impl", HSA_IMPLS)):
+            raise ValueError(
+                f"n_upper ({self.n_upper}) must be a multiple of upper_group_size ({self.upper_group_size})"
+            )
+        for name, allowed in (
+            ("landmark", LANDMARKS),
+            ("fusion", FUSIONS),
+            ("weights", WEIGHTS),
+            ("retrieval", RETRIEVALS),
+            ("hsa_positions", HSA_POSITIONS),
+            ("length_scale", LENGTH_SCALES),
+            ("hsa_impl", HSA_IMPLS),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
         if self.retrieval == "none" and not self.hsa_local:
-            raise ValueError("retrieval='none' (sliding-window-only baseline) needs hsa_local=True: without "
-                             "retrieval and without the local path an HSA layer would attend to nothing")
+            raise ValueError(
+                "retrieval='none' (sliding-window-only baseline) needs hsa_local=True: without "
+                "retrieval and without the local path an HSA layer would attend to nothing"
+            )
         if self.landmark in ("encoder_cls", "encoder_mean") and self.encoder_layers == 0:
-            raise ValueError(f"landmark={self.landmark!r} needs encoder_layers >= 1 (use landmark='mean' "
-                             f"without an encoder)")
+            raise ValueError(
+                f"landmark={self.landmark!r} needs encoder_layers >= 1 (use landmark='mean' without an encoder)"
+            )
         if not self.entmax_alpha > 1:
             raise ValueError(f"entmax_alpha must be > 1, got {self.entmax_alpha}")
         if self.entmax_cap is not None:
@@ -163,8 +230,10 @@ class HSAConfig:
         if not self.gumbel_noise >= 0:
             raise ValueError(f"gumbel_noise must be >= 0, got {self.gumbel_noise}")
         if self.gumbel_noise > 0 and self.weights == "entmax" and self.entmax_cap is None:
-            raise ValueError("gumbel_noise perturbs the discrete selection (top-k or the entmax cap); "
-                             "uncapped entmax has none — set entmax_cap or gumbel_noise=0")
+            raise ValueError(
+                "gumbel_noise perturbs the discrete selection (top-k or the entmax cap); "
+                "uncapped entmax has none — set entmax_cap or gumbel_noise=0"
+            )
         if not self.length_gamma >= 0:
             raise ValueError(f"length_gamma must be >= 0, got {self.length_gamma}")
         if self.hsa_positions == "rope" and self.head_dim % 2:
@@ -172,17 +241,29 @@ class HSAConfig:
         self.attention.validate(self.n_heads, self.head_dim, names=self.ATTENTION_NAMES)
         if self.norm_eps <= 0 or self.init_std <= 0:
             raise ValueError("norm_eps and init_std must be > 0")
-        if isinstance(self.branch_gain, bool) or not isinstance(self.branch_gain, (int, float)) \
-                or not self.branch_gain >= 0:
+        if (
+            isinstance(self.branch_gain, bool)
+            or not isinstance(self.branch_gain, (int, float))
+            or not self.branch_gain >= 0
+        ):
             raise ValueError(f"branch_gain must be a number >= 0, got {self.branch_gain!r}")
 
     def attention_config(self, positions: Optional[str] = None) -> ModelConfig:
         """The ``ModelConfig`` of this model's ``longsparse.nn.Attention`` layers with the given positions
         (default ``positions``; the attention inside retrieved chunks uses ``hsa_positions``). Its ``n_layers``
         is unused (1); its settings are a copy of ``attention``."""
-        return ModelConfig(vocab_size=self.vocab_size, d_model=self.d_model, n_layers=1, n_heads=self.n_heads,
-                           head_dim=self.head_dim, d_ff=self.d_ff, norm_eps=self.norm_eps, init_std=self.init_std,
-                           attention=self.attention, positions=self.positions if positions is None else positions)
+        return ModelConfig(
+            vocab_size=self.vocab_size,
+            d_model=self.d_model,
+            n_layers=1,
+            n_heads=self.n_heads,
+            head_dim=self.head_dim,
+            d_ff=self.d_ff,
+            norm_eps=self.norm_eps,
+            init_std=self.init_std,
+            attention=self.attention,
+            positions=self.positions if positions is None else positions,
+        )
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "HSAConfig":

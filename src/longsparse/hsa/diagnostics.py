@@ -11,6 +11,7 @@ For every HSA layer ℓ, example b and query position p (the positions whose out
 
 ``recall_at_k`` (B,) averages ``selected`` over layers and positions (NaN-free positions only).
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
@@ -23,8 +24,14 @@ from longsparse.hsa.model import HSAModel
 
 
 @torch.no_grad()
-def retrieval_diagnostics(model: HSAModel, input_ids: Tensor, query_positions: Sequence[int],
-                          needle_positions: Sequence[Sequence[int]], *, fast: bool = True) -> Dict[str, Tensor]:
+def retrieval_diagnostics(
+    model: HSAModel,
+    input_ids: Tensor,
+    query_positions: Sequence[int],
+    needle_positions: Sequence[Sequence[int]],
+    *,
+    fast: bool = True,
+) -> Dict[str, Tensor]:
     """input_ids (B, N) (with the answer tokens teacher-forced if the query positions include them);
     query_positions: absolute positions shared by the rows; needle_positions[b]: the token positions of
     example b's needle (e.g. its value tokens). fast=True runs the exact long-context evaluator (any N);
@@ -55,7 +62,7 @@ def retrieval_diagnostics(model: HSAModel, input_ids: Tensor, query_positions: S
             cs = [c for c in chunks if c < C]
             if not cs:
                 continue
-            s = r["scores"][b].float()                           # (P, C), −inf where invisible
+            s = r["scores"][b].float()  # (P, C), −inf where invisible
             t = torch.tensor(cs)
             st = s[:, t]
             vis = torch.isfinite(st)
@@ -83,8 +90,9 @@ def answer_positions(batch) -> List[int]:
 
 
 @torch.no_grad()
-def needle_diagnostics(model: HSAModel, task, batch, *, fast: bool = True,
-                       positions: Optional[Sequence[int]] = None) -> Dict[str, Tensor]:
+def needle_diagnostics(
+    model: HSAModel, task, batch, *, fast: bool = True, positions: Optional[Sequence[int]] = None
+) -> Dict[str, Tensor]:
     """Diagnostics of a RULER batch: needles located by ``task.needle_positions(batch)``; query positions =
     the answer positions (teacher-forced) unless given. Adds ``mean_rank``, ``mean_weight`` (B,)."""
     pos = answer_positions(batch) if positions is None else list(positions)
@@ -98,8 +106,9 @@ def needle_diagnostics(model: HSAModel, task, batch, *, fast: bool = True,
 
 
 @torch.no_grad()
-def score_needles(model: HSAModel, task, length: int, samples: int, *, seed: int = 0, split: str = "test",
-                  batch_size: int = 1) -> dict:
+def score_needles(
+    model: HSAModel, task, length: int, samples: int, *, seed: int = 0, split: str = "test", batch_size: int = 1
+) -> dict:
     """Needle diagnostics of ``samples`` examples of ``length``, drawn from the same seeded stream (and in the same
     batches) as ``longsparse.evaluate.core.score_length``, so they describe the very examples it scores.
 
@@ -140,11 +149,14 @@ def score_needles(model: HSAModel, task, length: int, samples: int, *, seed: int
             valid = ~torch.isnan(rank)
             nval = valid.sum((1, 2))
             full += ((sel | ~valid).all(2).all(1) & (nval > 0)).tolist()
-            rec += torch.where(nval > 0, (sel & valid).sum((1, 2)).float() / nval.clamp_min(1),
-                               torch.full_like(nval, float("nan"), dtype=torch.float)).tolist()
+            rec += torch.where(
+                nval > 0,
+                (sel & valid).sum((1, 2)).float() / nval.clamp_min(1),
+                torch.full_like(nval, float("nan"), dtype=torch.float),
+            ).tolist()
             rk += (torch.where(valid, rank, torch.zeros_like(rank)).sum((1, 2)) / nval.clamp_min(1)).tolist()
             wt += weight.mean((1, 2)).tolist()
-            if model.cfg.retrieval == "none":           # no HSA layer records a selection (rank: set below)
+            if model.cfg.retrieval == "none":  # no HSA layer records a selection (rank: set below)
                 rec[-n:] = [0.0] * n
                 wt[-n:] = [0.0] * n
             done += n
@@ -163,8 +175,18 @@ def score_needles(model: HSAModel, task, length: int, samples: int, *, seed: int
     hit = [e for e, f in zip(ex, full) if f]
     miss = [e for e, f in zip(ex, full) if not f]
     no_ret = model.cfg.retrieval == "none"
-    return {"n": len(ex), "query_positions": "answer tokens (EOS excluded)", "retrieval": model.cfg.retrieval,
-            "recall_at_k": mean(rec), "full_recall": rate(full), "mean_rank": float("nan") if no_ret else mean(rk),
-            "mean_needle_weight": mean(wt), "exact_match_teacher_forced": rate(ex),
-            "exact_match_given_recall": rate(hit), "exact_match_given_miss": rate(miss),
-            "topk": model.cfg.topk, "weights": model.cfg.weights, "seconds": round(time.perf_counter() - t0, 3)}
+    return {
+        "n": len(ex),
+        "query_positions": "answer tokens (EOS excluded)",
+        "retrieval": model.cfg.retrieval,
+        "recall_at_k": mean(rec),
+        "full_recall": rate(full),
+        "mean_rank": float("nan") if no_ret else mean(rk),
+        "mean_needle_weight": mean(wt),
+        "exact_match_teacher_forced": rate(ex),
+        "exact_match_given_recall": rate(hit),
+        "exact_match_given_miss": rate(miss),
+        "topk": model.cfg.topk,
+        "weights": model.cfg.weights,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }

@@ -19,6 +19,7 @@ exactly on demand. So the outputs at positions P need
 point reassociation (tests check it). ``extend`` appends tokens and ``last_logits`` gives the next token's
 logits: the ``Decoding`` of ``HSAModel.generate`` (``longsparse.nn.generation``).
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
@@ -41,8 +42,9 @@ class _LazyMemory(ChunkMemory):
 
 
 class HSAFastEvaluator:
-    def __init__(self, model: HSAModel, input_ids: Tensor, *, segment_len: Optional[int] = None,
-                 max_cached_chunks: int = 4096):
+    def __init__(
+        self, model: HSAModel, input_ids: Tensor, *, segment_len: Optional[int] = None, max_cached_chunks: int = 4096
+    ):
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must have shape (B, N) with N >= 1, got {tuple(input_ids.shape)}")
         self.model, self.cfg = model, model.cfg
@@ -65,13 +67,13 @@ class HSAFastEvaluator:
     def lower_span(self, a: int, b: int) -> Tensor:
         """Exact mid-depth states of positions [a, b)."""
         lo = max(0, a - self.cfg.n_lower * (self.cfg.window - 1))
-        return self.model.run_lower(self.ids[:, lo:b], lo)[:, a - lo:]
+        return self.model.run_lower(self.ids[:, lo:b], lo)[:, a - lo :]
 
     @torch.no_grad()
     def _update_landmarks(self) -> None:
         S = self.cfg.chunk_size
         have, total = self.landmarks.shape[1], self.length // S
-        if self.cfg.retrieval == "none":     # sliding-window-only baseline: no chunk memory
+        if self.cfg.retrieval == "none":  # sliding-window-only baseline: no chunk memory
             return
         parts = [self.landmarks]
         a = have * S
@@ -92,7 +94,7 @@ class HSAFastEvaluator:
         missing = sorted(c for c in set(chunk_ids) if c not in self._cache)
         fresh: Dict[int, Tensor] = {}
         i = 0
-        while i < len(missing):                       # runs of consecutive chunks share one lower pass
+        while i < len(missing):  # runs of consecutive chunks share one lower pass
             j = i
             while j + 1 < len(missing) and missing[j + 1] == missing[j] + 1 and j - i < 255:
                 j += 1
@@ -147,9 +149,15 @@ class HSAFastEvaluator:
         self._update_landmarks()
 
 
-def hsa_fast_logits(model: HSAModel, input_ids: Tensor, positions: Sequence[int], *,
-                    segment_len: Optional[int] = None, max_cached_chunks: int = 4096,
-                    record: Optional[list] = None) -> Tensor:
+def hsa_fast_logits(
+    model: HSAModel,
+    input_ids: Tensor,
+    positions: Sequence[int],
+    *,
+    segment_len: Optional[int] = None,
+    max_cached_chunks: int = 4096,
+    record: Optional[list] = None,
+) -> Tensor:
     """Logits (B, len(positions), V) of ``model(input_ids)`` at ``positions`` only — exact, with memory
     O(segment_len + N/S·d) and upper-layer work independent of N (see the module docstring)."""
     was = model.training

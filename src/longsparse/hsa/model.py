@@ -53,8 +53,7 @@ from torch import Tensor, nn
 
 from longsparse.attention import attention
 from longsparse.hsa.config import HSAConfig
-from longsparse.hsa.ops import (chunk_weights, length_scale, sample_gumbel, sliding_window_attention,
-                                visible_chunks)
+from longsparse.hsa.ops import chunk_weights, length_scale, sample_gumbel, sliding_window_attention, visible_chunks
 from longsparse.nn.attention import Attention
 from longsparse.nn.generation import GreedyGeneration
 from longsparse.nn.model import Block, GeGLU, RMSNorm
@@ -81,16 +80,20 @@ class TokenAttention(Attention):
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} defines no forward")
 
-    def split(self, x: Tensor) -> Tensor:         # (..., N, H·Dh) → (..., H, N, Dh)
+    def split(self, x: Tensor) -> Tensor:  # (..., N, H·Dh) → (..., H, N, Dh)
         return x.unflatten(-1, (self.n_heads, self.head_dim)).transpose(-2, -3)
 
-    def merge(self, x: Tensor) -> Tensor:         # (B, H, N, Dh) → (B, N, H·Dh)
+    def merge(self, x: Tensor) -> Tensor:  # (B, H, N, Dh) → (B, N, H·Dh)
         return x.transpose(1, 2).flatten(2)
 
     def attention_kwargs(self) -> dict:
         """Everything this layer passes to ``longsparse.attention`` besides q, k, v, q_scale and masks."""
-        return dict(scale=self.scale, chunk_size=self.cfg.attn_chunk_size, backend=self.cfg.attn_backend,
-                    **self.mapping_kwargs())
+        return dict(
+            scale=self.scale,
+            chunk_size=self.cfg.attn_chunk_size,
+            backend=self.cfg.attn_backend,
+            **self.mapping_kwargs(),
+        )
 
     def query_scale(self, h: Tensor, n_keys: Tensor) -> Optional[Tensor]:
         """The length scaler's q multipliers (B, H, N) for the queries h (B, N, d) that attend to n_keys (N,)
@@ -117,16 +120,18 @@ class SlidingWindowAttention(TokenAttention):
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
         q_scale = self.query_scale(h, positions.clamp_max(self.window - 1) + 1)
-        out = sliding_window_attention(q, k, v, self.window, q_scale=q_scale, alibi_slopes=self.alibi_slopes,
-                                       **self.attention_kwargs())
+        out = sliding_window_attention(
+            q, k, v, self.window, q_scale=q_scale, alibi_slopes=self.alibi_slopes, **self.attention_kwargs()
+        )
         return self.o_proj(self.merge(out))
 
 
 class ChunkEncoderAttention(TokenAttention):
     """Bidirectional attention among the S tokens of a chunk and its CLS (in-chunk positions 0..S)."""
 
-    def forward(self, h: Tensor, positions: Optional[Tensor] = None, padding=None, cache=None,
-                n_query: Optional[int] = None) -> Tensor:
+    def forward(
+        self, h: Tensor, positions: Optional[Tensor] = None, padding=None, cache=None, n_query: Optional[int] = None
+    ) -> Tensor:
         """h (M, S + 1, d) → (M, S + 1, d). ``positions``, ``padding``, ``cache``, ``n_query``: the
         ``longsparse.nn`` block's call; the positions are the in-chunk ones, the rest is not supported."""
         if padding is not None or cache is not None or n_query is not None:
@@ -137,11 +142,18 @@ class ChunkEncoderAttention(TokenAttention):
         if self.rope is not None:
             q, k = self.rope(q, pos), self.rope(k, pos)
         bias = None
-        if self.alibi_slopes is not None:       # ALiBi without a direction: −m_h·|i − j|
+        if self.alibi_slopes is not None:  # ALiBi without a direction: −m_h·|i − j|
             dist = (pos[:, None] - pos[None, :]).abs().to(q.dtype)
-            bias = -self.alibi_slopes.to(q.dtype)[:, None, None] * dist                  # (H, L, L)
-        out = attention(q, k, v, is_causal=False, q_scale=self.query_scale(h, torch.full_like(pos, L)),
-                        attn_mask=bias, **self.attention_kwargs())
+            bias = -self.alibi_slopes.to(q.dtype)[:, None, None] * dist  # (H, L, L)
+        out = attention(
+            q,
+            k,
+            v,
+            is_causal=False,
+            q_scale=self.query_scale(h, torch.full_like(pos, L)),
+            attn_mask=bias,
+            **self.attention_kwargs(),
+        )
         return self.o_proj(self.merge(out))
 
 
@@ -161,7 +173,7 @@ class EncoderBlock(Block):
     def __init__(self, cfg: HSAConfig):
         super().__init__(cfg.attention_config(), 0, attn=ChunkEncoderAttention(cfg))
 
-    def forward(self, x: Tensor) -> Tensor:           # x (M, S+1, d)
+    def forward(self, x: Tensor) -> Tensor:  # x (M, S+1, d)
         return super().forward(x, None)
 
 
@@ -192,7 +204,7 @@ class ChunkEncoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.cls = nn.Parameter(torch.zeros(cfg.d_model))
-        n_layers = 0 if cfg.retrieval == "none" else cfg.encoder_layers      # no memory, no encoder
+        n_layers = 0 if cfg.retrieval == "none" else cfg.encoder_layers  # no memory, no encoder
         self.layers = nn.ModuleList(EncoderBlock(cfg) for _ in range(n_layers))
         self.token_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.landmark_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -250,7 +262,7 @@ class HSAAttention(TokenAttention):
             cnt = torch.zeros(R, dtype=h.dtype, device=h.device).index_add_(0, r, torch.ones_like(r, dtype=h.dtype))
             means = sums / cnt[None, :, None]
             prev = r - 1
-            qm = self.q_ret(means)                                          # (B, R, dr)
+            qm = self.q_ret(means)  # (B, R, dr)
             q = torch.where((prev >= 0)[None, :, None], qm[:, prev.clamp_min(0)], torch.zeros_like(qm[:, :1]))
         if cfg.length_scale != "none":
             q = q * length_scale(positions, S, self.gamma).to(q.dtype)[None, :, None]
@@ -259,7 +271,7 @@ class HSAAttention(TokenAttention):
     def scores(self, h: Tensor, positions: Tensor, memory: ChunkMemory) -> Tensor:
         q = self.retrieval_query(h, positions)
         k = self.k_ret(memory.landmarks)
-        return torch.matmul(q, k.transpose(-1, -2)) * self.ret_scale          # (B, N, C)
+        return torch.matmul(q, k.transpose(-1, -2)) * self.ret_scale  # (B, N, C)
 
     def select(self, h: Tensor, positions: Tensor, memory: ChunkMemory):
         cfg = self.hsa_cfg
@@ -269,10 +281,17 @@ class HSAAttention(TokenAttention):
         if self.training and cfg.gumbel_noise > 0:
             noise = cfg.gumbel_noise * sample_gumbel(s.shape, s.device).to(s.dtype)
         weights, topk = cfg.weights, cfg.topk
-        if self.training and self.warmup_selection:           # HSAConfig.select_warmup (set by HSAModel)
+        if self.training and self.warmup_selection:  # HSAConfig.select_warmup (set by HSAModel)
             weights, topk = "softmax", cfg.select_warmup_topk
-        w, sel = chunk_weights(s, vis, weights=weights, topk=topk, alpha=cfg.entmax_alpha,
-                               cap=cfg.entmax_cap if weights == "entmax" else None, noise=noise)
+        w, sel = chunk_weights(
+            s,
+            vis,
+            weights=weights,
+            topk=topk,
+            alpha=cfg.entmax_alpha,
+            cap=cfg.entmax_cap if weights == "entmax" else None,
+            noise=noise,
+        )
         return s, vis, w, sel
 
     # -- forward --------------------------------------------------------------------------------------
@@ -283,9 +302,15 @@ class HSAAttention(TokenAttention):
             return h.new_zeros(B, N, cfg.d_model) if record is None else self._record_empty(record, h)
         s, vis, w, sel = self.select(h, positions, memory)
         if record is not None:
-            record.append(dict(scores=s.masked_fill(~vis, float("-inf")).detach(), weights=w.detach(),
-                               selected=sel.detach(), positions=positions.detach()))
-        q = self.split(self.q_proj(h))                                          # (B, H, N, Dh)
+            record.append(
+                dict(
+                    scores=s.masked_fill(~vis, float("-inf")).detach(),
+                    weights=w.detach(),
+                    selected=sel.detach(),
+                    positions=positions.detach(),
+                )
+            )
+        q = self.split(self.q_proj(h))  # (B, H, N, Dh)
         if self.rope is not None:
             q = self.rope(q, positions)
         q_scale = self.query_scale(h, torch.full_like(positions, cfg.chunk_size))
@@ -306,12 +331,11 @@ class HSAAttention(TokenAttention):
         k, v = self.split(self.k_proj(tokens)), self.split(self.v_proj(tokens))
         if self.rope is not None:
             B, U, H, S, Dh = k.shape
-            pos = chunk_ids[:, None] * S + torch.arange(S, device=k.device)                 # (U, S)
+            pos = chunk_ids[:, None] * S + torch.arange(S, device=k.device)  # (U, S)
             k = self.rope(k.reshape(B * U, H, S, Dh), pos.expand(B, U, S).reshape(B * U, S)).view(B, U, H, S, Dh)
         return k, v
 
-    def _by_chunk(self, q: Tensor, q_scale: Optional[Tensor], w: Tensor, sel: Tensor,
-                  memory: ChunkMemory) -> Tensor:
+    def _by_chunk(self, q: Tensor, q_scale: Optional[Tensor], w: Tensor, sel: Tensor, memory: ChunkMemory) -> Tensor:
         """Chunk-major (``hsa_impl="dense"``, training): the queries in blocks of S rows, each block against
         every chunk that one of its queries selected — one S × S attention per (block, chunk) pair; the rows
         that did not select the chunk get weight 0 from it. q (B, H, N, Dh), q_scale (B, H, N), w and sel
@@ -323,16 +347,17 @@ class HSAAttention(TokenAttention):
         b, g, c = _pad_rows(sel, pad, 1, False).view(B, G, S, C).any(2).nonzero(as_tuple=True)
         if b.numel() == 0:
             return q.new_zeros(B, H, N, Dh)
-        k, v = self.chunk_kv(memory.tokens, torch.arange(C, device=q.device))          # (B, C, H, S, Dh)
-        qb = _pad_rows(q, pad, 2).view(B, H, G, S, Dh).transpose(1, 2)                   # (B, G, H, S, Dh)
+        k, v = self.chunk_kv(memory.tokens, torch.arange(C, device=q.device))  # (B, C, H, S, Dh)
+        qb = _pad_rows(q, pad, 2).view(B, H, G, S, Dh).transpose(1, 2)  # (B, G, H, S, Dh)
         qs = None if q_scale is None else _pad_rows(q_scale, pad, 2, 1.0).view(B, H, G, S).transpose(1, 2)[b, g]
         o = attention(qb[b, g], k[b, c], v[b, c], is_causal=False, q_scale=qs, **self.attention_kwargs())
-        wb = _pad_rows(w, pad, 1).view(B, G, S, C)[b, g, :, c]                          # (P, S)
+        wb = _pad_rows(w, pad, 1).view(B, G, S, C)[b, g, :, c]  # (P, S)
         out = q.new_zeros(B * G, H, S, Dh).index_add_(0, b * G + g, o * wb[:, None, :, None].to(o.dtype))
         return out.view(B, G, H, S, Dh).transpose(1, 2).reshape(B, H, G * S, Dh)[:, :, :N]
 
-    def _by_query(self, q: Tensor, q_scale: Optional[Tensor], s: Tensor, w: Tensor, sel: Tensor,
-                  memory: ChunkMemory) -> Tensor:
+    def _by_query(
+        self, q: Tensor, q_scale: Optional[Tensor], s: Tensor, w: Tensor, sel: Tensor, memory: ChunkMemory
+    ) -> Tensor:
         """Query-major (``hsa_impl="gather"``, the long-context evaluator): each query against its selected
         chunks only — one 1 × S attention per (query, selected chunk), O(N·K·S); chunk keys/values are
         computed once per distinct chunk."""
@@ -340,19 +365,20 @@ class HSAAttention(TokenAttention):
         K = int(sel.sum(-1).max()) if sel.numel() else 0
         if K == 0:
             return q.new_zeros(B, H, N, Dh)
-        idx = torch.where(sel, s, torch.full_like(s, float("-inf"))).topk(K, -1).indices   # (B, N, K)
+        idx = torch.where(sel, s, torch.full_like(s, float("-inf"))).topk(K, -1).indices  # (B, N, K)
         gsel = sel.gather(-1, idx)
         first = torch.where(gsel[..., :1], idx[..., :1], torch.zeros_like(idx[..., :1]))
-        idx = torch.where(gsel, idx, first)                      # unselected slots: a harmless valid id
+        idx = torch.where(gsel, idx, first)  # unselected slots: a harmless valid id
         wg = torch.where(gsel, w.gather(-1, idx), torch.zeros_like(w[..., :1]))
         tokens, chunk_ids, slot = memory.chunk_table(idx)
-        k, v = self.chunk_kv(tokens, chunk_ids)                                   # (B, U, H, S, Dh)
+        k, v = self.chunk_kv(tokens, chunk_ids)  # (B, U, H, S, Dh)
         S = k.shape[3]
         rows = torch.arange(B, device=q.device)[:, None, None]
         kg, vg = (t[rows, slot].reshape(B * N * K, H, S, Dh) for t in (k, v))
         qg = q.transpose(1, 2)[:, :, None].expand(B, N, K, H, Dh).reshape(B * N * K, H, 1, Dh)
-        qs = None if q_scale is None else \
-            q_scale.transpose(1, 2)[:, :, None].expand(B, N, K, H).reshape(B * N * K, H, 1)
+        qs = (
+            None if q_scale is None else q_scale.transpose(1, 2)[:, :, None].expand(B, N, K, H).reshape(B * N * K, H, 1)
+        )
         o = attention(qg, kg, vg, is_causal=False, q_scale=qs, **self.attention_kwargs()).view(B, N, K, H, Dh)
         return (o * wg[..., None, None].to(o.dtype)).sum(2).transpose(1, 2)
 
@@ -365,15 +391,16 @@ class HSABlock(nn.Module):
         self.pre_attn_norm, self.post_attn_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
         self.pre_mlp_norm, self.post_mlp_norm = RMSNorm(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
         self.attn = SlidingWindowAttention(cfg) if cfg.hsa_local else None
-        if cfg.retrieval == "none":          # sliding-window-only baseline: the local path alone
+        if cfg.retrieval == "none":  # sliding-window-only baseline: the local path alone
             self.post_hsa_norm, self.hsa = None, None
         else:
             self.post_hsa_norm = RMSNorm(d, cfg.norm_eps)
             self.hsa = HSAAttention(cfg)
         self.mlp = GeGLU(d, cfg.d_ff)
 
-    def forward(self, x: Tensor, positions: Tensor, memory: Optional[ChunkMemory],
-                record: Optional[list] = None) -> Tensor:
+    def forward(
+        self, x: Tensor, positions: Tensor, memory: Optional[ChunkMemory], record: Optional[list] = None
+    ) -> Tensor:
         h = self.pre_attn_norm(x)
         if self.hsa is None:
             x = x + self.post_attn_norm(self.attn(h, positions))
@@ -408,11 +435,10 @@ class HSAModel(GreedyGeneration, nn.Module):
         self.embed_scale = math.sqrt(cfg.d_model)
         self.lower = nn.ModuleList(SWABlock(cfg) for _ in range(cfg.n_lower))
         self.encoder = ChunkEncoder(cfg)
-        self.upper = nn.ModuleList(HSABlock(cfg) if cfg.is_hsa_layer(i) else SWABlock(cfg)
-                                   for i in range(cfg.n_upper))
+        self.upper = nn.ModuleList(HSABlock(cfg) if cfg.is_hsa_layer(i) else SWABlock(cfg) for i in range(cfg.n_upper))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        if cfg.select_warmup > 0:            # training forward passes so far (HSAConfig.select_warmup)
+        if cfg.select_warmup > 0:  # training forward passes so far (HSAConfig.select_warmup)
             self.register_buffer("select_steps", torch.zeros((), dtype=torch.long))
         self.reset_parameters()
 
@@ -427,7 +453,7 @@ class HSAModel(GreedyGeneration, nn.Module):
                 nn.init.normal_(m.weight, 0.0, cfg.init_std)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
-        for m in self.modules():        # the length scalers' own initialisation wins (as in nn.Transformer)
+        for m in self.modules():  # the length scalers' own initialisation wins (as in nn.Transformer)
             if isinstance(m, ASEntmaxScaler):
                 m.reset_parameters()
         # the CLS starts small (init_std, like the encoder branches at branch_gain) so that its output, the
@@ -470,10 +496,10 @@ class HSAModel(GreedyGeneration, nn.Module):
         return self.encoder(mid.view(B, N // S, S, d))
 
     def build_memory(self, mid: Tensor) -> ChunkMemory:
-        if self.cfg.retrieval == "none":     # nothing reads the memory: an empty one, no encoder pass
+        if self.cfg.retrieval == "none":  # nothing reads the memory: an empty one, no encoder pass
             return ChunkMemory(mid.new_zeros(mid.shape[0], 0, mid.shape[2]), None)
         C = mid.shape[1] // self.cfg.chunk_size
-        land, tok = self.encode_chunks(mid[:, :C * self.cfg.chunk_size])
+        land, tok = self.encode_chunks(mid[:, : C * self.cfg.chunk_size])
         return ChunkMemory(land, tok)
 
     def run_upper(self, x: Tensor, positions: Tensor, memory: ChunkMemory, record: Optional[list] = None) -> Tensor:
@@ -484,13 +510,15 @@ class HSAModel(GreedyGeneration, nn.Module):
     def head(self, x: Tensor) -> Tensor:
         return self.lm_head(self.final_norm(x))
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                record: Optional[list] = None) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, record: Optional[list] = None
+    ) -> Tensor:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must have shape (B, N), got {tuple(input_ids.shape)}")
         if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
-            raise ValueError(f"attention_mask must have shape {tuple(input_ids.shape)}, "
-                             f"got {tuple(attention_mask.shape)}")
+            raise ValueError(
+                f"attention_mask must have shape {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}"
+            )
         if self.cfg.select_warmup > 0:
             warm = self.training and int(self.select_steps) < self.cfg.select_warmup
             for layer in self.hsa_layers():
@@ -506,5 +534,6 @@ class HSAModel(GreedyGeneration, nn.Module):
         """Greedy decoding's incremental path (``longsparse.nn.GreedyGeneration.generate``): the long-context
         evaluator (``HSAFastEvaluator``: chunk landmarks kept, the upper layers run only on the receptive field of
         the new position; exact). ``mask`` is all real here (``decodes_padded_rows`` is False)."""
-        from longsparse.hsa.fast import HSAFastEvaluator       # fast.py builds on this module
+        from longsparse.hsa.fast import HSAFastEvaluator  # fast.py builds on this module
+
         return HSAFastEvaluator(self, prompt_ids)

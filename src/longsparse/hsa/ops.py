@@ -1,5 +1,6 @@
 """Functional pieces of HSA: sliding-window attention (through ``longsparse.attention``), the chunk visibility
 rule and chunk selection / weighting (top-k + stick-breaking or softmax, or α-entmax with an optional cap)."""
+
 from __future__ import annotations
 
 import functools
@@ -13,9 +14,18 @@ from longsparse.attention import attention
 from longsparse.mappings import entmax
 
 
-def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float, *,
-                             q_scale: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
-                             mapping: str = "softmax", **attention_kwargs) -> Tensor:
+def sliding_window_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int,
+    scale: float,
+    *,
+    q_scale: Optional[Tensor] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    mapping: str = "softmax",
+    **attention_kwargs,
+) -> Tensor:
     """Causal attention where query i sees keys i−window+1 … i (``window`` keys, itself included) of the same
     contiguous span, through ``longsparse.attention`` with any mapping. q, k, v: (B, H, N, D) → (B, H, N, D);
     q_scale (B, H, N); alibi_slopes (H,) (bias −m·(i − j)); ``attention_kwargs`` go to ``longsparse.attention``
@@ -25,8 +35,7 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, scale
     and the causal bound are those of the sequence; the band's lower bound is a mask)."""
     B, H, N, D = q.shape
     W = window
-    attend = functools.partial(attention, scale=scale, alibi_slopes=alibi_slopes, mapping=mapping,
-                               **attention_kwargs)
+    attend = functools.partial(attention, scale=scale, alibi_slopes=alibi_slopes, mapping=mapping, **attention_kwargs)
     if N <= 2 * W:
         i = torch.arange(N, device=q.device)
         band = None if N <= W else (i[:, None] - i[None, :]) < W
@@ -37,17 +46,17 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, scale
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
         if q_scale is not None:
             q_scale = F.pad(q_scale, (0, pad), value=1.0)
-    kp = F.pad(k, (0, 0, W, 0)).unfold(2, 2 * W, W).transpose(-1, -2)   # (B, H, nb, 2W, D)
+    kp = F.pad(k, (0, 0, W, 0)).unfold(2, 2 * W, W).transpose(-1, -2)  # (B, H, nb, 2W, D)
     vp = F.pad(v, (0, 0, W, 0)).unfold(2, 2 * W, W).transpose(-1, -2)
 
-    def fold(t: Tensor) -> Tensor:                                      # (B, H, nb, ...) → (B·nb, H, ...)
+    def fold(t: Tensor) -> Tensor:  # (B, H, nb, ...) → (B·nb, H, ...)
         return t.transpose(1, 2).reshape(B * nb, H, *t.shape[3:])
 
     i = torch.arange(W, device=q.device)[:, None]
     j = torch.arange(2 * W, device=q.device)[None, :]
-    band = j > i                                           # key pos − query pos > −W; ≤ 0 is the causal mask
-    first = band & (j >= W)                                # block 0: the padding before position 0
-    mask = torch.stack([first] + [band] * (nb - 1))                     # (nb, W, 2W)
+    band = j > i  # key pos − query pos > −W; ≤ 0 is the causal mask
+    first = band & (j >= W)  # block 0: the padding before position 0
+    mask = torch.stack([first] + [band] * (nb - 1))  # (nb, W, 2W)
     mask = mask.expand(B, nb, W, 2 * W).reshape(B * nb, 1, W, 2 * W)
     qs = None if q_scale is None else fold(q_scale.view(B, H, nb, W))
     out = attend(fold(q.view(B, H, nb, W, D)), fold(kp), fold(vp), is_causal=True, q_scale=qs, attn_mask=mask)
@@ -78,8 +87,16 @@ def sample_gumbel(shape, device, generator: Optional[torch.Generator] = None) ->
     return -torch.log(-torch.log(u))
 
 
-def chunk_weights(scores: Tensor, visible: Tensor, *, weights: str, topk: int = 2, alpha: float = 1.5,
-                  cap: Optional[int] = None, noise: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+def chunk_weights(
+    scores: Tensor,
+    visible: Tensor,
+    *,
+    weights: str,
+    topk: int = 2,
+    alpha: float = 1.5,
+    cap: Optional[int] = None,
+    noise: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
     """Dense chunk weights from retrieval scores.
 
     scores (..., C) real retrieval scores; visible (..., C) bool (broadcastable). noise: added to the

@@ -6,14 +6,33 @@ passkey evaluation by length. Training is the one trainer's (``longsparse.train`
     longsparse data shakespeare --dir data/shakespeare      # fetch, verify, split by document
     longsparse lm run --quick                               # the LM study on the committed sample
 """
+
 from longsparse.lm.data import fetch_shakespeare, load_split
-from longsparse.lm.evaluate import (brute_force_loss_by_position, bucket_positions, loss_by_position,
-                                    passkey_accuracy, perplexity_by_length)
+from longsparse.lm.evaluate import (
+    brute_force_loss_by_position,
+    bucket_positions,
+    loss_by_position,
+    passkey_accuracy,
+    perplexity_by_length,
+)
 from longsparse.lm.passkey import PasskeyMaker, reference_solve
 from longsparse.lm.streams import SAMPLE_DIR, prepare
 from longsparse.lm.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer, train_tokenizer
 
-__all__ = ["fetch_shakespeare", "load_split", "perplexity_by_length", "loss_by_position",
-           "brute_force_loss_by_position", "bucket_positions", "passkey_accuracy", "PasskeyMaker", "reference_solve",
-           "SAMPLE_DIR", "prepare", "ByteTokenizer", "BPETokenizer",
-           "load_tokenizer", "train_tokenizer"]
+__all__ = [
+    "fetch_shakespeare",
+    "load_split",
+    "perplexity_by_length",
+    "loss_by_position",
+    "brute_force_loss_by_position",
+    "bucket_positions",
+    "passkey_accuracy",
+    "PasskeyMaker",
+    "reference_solve",
+    "SAMPLE_DIR",
+    "prepare",
+    "ByteTokenizer",
+    "BPETokenizer",
+    "load_tokenizer",
+    "train_tokenizer",
+]

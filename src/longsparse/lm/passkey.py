@@ -11,6 +11,7 @@ before each answer digit. All digits right ⇔ greedy decoding after ``QUERY`` p
 (greedy decoding of step i conditions on the earlier digits, which are then the right ones), so exact match
 under teacher forcing equals greedy exact match, in one forward pass.
 """
+
 from __future__ import annotations
 
 import random
@@ -25,11 +26,11 @@ QUERY = "\nWhat is the pass key? The pass key is "
 
 @dataclass
 class PasskeyExample:
-    ids: List[int]              # length N (prompt + answer digits)
-    answer: List[int]           # the digit token ids
-    passkey: str                # the digits as text
-    needle_start: int           # index of the first needle token in ids
-    answer_start: int           # index of the first answer digit in ids (= N − n_digits)
+    ids: List[int]  # length N (prompt + answer digits)
+    answer: List[int]  # the digit token ids
+    passkey: str  # the digits as text
+    needle_start: int  # index of the first needle token in ids
+    answer_start: int  # index of the first answer digit in ids (= N − n_digits)
     depth: float
 
 
@@ -60,7 +61,7 @@ class PasskeyMaker:
         if len(stream) < n_hay:
             raise ValueError(f"haystack stream of {len(stream)} tokens is shorter than {n_hay}")
         off = rng.randint(0, len(stream) - n_hay)
-        hay = list(stream[off:off + n_hay])
+        hay = list(stream[off : off + n_hay])
         key = "".join(rng.choice("0123456789") for _ in range(self.n_digits))
         digits = [self.digit_ids[int(c)] for c in key]
         k = round(depth * n_hay)
@@ -72,7 +73,7 @@ class PasskeyMaker:
 def reference_solve(tokenizer, ids: Sequence[int], n_digits: int = 5) -> str:
     """An independent oracle: decode the prompt (everything before the answer) to text and read the passkey
     with a regular expression on the needle sentence. Returns the digits as text."""
-    text = tokenizer.decode(list(ids[:len(ids) - n_digits]))
+    text = tokenizer.decode(list(ids[: len(ids) - n_digits]))
     m = re.findall(r"\nThe pass key is (\d+)\.\n", text)
     if len(m) != 1:
         raise ValueError(f"expected exactly one needle in the text, found {len(m)}")

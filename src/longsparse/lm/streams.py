@@ -4,6 +4,7 @@ stream whose documents are joined by the tokenizer's ``<|endoftext|>`` token.
 ``SAMPLE_DIR`` is a small committed sample of the corpus (the layout ``fetch_shakespeare`` writes), enough for
 the quick LM study and the tests.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -48,7 +49,7 @@ def prepare(data_cfg: dict, cache_dir: Optional[str] = None, printer: Callable =
     if tok_cache.exists():
         try:
             tokens = torch.load(tok_cache, weights_only=True)
-        except (RuntimeError, EOFError, pickle.UnpicklingError) as e:   # cut by an interrupted writer: rebuilt
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # cut by an interrupted writer: rebuilt
             printer(f"warning: {tok_cache}: unreadable token cache ({type(e).__name__}); rebuilding it")
     if tokens is None:
         tokens = {}

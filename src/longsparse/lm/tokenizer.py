@@ -10,6 +10,7 @@
 ``train_tokenizer(kind, texts, vocab_size)``, ``tok.save(path)`` and ``load_tokenizer(path)``; ``kind`` is
 ``"bpe"`` or ``"bytes"``. Both write one JSON file.
 """
+
 from __future__ import annotations
 
 import json
@@ -78,13 +79,20 @@ class BPETokenizer:
         try:
             from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
         except ImportError as e:  # pragma: no cover
-            raise ImportError("the BPE tokenizer needs the `tokenizers` package (pip install longsparse[lm]); "
-                              "use --tokenizer bytes for the dependency-free byte-level one") from e
+            raise ImportError(
+                "the BPE tokenizer needs the `tokenizers` package (pip install longsparse[lm]); "
+                "use --tokenizer bytes for the dependency-free byte-level one"
+            ) from e
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT, PAD],
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=2,
+            special_tokens=[EOT, PAD],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
         tok.train_from_iterator(list(texts), trainer=trainer)
         return cls(tok)
 

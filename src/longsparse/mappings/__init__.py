@@ -1,20 +1,57 @@
 """Row-wise probability mappings (pure functions + autograd Functions, no module state) and the registry of
 attention mappings by name (`get_mapping`, `MAPPING_NAMES`)."""
+
 from longsparse.mappings.compat import Entmax15, EntmaxBisect, Sparsemax, entmax_bisect
 from longsparse.mappings.entmax import (
-    LearnedAlpha, bounded_alpha, entmax, entmax15, inverse_bounded_alpha, sparsemax,
+    LearnedAlpha,
+    bounded_alpha,
+    entmax,
+    entmax15,
+    inverse_bounded_alpha,
+    sparsemax,
 )
 from longsparse.mappings.losses import (
-    Entmax15Loss, EntmaxBisectLoss, SparsemaxLoss, entmax15_loss, entmax_bisect_loss, sparsemax_loss,
+    Entmax15Loss,
+    EntmaxBisectLoss,
+    SparsemaxLoss,
+    entmax15_loss,
+    entmax_bisect_loss,
+    sparsemax_loss,
     tsallis_entropy,
 )
 from longsparse.mappings.registry import MAPPING_NAMES, METHODS, SCALED_METHODS, get_mapping, map_scores
 from longsparse.mappings.variants import (
-    ADATEMP_POLY, adaptive_temperature, adaptive_temperature_softmax, topk_softmax,
+    ADATEMP_POLY,
+    adaptive_temperature,
+    adaptive_temperature_softmax,
+    topk_softmax,
 )
 
 __all__ = [
-    "entmax", "entmax15", "sparsemax", "entmax_bisect", "Entmax15", "Sparsemax", "EntmaxBisect",
-    "entmax15_loss", "sparsemax_loss", "entmax_bisect_loss", "Entmax15Loss", "SparsemaxLoss",
-    "EntmaxBisectLoss", "tsallis_entropy", "bounded_alpha", "inverse_bounded_alpha", "LearnedAlpha",
+    "MAPPING_NAMES",
+    "METHODS",
+    "SCALED_METHODS",
+    "get_mapping",
+    "map_scores",
+    "ADATEMP_POLY",
+    "adaptive_temperature",
+    "adaptive_temperature_softmax",
+    "topk_softmax",
+    "entmax",
+    "entmax15",
+    "sparsemax",
+    "entmax_bisect",
+    "Entmax15",
+    "Sparsemax",
+    "EntmaxBisect",
+    "entmax15_loss",
+    "sparsemax_loss",
+    "entmax_bisect_loss",
+    "Entmax15Loss",
+    "SparsemaxLoss",
+    "EntmaxBisectLoss",
+    "tsallis_entropy",
+    "bounded_alpha",
+    "inverse_bounded_alpha",
+    "LearnedAlpha",
 ]

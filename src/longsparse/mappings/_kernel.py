@@ -4,6 +4,7 @@ The build needs a C++ compiler and ninja (both on the project's machines); it ta
 is cached by torch under ~/.cache/torch_extensions. If it cannot be built, or LONGSPARSE_KERNEL=0 is
 set, everything falls back to the pure-PyTorch solver (same results, slower) with one warning.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -43,13 +44,21 @@ def get():
     try:
         from torch.utils.cpp_extension import load
 
-        _module = load(name=_build_name(), sources=[str(_SOURCE)],
-                       extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                       verbose=False)
+        _module = load(
+            name=_build_name(),
+            sources=[str(_SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
     except Exception as exc:  # noqa: BLE001 - any build failure means: use the fallback
         _failed = True
-        warnings.warn(f"longsparse: fused CPU entmax kernel unavailable ({type(exc).__name__}: {exc}); "
-                      "using the pure-PyTorch solver", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"longsparse: fused CPU entmax kernel unavailable ({type(exc).__name__}: {exc}); "
+            "using the pure-PyTorch solver",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return _module
 
 

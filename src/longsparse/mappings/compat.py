@@ -3,6 +3,7 @@
 Extra arguments that only tune the package's solver (``k``, ``n_iter``, ``ensure_sum_one``) are
 accepted and ignored: our solves are exact (α = 1.5, 2) or run to fp32 round-off (other α).
 """
+
 from __future__ import annotations
 
 import torch
@@ -11,8 +12,9 @@ from torch import Tensor
 from longsparse.mappings.entmax import AlphaLike, entmax
 
 
-def entmax_bisect(X: Tensor, alpha: AlphaLike = 1.5, dim: int = -1, n_iter: int = 50,
-                  ensure_sum_one: bool = True) -> Tensor:
+def entmax_bisect(
+    X: Tensor, alpha: AlphaLike = 1.5, dim: int = -1, n_iter: int = 50, ensure_sum_one: bool = True
+) -> Tensor:
     return entmax(X, alpha, dim)
 
 

@@ -13,6 +13,7 @@ inputs give rows that sum to 1 in their own precision. Rows that are entirely �
 torch SDPA does), never NaN. The backward needs only the output p:
     ∂L/∂z = u⊙g − u·(Σ u g)/(Σ u),  u = p^{2−α}.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,11 +26,12 @@ from longsparse.mappings import _kernel
 
 AlphaLike = Union[float, int, Tensor]
 
-_MAX_ITER = 50          # bisection alone would reach 2^-50 on the unit bracket
-_COMPILED_ITER = 24     # fixed count when traced by torch.compile (no data-dependent exit)
+_MAX_ITER = 50  # bisection alone would reach 2^-50 on the unit bracket
+_COMPILED_ITER = 24  # fixed count when traced by torch.compile (no data-dependent exit)
 
 
 # ----------------------------------------------------------------------------- input checks
+
 
 def _check_input(x: Tensor, dim: int) -> int:
     if not isinstance(x, Tensor):
@@ -98,7 +100,8 @@ def _alpha_view(alpha: Tensor, x: Tensor, dim: int) -> Tensor:
         raise ValueError(
             f"alpha of shape {tuple(alpha.shape)} does not broadcast over the rows of x "
             f"{tuple(x.shape)} (dim={dim}); use a float, shape (H,) for (B, H, ...) scores, or a "
-            f"shape broadcastable to {tuple(row_shape)}") from None
+            f"shape broadcastable to {tuple(row_shape)}"
+        ) from None
     if alpha.dim() > x.dim():
         raise ValueError(f"alpha has more dimensions ({alpha.dim()}) than x ({x.dim()})")
     return alpha
@@ -121,6 +124,7 @@ def _check_alpha_values(alpha: AlphaLike) -> None:
 
 
 # ----------------------------------------------------------------------------- the solver
+
 
 def _safe_softmax(z: Tensor, dim: int) -> Tensor:
     """softmax whose fully masked (all −inf) rows are zeros instead of NaN."""
@@ -145,15 +149,18 @@ def _newton_tau(X: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
     exponent = 1.0 / am1
     shape = list(X.shape)
     shape[dim] = 1
-    lo = X.new_full(shape, -1.0)          # f(lo) ≥ 0
-    hi = -(X.new_full(shape, float(n)) ** (-am1))   # f(hi) ≤ 0
+    lo = X.new_full(shape, -1.0)  # f(lo) ≥ 0
+    hi = -(X.new_full(shape, float(n)) ** (-am1))  # f(hi) ≤ 0
     tau = lo.clone()
     width = 2 * (hi - lo)
     tol = 4 * torch.finfo(X.dtype).eps
     compiling = torch.compiler.is_compiling()
     # 1 < α ≤ 2: Newton from the left is monotone; α > 2 may need bisection (one bit per step)
-    monotone = bool((alpha <= 2).all()) if isinstance(alpha, Tensor) and not compiling else \
-        (isinstance(alpha, float) and alpha <= 2)
+    monotone = (
+        bool((alpha <= 2).all())
+        if isinstance(alpha, Tensor) and not compiling
+        else (isinstance(alpha, float) and alpha <= 2)
+    )
     iters = _COMPILED_ITER if compiling else (_MAX_ITER if monotone else 4 * _MAX_ITER)
     for _ in range(iters):
         d = (X - tau).clamp_min_(0)
@@ -272,6 +279,7 @@ def _solve(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
 
 # ----------------------------------------------------------------------------- backward pieces
 
+
 def _support_weights(p: Tensor, alpha: Union[float, Tensor]) -> Tensor:
     """u = p^{2−α} on the support (0 elsewhere)."""
     if isinstance(alpha, float):
@@ -306,11 +314,11 @@ def entmax_alpha_backward(p: Tensor, grad: Tensor, alpha: Tensor, dim: int) -> T
     logp = torch.where(p > 0, torch.log(p.clamp_min(tiny)), p.new_zeros(()))
     plogp = p * logp
     at_one = alpha == 1
-    am1 = torch.where(at_one, torch.ones_like(alpha), alpha - 1)     # α = 1 rows take the limit below
+    am1 = torch.where(at_one, torch.ones_like(alpha), alpha - 1)  # α = 1 rows take the limit below
     u = _support_weights(p, alpha)
     u_hat = u / u.sum(dim, keepdim=True).clamp_min(tiny)
     neg_entropy = plogp.sum(dim, keepdim=True)
-    dp_dalpha = (p - u_hat) / am1 ** 2 - (plogp - u_hat * neg_entropy) / am1
+    dp_dalpha = (p - u_hat) / am1**2 - (plogp - u_hat * neg_entropy) / am1
     if torch.compiler.is_compiling() or bool(at_one.any()):
         plog2p = plogp * logp
         dp_dalpha = torch.where(at_one, 0.5 * (p * plog2p.sum(dim, keepdim=True) - plog2p), dp_dalpha)
@@ -318,6 +326,7 @@ def entmax_alpha_backward(p: Tensor, grad: Tensor, alpha: Tensor, dim: int) -> T
 
 
 # ----------------------------------------------------------------------------- autograd Functions
+
 
 class EntmaxFunction(torch.autograd.Function):
     """α-entmax with a float α (1.5 and 2 exact; any α ≥ 1). Saves only the output."""
@@ -362,6 +371,7 @@ class EntmaxAlphaFunction(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------------------- public functions
+
 
 def entmax(x: Tensor, alpha: AlphaLike = 1.5, dim: int = -1) -> Tensor:
     """α-entmax along ``dim`` for any α ≥ 1 (1 → softmax, 1.5 → entmax15, 2 → sparsemax).
@@ -417,8 +427,9 @@ class LearnedAlpha(torch.nn.Module):
     def __init__(self, shape=(), init: float = 1.5, max_alpha: float = 2.0):
         super().__init__()
         self.max_alpha = max_alpha
-        self.raw = torch.nn.Parameter(torch.full(tuple(shape) if not isinstance(shape, int) else (shape,),
-                                                 inverse_bounded_alpha(init, max_alpha)))
+        self.raw = torch.nn.Parameter(
+            torch.full(tuple(shape) if not isinstance(shape, int) else (shape,), inverse_bounded_alpha(init, max_alpha))
+        )
 
     def forward(self) -> Tensor:
         return bounded_alpha(self.raw, self.max_alpha)

@@ -5,6 +5,7 @@
 with H_α the Tsallis entropy (Shannon for α = 1). Targets are class indices (n,) or distributions
 (n, C). The loss is ≥ 0 and is 0 exactly when entmax(z) = y.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,9 @@ def _target_distribution(target: Tensor, logits: Tensor) -> Tensor:
         raise ValueError(f"Fenchel–Young losses take logits of shape (n, C); got {tuple(logits.shape)}")
     if target.is_floating_point():
         if target.shape != logits.shape:
-            raise ValueError(f"a distribution target must have the logits' shape {tuple(logits.shape)}, "
-                             f"got {tuple(target.shape)}")
+            raise ValueError(
+                f"a distribution target must have the logits' shape {tuple(logits.shape)}, got {tuple(target.shape)}"
+            )
         return target.to(logits.dtype)
     if target.shape != logits.shape[:1]:
         raise ValueError(f"class-index target must have shape ({logits.shape[0]},), got {tuple(target.shape)}")
@@ -44,7 +46,7 @@ class _FenchelYoungFunction(torch.autograd.Function):
         loss = ((p - yf) * zf).sum(-1) + tsallis_entropy(p, alpha) - tsallis_entropy(yf, alpha)
         ctx.save_for_backward(p, yf)
         ctx.in_dtype = z.dtype
-        return loss.clamp_min(0).to(z.dtype)   # ≥ 0 in exact arithmetic; clamp round-off
+        return loss.clamp_min(0).to(z.dtype)  # ≥ 0 in exact arithmetic; clamp round-off
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -105,6 +107,5 @@ class SparsemaxLoss(_FYLoss):
 
 
 class EntmaxBisectLoss(_FYLoss):
-    def __init__(self, alpha: float = 1.5, n_iter=None, ignore_index: int = -100,
-                 reduction: str = "elementwise_mean"):
+    def __init__(self, alpha: float = 1.5, n_iter=None, ignore_index: int = -100, reduction: str = "elementwise_mean"):
         super().__init__(alpha, ignore_index, reduction)

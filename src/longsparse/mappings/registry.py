@@ -15,6 +15,7 @@
 ssmax and asentmax are model-level *methods* (a mapping plus a per-query length scaler, longsparse.nn.scalers),
 not mappings: `SCALED_METHODS` names their mapping, and `METHODS` lists every method a model can use.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,9 +32,9 @@ class Mapping:
     row that is entirely −inf maps to zeros."""
 
     name: str = ""
-    alpha: Optional[AlphaLike] = None       # α when this is α-entmax of the logits, else None
-    softmax_form: bool = False              # softmax of θ·z over a kept set (θ, the set: no gradient)
-    adjusts_logits: bool = False            # softmax_form with a θ or a kept set that depend on z
+    alpha: Optional[AlphaLike] = None  # α when this is α-entmax of the logits, else None
+    softmax_form: bool = False  # softmax of θ·z over a kept set (θ, the set: no gradient)
+    adjusts_logits: bool = False  # softmax_form with a θ or a kept set that depend on z
 
     def __call__(self, z: Tensor) -> Tensor:
         return self.forward(z)[0]
@@ -87,8 +88,9 @@ class AlphaEntmax(Mapping):
         a = self.alpha
         if not isinstance(a, Tensor) or a.dim() != 4 or (a.shape[1] == 1 and a.shape[2] == 1):
             return self
-        return AlphaEntmax(self.name, a[:, heads if a.shape[1] != 1 else slice(None),
-                                        rows if a.shape[2] != 1 else slice(None)])
+        return AlphaEntmax(
+            self.name, a[:, heads if a.shape[1] != 1 else slice(None), rows if a.shape[2] != 1 else slice(None)]
+        )
 
 
 class TopK(Mapping):
@@ -103,7 +105,7 @@ class TopK(Mapping):
         return entmax(z.masked_fill(topk_dropped(z, self.k), float("-inf")), 1.0), None
 
     def backward(self, p: Tensor, dp: Tensor, saved) -> Tensor:
-        return entmax_jvp_backward(p, dp, 1.0, -1)      # softmax on the kept set: u = p, 0 elsewhere
+        return entmax_jvp_backward(p, dp, 1.0, -1)  # softmax on the kept set: u = p, 0 elsewhere
 
     def softmax_adjustment(self, z: Tensor):
         return None, topk_dropped(z, self.k)
@@ -132,6 +134,7 @@ class AdaptiveTemperature(Mapping):
 @dataclass(frozen=True)
 class MappingInfo:
     """A registered mapping: its name, the attention() options it reads and how to bind them."""
+
     name: str
     summary: str
     options: Tuple[str, ...]
@@ -155,16 +158,25 @@ def _bind_adatemp(adatemp_order: str = "original", **_) -> Mapping:
     return AdaptiveTemperature(adatemp_order)
 
 
-MAPPINGS: Dict[str, MappingInfo] = {m.name: m for m in (
-    MappingInfo("softmax", "softmax(z)", (), lambda **_: AlphaEntmax("softmax", 1.0)),
-    MappingInfo("entmax", "α-entmax(z); α = alpha, a float ≥ 1 or a per-head (H,) tensor", ("alpha",),
-                _bind_entmax),
-    MappingInfo("sparsemax", "2-entmax(z), the projection onto the simplex", (),
-                lambda **_: AlphaEntmax("sparsemax", 2.0)),
-    MappingInfo("topk", "softmax over the topk largest logits of each row", ("topk",), _bind_topk),
-    MappingInfo("adatemp", "softmax(θ·z), adaptive temperature θ (adatemp_order: original | reversed)",
-                ("adatemp_order",), _bind_adatemp),
-)}
+MAPPINGS: Dict[str, MappingInfo] = {
+    m.name: m
+    for m in (
+        MappingInfo("softmax", "softmax(z)", (), lambda **_: AlphaEntmax("softmax", 1.0)),
+        MappingInfo(
+            "entmax", "α-entmax(z); α = alpha, a float ≥ 1 or a per-head (H,) tensor", ("alpha",), _bind_entmax
+        ),
+        MappingInfo(
+            "sparsemax", "2-entmax(z), the projection onto the simplex", (), lambda **_: AlphaEntmax("sparsemax", 2.0)
+        ),
+        MappingInfo("topk", "softmax over the topk largest logits of each row", ("topk",), _bind_topk),
+        MappingInfo(
+            "adatemp",
+            "softmax(θ·z), adaptive temperature θ (adatemp_order: original | reversed)",
+            ("adatemp_order",),
+            _bind_adatemp,
+        ),
+    )
+}
 MAPPING_NAMES: Tuple[str, ...] = tuple(MAPPINGS)
 
 # Model-level methods that are a mapping plus a per-query length scaler (its scales reach attention as q_scale).
@@ -186,16 +198,30 @@ def get_mapping(name: str, *, alpha: AlphaLike = 1.5, topk: int = 32, adatemp_or
         if name in SCALED_METHODS:
             raise ValueError(
                 f"{name!r} is a model method (mapping {SCALED_METHODS[name]!r} + a per-query length scaler), not a "
-                f"mapping: use mapping={SCALED_METHODS[name]!r} and pass the scales as q_scale")
+                f"mapping: use mapping={SCALED_METHODS[name]!r} and pass the scales as q_scale"
+            )
         raise ValueError(f"unknown mapping {name!r}; choose one of {', '.join(MAPPING_NAMES)}")
     return info.bind(alpha=alpha, topk=topk, adatemp_order=adatemp_order)
 
 
-def map_scores(z: Tensor, name: str, *, alpha: AlphaLike = 1.5, topk: int = 32,
-               adatemp_order: str = "original") -> Tensor:
+def map_scores(
+    z: Tensor, name: str, *, alpha: AlphaLike = 1.5, topk: int = 32, adatemp_order: str = "original"
+) -> Tensor:
     """The mapping ``name`` applied to logits z (…, Nk) along the last axis; −inf entries are masked."""
     return get_mapping(name, alpha=alpha, topk=topk, adatemp_order=adatemp_order)(z)
 
 
-__all__ = ["Mapping", "AlphaEntmax", "TopK", "AdaptiveTemperature", "MappingInfo", "MAPPINGS", "MAPPING_NAMES",
-           "SCALED_METHODS", "METHODS", "method_mapping", "get_mapping", "map_scores"]
+__all__ = [
+    "Mapping",
+    "AlphaEntmax",
+    "TopK",
+    "AdaptiveTemperature",
+    "MappingInfo",
+    "MAPPINGS",
+    "MAPPING_NAMES",
+    "SCALED_METHODS",
+    "METHODS",
+    "method_mapping",
+    "get_mapping",
+    "map_scores",
+]

@@ -1,6 +1,7 @@
 """Softmax variants that transform the logits of a row before a softmax (docs/method.md §2): top-k and the adaptive
 temperature of Veličković et al. (2024). Both choose something per row without a gradient (the kept set,
 the temperature θ) and are softmax on what remains, so ∂L/∂z is the softmax Jacobian (× θ)."""
+
 from __future__ import annotations
 
 import torch
@@ -11,7 +12,7 @@ from longsparse.mappings.entmax import entmax
 # Polynomial P(H) of the adaptive temperature, highest power first.
 ADATEMP_POLY = {
     "original": (-0.037, 0.481, -2.3, 4.917, -1.791),
-    "reversed": (-1.791, 4.917, -2.3, 0.481, -0.037),   # the coefficient order of the official [A] code
+    "reversed": (-1.791, 4.917, -2.3, 0.481, -0.037),  # the coefficient order of the official [A] code
 }
 
 
@@ -22,7 +23,7 @@ def adaptive_temperature(z: Tensor, order: str = "original") -> Tensor:
         raise ValueError(f"adatemp_order must be one of {sorted(ADATEMP_POLY)}, got {order!r}")
     with torch.no_grad():
         p = entmax(z.detach(), 1.0)
-        h = -torch.special.xlogy(p, p).sum(-1, keepdim=True)     # 0·log 0 = 0 (masked keys, masked rows)
+        h = -torch.special.xlogy(p, p).sum(-1, keepdim=True)  # 0·log 0 = 0 (masked keys, masked rows)
         poly = torch.zeros_like(h)
         for c in ADATEMP_POLY[order]:
             poly = poly * h + c

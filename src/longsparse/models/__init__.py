@@ -8,8 +8,27 @@
 Every architecture takes every method (mapping + length scaler) and position scheme of ``longsparse.nn``.
 A new architecture is an ``Architecture`` entry passed to ``register_architecture``.
 """
-from longsparse.models.registry import (ARCHITECTURES, DEFAULT_ARCH, Architecture, architecture_of, build_model,
-                                        config_section, get_architecture, model_config, register_architecture)
 
-__all__ = ["ARCHITECTURES", "DEFAULT_ARCH", "Architecture", "architecture_of", "build_model", "config_section",
-           "get_architecture", "model_config", "register_architecture"]
+from longsparse.models.registry import (
+    ARCHITECTURES,
+    DEFAULT_ARCH,
+    Architecture,
+    architecture_of,
+    build_model,
+    config_section,
+    get_architecture,
+    model_config,
+    register_architecture,
+)
+
+__all__ = [
+    "ARCHITECTURES",
+    "DEFAULT_ARCH",
+    "Architecture",
+    "architecture_of",
+    "build_model",
+    "config_section",
+    "get_architecture",
+    "model_config",
+    "register_architecture",
+]

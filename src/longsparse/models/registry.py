@@ -9,6 +9,7 @@ This module imports no other part of longsparse when it loads: entries name thei
 resolve them on first use, so ``longsparse.nn.checkpoint`` (below the models in the layering) can look an
 architecture up by name without importing the models that sit above it.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -31,6 +32,7 @@ class Architecture:
     label_keys: config fields that a run's label lists when they differ from the config's defaults
     (``longsparse.train.run_label``). needles_path: ``"module:function"`` scoring needle retrieval of a trained
     model on the RULER-style tasks (``longsparse.evaluate`` adds it to a length sweep), or None."""
+
     name: str
     summary: str
     config_path: str
@@ -64,16 +66,37 @@ def register_architecture(arch: Architecture) -> Architecture:
     return arch
 
 
-register_architecture(Architecture(
-    "transformer", "Gemma-2-style decoder with full causal attention (longsparse.nn.Transformer)",
-    "longsparse.nn.config:ModelConfig", "longsparse.nn.model:Transformer"))
-register_architecture(Architecture(
-    "hsa", "hierarchical sparse attention: sliding windows, chunk memory, per-token chunk retrieval "
-           "(longsparse.hsa.HSAModel)",
-    "longsparse.hsa.config:HSAConfig", "longsparse.hsa.model:HSAModel",
-    label_keys=("method", "positions", "landmark", "fusion", "weights", "retrieval", "topk", "encoder_layers",
-                "hsa_positions", "length_scale", "hsa_local"),
-    needles_path="longsparse.hsa.diagnostics:score_needles"))
+register_architecture(
+    Architecture(
+        "transformer",
+        "Gemma-2-style decoder with full causal attention (longsparse.nn.Transformer)",
+        "longsparse.nn.config:ModelConfig",
+        "longsparse.nn.model:Transformer",
+    )
+)
+register_architecture(
+    Architecture(
+        "hsa",
+        "hierarchical sparse attention: sliding windows, chunk memory, per-token chunk retrieval "
+        "(longsparse.hsa.HSAModel)",
+        "longsparse.hsa.config:HSAConfig",
+        "longsparse.hsa.model:HSAModel",
+        label_keys=(
+            "method",
+            "positions",
+            "landmark",
+            "fusion",
+            "weights",
+            "retrieval",
+            "topk",
+            "encoder_layers",
+            "hsa_positions",
+            "length_scale",
+            "hsa_local",
+        ),
+        needles_path="longsparse.hsa.diagnostics:score_needles",
+    )
+)
 
 
 def get_architecture(name: str) -> Architecture:
@@ -88,8 +111,9 @@ def architecture_of(obj: Any) -> str:
     for arch in ARCHITECTURES.values():
         if isinstance(obj, (arch.model_cls, arch.config_cls)):
             return arch.name
-    raise TypeError(f"{type(obj).__name__} is not a model or config of a registered architecture "
-                    f"({', '.join(ARCHITECTURES)})")
+    raise TypeError(
+        f"{type(obj).__name__} is not a model or config of a registered architecture ({', '.join(ARCHITECTURES)})"
+    )
 
 
 def model_config(section: Mapping[str, Any], vocab_size: Optional[int] = None):

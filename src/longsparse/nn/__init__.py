@@ -2,6 +2,7 @@
 (AttentionSettings, shared by every architecture's config), the Gemma-2-style Transformer decoder, greedy
 generation (GreedyGeneration: the decoder's with its KV cache; HSA's too), introspection, checkpoints and
 adapters (nn.MultiheadAttention-style; Hugging Face transformers in longsparse.nn.hf)."""
+
 from longsparse.nn.attention import Attention, LayerCache, dense_logits
 from longsparse.nn.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from longsparse.nn.config import METHODS, AttentionSettings, ModelConfig
@@ -13,9 +14,34 @@ from longsparse.nn.positions import POSITIONS, RoPE, alibi_slopes, nape_slopes, 
 from longsparse.nn.scalers import ASENTMAX_INITS, ASEntmaxScaler, SSMaxScaler, StaticASEntmaxScaler
 
 __all__ = [
-    "ModelConfig", "AttentionSettings", "Transformer", "GreedyGeneration", "Decoding", "FullForwardDecoding",
-    "KVCacheDecoding", "Attention", "KVCache", "LayerCache", "RMSNorm", "GeGLU",
-    "RoPE", "alibi_slopes", "nape_slopes", "position_setup", "SSMaxScaler", "ASEntmaxScaler",
-    "StaticASEntmaxScaler", "capture", "Capture", "save_checkpoint", "load_checkpoint", "read_checkpoint",
-    "EntmaxMultiheadAttention", "dense_logits", "METHODS", "POSITIONS", "ASENTMAX_INITS", "CAPTURE_KINDS",
+    "ModelConfig",
+    "AttentionSettings",
+    "Transformer",
+    "GreedyGeneration",
+    "Decoding",
+    "FullForwardDecoding",
+    "KVCacheDecoding",
+    "Attention",
+    "KVCache",
+    "LayerCache",
+    "RMSNorm",
+    "GeGLU",
+    "RoPE",
+    "alibi_slopes",
+    "nape_slopes",
+    "position_setup",
+    "SSMaxScaler",
+    "ASEntmaxScaler",
+    "StaticASEntmaxScaler",
+    "capture",
+    "Capture",
+    "save_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "EntmaxMultiheadAttention",
+    "dense_logits",
+    "METHODS",
+    "POSITIONS",
+    "ASENTMAX_INITS",
+    "CAPTURE_KINDS",
 ]

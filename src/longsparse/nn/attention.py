@@ -1,5 +1,6 @@
 """Multi-head attention with every method × position combination, a per-layer KV cache and an
 introspection hook (see longsparse.nn.introspect.capture)."""
+
 from __future__ import annotations
 
 import math
@@ -23,6 +24,7 @@ class KeyPadding(NamedTuple):
     keys are one run (pads only before and / or after them) the run goes to attention as key ranges,
     key_start / key_end (B,) long (None: 0 / Nk), which the fused kernels take natively; otherwise as the
     dense (B, 1, 1, Nk) mask. Build it with `key_padding`."""
+
     mask: Tensor
     key_start: Optional[Tensor]
     key_end: Optional[Tensor]
@@ -42,12 +44,12 @@ def key_padding(key_mask: Tensor, *, trailing_pads_unseen: bool = False) -> Opti
     a right-padded batch reaches attention with no key restriction at all."""
     nk = key_mask.shape[1]
     real = key_mask.long()
-    start = real.argmax(1)                 # the first real key (0 for a row without any)
+    start = real.argmax(1)  # the first real key (0 for a row without any)
     end = start + real.sum(1)
     j = torch.arange(nk, device=key_mask.device)
     one_run = (((j >= start[:, None]) & (j < end[:, None])) == key_mask).all()
     flags = torch.stack((key_mask.all(), one_run, (start > 0).any(), (end < nk).any()))
-    all_real, one_run, left, right = flags.tolist()          # one host sync
+    all_real, one_run, left, right = flags.tolist()  # one host sync
     if all_real:
         return None
     if not one_run:
@@ -74,11 +76,11 @@ class LayerCache:
 
     @property
     def k(self) -> Optional[Tensor]:
-        return None if self._k is None else self._k[:, :, :self.n]
+        return None if self._k is None else self._k[:, :, : self.n]
 
     @property
     def v(self) -> Optional[Tensor]:
-        return None if self._v is None else self._v[:, :, :self.n]
+        return None if self._v is None else self._v[:, :, : self.n]
 
     def append(self, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
         if self._k is None or (torch.is_grad_enabled() and (k.requires_grad or v.requires_grad)):
@@ -93,8 +95,8 @@ class LayerCache:
             grown_v = self._v.new_empty(*self._v.shape[:2], cap, self._v.shape[3])
             grown_k[:, :, :n], grown_v[:, :, :n] = self.k, self.v
             self._k, self._v = grown_k, grown_v
-        self._k[:, :, n:n + m] = k
-        self._v[:, :, n:n + m] = v
+        self._k[:, :, n : n + m] = k
+        self._v[:, :, n : n + m] = v
         self.n = n + m
         return self.k, self.v
 
@@ -131,14 +133,15 @@ class Attention(nn.Module):
             self.scaler = SSMaxScaler(scalable, init=cfg.ssmax_init)
         elif cfg.method == "asentmax":
             if cfg.asentmax_scaler == "adaptive":
-                self.scaler = ASEntmaxScaler(d, scalable, init=cfg.asentmax_init, delta=cfg.asentmax_delta,
-                                             gamma_range=cfg.asentmax_gamma_range)
+                self.scaler = ASEntmaxScaler(
+                    d, scalable, init=cfg.asentmax_init, delta=cfg.asentmax_delta, gamma_range=cfg.asentmax_gamma_range
+                )
             else:
-                self.scaler = StaticASEntmaxScaler(scalable, init=cfg.asentmax_init, delta=cfg.asentmax_delta,
-                                                   gamma_range=cfg.asentmax_gamma_range)
-        self.learned_alpha = (LearnedAlpha((H,), init=cfg.alpha, max_alpha=cfg.max_alpha)
-                              if cfg.learn_alpha else None)
-        self._capture = None        # set by longsparse.nn.capture
+                self.scaler = StaticASEntmaxScaler(
+                    scalable, init=cfg.asentmax_init, delta=cfg.asentmax_delta, gamma_range=cfg.asentmax_gamma_range
+                )
+        self.learned_alpha = LearnedAlpha((H,), init=cfg.alpha, max_alpha=cfg.max_alpha) if cfg.learn_alpha else None
+        self._capture = None  # set by longsparse.nn.capture
 
     # -- the mapping ------------------------------------------------------------------------
     @property
@@ -151,14 +154,18 @@ class Attention(nn.Module):
 
     def mapping_kwargs(self) -> Dict:
         """The mapping of the layer's method (ssmax / asentmax: softmax / entmax, their scales arrive as q_scale)."""
-        return dict(mapping=method_mapping(self.cfg.method), alpha=self.alpha(), topk=self.cfg.topk,
-                    adatemp_order=self.cfg.adatemp_order)
+        return dict(
+            mapping=method_mapping(self.cfg.method),
+            alpha=self.alpha(),
+            topk=self.cfg.topk,
+            adatemp_order=self.cfg.adatemp_order,
+        )
 
-    def probabilities(self, q: Tensor, k: Tensor, q_scale: Optional[Tensor] = None,
-                      attn_mask: Optional[Tensor] = None) -> Tensor:
+    def probabilities(
+        self, q: Tensor, k: Tensor, q_scale: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None
+    ) -> Tensor:
         """Dense attention map (B, H, Nq, Nk) of already-projected/rotated q, k (introspection)."""
-        z = dense_logits(q, k, scale=self.scale, q_scale=q_scale, alibi_slopes=self.alibi_slopes,
-                         attn_mask=attn_mask)
+        z = dense_logits(q, k, scale=self.scale, q_scale=q_scale, alibi_slopes=self.alibi_slopes, attn_mask=attn_mask)
         kw = self.mapping_kwargs()
         return get_mapping(kw.pop("mapping"), **kw)(z)
 
@@ -167,11 +174,17 @@ class Attention(nn.Module):
         B, N, _ = x.shape
         return x.view(B, N, self.n_heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, h: Tensor, positions: Tensor, padding: Optional[KeyPadding] = None,
-                cache: Optional[LayerCache] = None, n_query: Optional[int] = None) -> Tensor:
+    def forward(
+        self,
+        h: Tensor,
+        positions: Tensor,
+        padding: Optional[KeyPadding] = None,
+        cache: Optional[LayerCache] = None,
+        n_query: Optional[int] = None,
+    ) -> Tensor:
         B, N, _ = h.shape
         nq = N if n_query is None else n_query
-        hq, pq = (h, positions) if nq == N else (h[:, N - nq:], positions[:, N - nq:])
+        hq, pq = (h, positions) if nq == N else (h[:, N - nq :], positions[:, N - nq :])
         q = self._heads(self.q_proj(hq))
         k = self._heads(self.k_proj(h))
         v = self._heads(self.v_proj(h))
@@ -183,14 +196,26 @@ class Attention(nn.Module):
         keys = {}
         if padding is not None:
             if padding.mask.shape != (B, k.shape[2]):
-                raise ValueError(f"the key padding mask must have shape {(B, k.shape[2])}, got "
-                                 f"{tuple(padding.mask.shape)}")
+                raise ValueError(
+                    f"the key padding mask must have shape {(B, k.shape[2])}, got {tuple(padding.mask.shape)}"
+                )
             keys = padding.attention_kwargs()
         q_scale = self.scaler(hq, pq) if self.scaler is not None else None
-        out = attention(q, k, v, is_causal=True, scale=self.scale, alibi_slopes=self.alibi_slopes,
-                        q_scale=q_scale, chunk_size=self.cfg.attn_chunk_size, backend=self.cfg.attn_backend,
-                        **keys, **self.mapping_kwargs())
+        out = attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            scale=self.scale,
+            alibi_slopes=self.alibi_slopes,
+            q_scale=q_scale,
+            chunk_size=self.cfg.attn_chunk_size,
+            backend=self.cfg.attn_backend,
+            **keys,
+            **self.mapping_kwargs(),
+        )
         if self._capture is not None:
-            self._capture.record(self, q=q, k=k, q_scale=q_scale,
-                                 attn_mask=None if padding is None else padding.mask[:, None, None, :])
+            self._capture.record(
+                self, q=q, k=k, q_scale=q_scale, attn_mask=None if padding is None else padding.mask[:, None, None, :]
+            )
         return self.o_proj(out.transpose(1, 2).reshape(B, nq, self.n_heads * self.head_dim))

@@ -8,6 +8,7 @@ The file names its model's architecture (``arch``; files without the key are "tr
 architecture's config as a dict; ``load_checkpoint`` rebuilds the model through the registry of
 ``longsparse.models`` (``longsparse.models.registry``, which loads no model code until an architecture is used).
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,13 @@ FORMAT = "longsparse-checkpoint"
 VERSION = 1
 
 
-def save_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-                    extra: Optional[Dict[str, Any]] = None, overwrite: bool = False) -> str:
+def save_checkpoint(
+    path: str,
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    extra: Optional[Dict[str, Any]] = None,
+    overwrite: bool = False,
+) -> str:
     """Save ``model`` (its config and state dict), optionally the optimizer state and ``extra``
     (plain python values / tensors). Raises FileExistsError if ``path`` exists and not overwrite."""
     path = os.fspath(path)
@@ -34,10 +40,17 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
     try:
         arch = architecture_of(cfg)
     except TypeError:
-        raise TypeError(f"save_checkpoint needs a model of a registered architecture (its .cfg a config of one), "
-                        f"got a {type(model).__name__} with .cfg of type {type(cfg).__name__}") from None
-    payload = {"format": FORMAT, "version": VERSION, "arch": arch, "config": cfg.to_dict(),
-               "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+        raise TypeError(
+            f"save_checkpoint needs a model of a registered architecture (its .cfg a config of one), "
+            f"got a {type(model).__name__} with .cfg of type {type(cfg).__name__}"
+        ) from None
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "arch": arch,
+        "config": cfg.to_dict(),
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+    }
     if optimizer is not None:
         payload["optimizer"] = optimizer.state_dict()
     if extra is not None:
@@ -65,9 +78,8 @@ def read_checkpoint(path: str, map_location="cpu") -> Dict[str, Any]:
         raise FileNotFoundError(f"no checkpoint at {path}")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:   # truncated zip, garbage, pickle errors, ...
-        raise ValueError(f"{path}: not a readable checkpoint (corrupt or truncated?): "
-                         f"{type(e).__name__}: {e}") from e
+    except Exception as e:  # truncated zip, garbage, pickle errors, ...
+        raise ValueError(f"{path}: not a readable checkpoint (corrupt or truncated?): {type(e).__name__}: {e}") from e
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path}: not a longsparse checkpoint (missing format tag)")
     if payload.get("version") != VERSION:
@@ -78,8 +90,9 @@ def read_checkpoint(path: str, map_location="cpu") -> Dict[str, Any]:
     return payload
 
 
-def load_checkpoint(path: str, map_location="cpu", optimizer: Optional[torch.optim.Optimizer] = None,
-                    model: Optional[nn.Module] = None) -> Tuple[nn.Module, Dict[str, Any]]:
+def load_checkpoint(
+    path: str, map_location="cpu", optimizer: Optional[torch.optim.Optimizer] = None, model: Optional[nn.Module] = None
+) -> Tuple[nn.Module, Dict[str, Any]]:
     """Rebuild the model of the stored architecture from the stored config (or fill the given ``model``) and
     load its weights; load the optimizer state into ``optimizer`` if given. Returns (model, extra)."""
     payload = read_checkpoint(path, map_location)

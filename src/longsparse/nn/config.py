@@ -1,6 +1,7 @@
 """The configs of the decoder: ``AttentionSettings`` (how the token attentions of a model attend; every
 architecture's config holds one) and ``ModelConfig`` (the Gemma-2-style decoder), validated and round-trippable
 as flat plain dicts."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,6 +46,7 @@ class AttentionSettings:
     attn_backend: the attention backend, "auto" (longsparse.attention's policy) or a name in
     longsparse.attention.BACKENDS; a named one that cannot take a call raises instead of falling back.
     """
+
     method: str = "entmax"
     positions: str = "nape"
     alpha: float = 1.5
@@ -65,6 +67,7 @@ class AttentionSettings:
     def validate(self, n_heads: int, head_dim: int, names: Optional[Mapping[str, str]] = None) -> None:
         """ValueError naming the first invalid setting, for layers of ``n_heads`` heads of size ``head_dim``.
         names: the owning config's key of each field whose key differs from the field's name."""
+
         def key(name: str) -> str:
             return (names or {}).get(name, name)
 
@@ -74,12 +77,15 @@ class AttentionSettings:
         if self.positions not in POSITIONS:
             raise ValueError(f"unknown {key('positions')} {self.positions!r}; choose one of {', '.join(POSITIONS)}")
         if self.positions == "nape" and n_heads % 2:
-            raise ValueError(f"{key('positions')}='nape' needs an even n_heads (half ALiBi, half NoPE), "
-                             f"got {n_heads}")
+            raise ValueError(f"{key('positions')}='nape' needs an even n_heads (half ALiBi, half NoPE), got {n_heads}")
         if self.positions == "rope" and head_dim % 2:
             raise ValueError(f"{key('positions')}='rope' needs an even head_dim, got {head_dim}")
-        for name, allowed in (("nape_slopes", NAPE_SLOPES), ("adatemp_order", ADATEMP_ORDERS),
-                              ("asentmax_init", ASENTMAX_INITS), ("asentmax_scaler", ASENTMAX_SCALERS)):
+        for name, allowed in (
+            ("nape_slopes", NAPE_SLOPES),
+            ("adatemp_order", ADATEMP_ORDERS),
+            ("asentmax_init", ASENTMAX_INITS),
+            ("asentmax_scaler", ASENTMAX_SCALERS),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {key(name)} {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
         if not self.alpha >= 1:
@@ -88,15 +94,18 @@ class AttentionSettings:
             if self.method not in ("entmax", "asentmax"):
                 raise ValueError(f"{key('learn_alpha')} needs method entmax or asentmax, got {self.method!r}")
             if not 1 < self.alpha < self.max_alpha:
-                raise ValueError(f"{key('learn_alpha')} needs 1 < alpha < max_alpha, got alpha={self.alpha}, "
-                                 f"max_alpha={self.max_alpha}")
+                raise ValueError(
+                    f"{key('learn_alpha')} needs 1 < alpha < max_alpha, got alpha={self.alpha}, "
+                    f"max_alpha={self.max_alpha}"
+                )
         if not self.rope_theta > 0:
             raise ValueError(f"{key('rope_theta')} must be > 0, got {self.rope_theta}")
         if self.attn_chunk_size is not None:
             check_positive_int(key("attn_chunk_size"), self.attn_chunk_size)
         if self.attn_backend != "auto" and self.attn_backend not in BACKENDS:
-            raise ValueError(f"unknown {key('attn_backend')} {self.attn_backend!r}; choose auto or one of "
-                             f"{', '.join(BACKENDS)}")
+            raise ValueError(
+                f"unknown {key('attn_backend')} {self.attn_backend!r}; choose auto or one of {', '.join(BACKENDS)}"
+            )
 
 
 ATTENTION_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionSettings))
@@ -120,13 +129,17 @@ def flat_attention_settings(*, names: Optional[Mapping[str, str]] = None, order:
         if "attention" not in cls.__dataclass_fields__:
             raise TypeError(f"{cls.__name__} has no field 'attention' to hold its AttentionSettings")
         if set(names) - set(ATTENTION_FIELDS):
-            raise TypeError(f"{cls.__name__}: names= renames unknown AttentionSettings fields "
-                            f"{sorted(set(names) - set(ATTENTION_FIELDS))}")
+            raise TypeError(
+                f"{cls.__name__}: names= renames unknown AttentionSettings fields "
+                f"{sorted(set(names) - set(ATTENTION_FIELDS))}"
+            )
         own = [f.name for f in dataclasses.fields(cls) if f.name != "attention"]
-        setting_of = {names.get(f, f): f for f in ATTENTION_FIELDS}        # flat key -> settings field
+        setting_of = {names.get(f, f): f for f in ATTENTION_FIELDS}  # flat key -> settings field
         if set(own) & set(setting_of):
-            raise TypeError(f"{cls.__name__}: its fields {sorted(set(own) & set(setting_of))} clash with the flat "
-                            f"keys of its AttentionSettings (rename those with names=)")
+            raise TypeError(
+                f"{cls.__name__}: its fields {sorted(set(own) & set(setting_of))} clash with the flat "
+                f"keys of its AttentionSettings (rename those with names=)"
+            )
         keys = [k for k in order if k in own or k in setting_of]
         if len(keys) != len(order):
             raise TypeError(f"{cls.__name__}: order names unknown keys {sorted(set(order) - set(keys))}")
@@ -145,9 +158,11 @@ def flat_attention_settings(*, names: Optional[Mapping[str, str]] = None, order:
             dataclass_init(self, *args, **kwargs)
 
         def setting(name: str) -> property:
-            return property(lambda self: getattr(self.attention, name),
-                            lambda self, value: setattr(self.attention, name, value),
-                            doc=f"``attention.{name}`` (AttentionSettings)")
+            return property(
+                lambda self: getattr(self.attention, name),
+                lambda self, value: setattr(self.attention, name, value),
+                doc=f"``attention.{name}`` (AttentionSettings)",
+            )
 
         def to_dict(self) -> Dict[str, Any]:
             """The flat stored form: every key of the config (its fields and its settings') in ``order``."""
@@ -176,11 +191,34 @@ def strict_from_dict(cls, d: Dict[str, Any]):
     return cls(**d)
 
 
-@flat_attention_settings(order=(
-    "vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "d_ff", "method", "positions", "alpha", "learn_alpha",
-    "max_alpha", "topk", "adatemp_order", "rope_theta", "nape_slopes", "asentmax_init", "asentmax_scaler",
-    "asentmax_delta", "asentmax_gamma_range", "ssmax_init", "norm_eps", "init_std", "attn_chunk_size",
-    "attn_backend"))
+@flat_attention_settings(
+    order=(
+        "vocab_size",
+        "d_model",
+        "n_layers",
+        "n_heads",
+        "head_dim",
+        "d_ff",
+        "method",
+        "positions",
+        "alpha",
+        "learn_alpha",
+        "max_alpha",
+        "topk",
+        "adatemp_order",
+        "rope_theta",
+        "nape_slopes",
+        "asentmax_init",
+        "asentmax_scaler",
+        "asentmax_delta",
+        "asentmax_gamma_range",
+        "ssmax_init",
+        "norm_eps",
+        "init_std",
+        "attn_chunk_size",
+        "attn_backend",
+    )
+)
 @dataclass
 class ModelConfig:
     """Gemma-2-style decoder (docs/method.md §4): its widths, and ``attention``, the ``AttentionSettings`` of its
@@ -190,6 +228,7 @@ class ModelConfig:
     head_dim: default d_model // n_heads. norm_eps: the RMSNorms' ε. init_std: the std of the normal init of
     every projection and embedding.
     """
+
     vocab_size: int
     d_model: int = 256
     n_layers: int = 2

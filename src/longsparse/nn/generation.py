@@ -6,6 +6,7 @@ full forward over everything so far, each step); a model with an incremental pat
 ``cached_decoding``: the decoder's KV cache (``KVCacheDecoding``), HSA's long-context evaluator
 (``longsparse.hsa.HSAFastEvaluator``). The loop, its checks and the EOS handling are ``GreedyGeneration.generate``.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Protocol
@@ -46,7 +47,7 @@ class KVCacheDecoding:
 
     def __init__(self, model, prompt_ids: Tensor, mask: Tensor):
         self.model, self.cache = model, model.new_cache()
-        self.pending, self.pending_mask = prompt_ids, mask          # the tokens the cache has not seen
+        self.pending, self.pending_mask = prompt_ids, mask  # the tokens the cache has not seen
 
     def last_logits(self) -> Tensor:
         logits = self.model(self.pending, attention_mask=self.pending_mask, cache=self.cache, logits_for="last")
@@ -70,8 +71,14 @@ class GreedyGeneration:
         raise NotImplementedError(f"{type(self).__name__} defines no cached decoding")
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Tensor, max_new_tokens: int, attention_mask: Optional[Tensor] = None,
-                 eos_id: Optional[int] = None, use_cache: bool = True) -> Tensor:
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        max_new_tokens: int,
+        attention_mask: Optional[Tensor] = None,
+        eos_id: Optional[int] = None,
+        use_cache: bool = True,
+    ) -> Tensor:
         """Greedy decoding. prompt_ids (B, N), left-padded when rows differ in length (mark pads with
         ``attention_mask`` = 0). Returns the new tokens (B, max_new_tokens); after a row emits
         ``eos_id`` it is filled with ``eos_id`` (and decoding stops once every row has).
@@ -82,15 +89,22 @@ class GreedyGeneration:
         if prompt_ids.dim() != 2 or prompt_ids.shape[1] == 0:
             raise ValueError(f"prompt_ids must have shape (B, N) with N >= 1, got {tuple(prompt_ids.shape)}")
         B, dev = prompt_ids.shape[0], prompt_ids.device
-        mask = (torch.ones_like(prompt_ids, dtype=torch.bool) if attention_mask is None
-                else attention_mask.to(device=dev, dtype=torch.bool))
+        mask = (
+            torch.ones_like(prompt_ids, dtype=torch.bool)
+            if attention_mask is None
+            else attention_mask.to(device=dev, dtype=torch.bool)
+        )
         if mask.shape != prompt_ids.shape:
             raise ValueError(f"attention_mask must have shape {tuple(prompt_ids.shape)}, got {tuple(mask.shape)}")
         if not bool(mask.any(1).all()):
             raise ValueError("every prompt row needs at least one real (unmasked) token")
         if not self.decodes_padded_rows and not bool(mask.all()):
-            return torch.cat([self.generate(prompt_ids[b, mask[b]][None], max_new_tokens, eos_id=eos_id,
-                                            use_cache=use_cache) for b in range(B)])
+            return torch.cat(
+                [
+                    self.generate(prompt_ids[b, mask[b]][None], max_new_tokens, eos_id=eos_id, use_cache=use_cache)
+                    for b in range(B)
+                ]
+            )
         out = torch.full((B, max_new_tokens), 0 if eos_id is None else eos_id, dtype=torch.long, device=dev)
         if max_new_tokens == 0:
             return out
@@ -98,8 +112,9 @@ class GreedyGeneration:
         was_training = self.training
         self.eval()
         try:
-            decoding = (self.cached_decoding(prompt_ids, mask) if use_cache
-                        else FullForwardDecoding(self, prompt_ids, mask))
+            decoding = (
+                self.cached_decoding(prompt_ids, mask) if use_cache else FullForwardDecoding(self, prompt_ids, mask)
+            )
             for t in range(max_new_tokens):
                 nxt = decoding.last_logits().argmax(-1)
                 if eos_id is not None:

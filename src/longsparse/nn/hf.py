@@ -36,6 +36,7 @@ Invariants of the attention functions:
 * Attention-logit soft-capping and attention dropout are not supported: they raise instead of being
   ignored (as transformers' sdpa integration does for softcap).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -53,20 +54,22 @@ from longsparse.nn.scalers import ASENTMAX_INITS, ASEntmaxScaler
 
 HF_NAMES = ("entmax", "asentmax")
 METHODS = HF_NAMES
-CONFIG_KEY = "longsparse"          # config attribute holding the settings dict
-_READY = "_longsparse_ready"       # set on attention modules that _setup configured
+CONFIG_KEY = "longsparse"  # config attribute holding the settings dict
+_READY = "_longsparse_ready"  # set on attention modules that _setup configured
 
 
 def _import_transformers():
     try:
         import transformers
     except ImportError as e:
-        raise ImportError("longsparse.nn.hf needs the optional dependency transformers "
-                          "(pip install transformers)") from e
+        raise ImportError(
+            "longsparse.nn.hf needs the optional dependency transformers (pip install transformers)"
+        ) from e
     return transformers
 
 
 # ----------------------------------------------------------------------------- attention functions
+
 
 def _alpha(module: nn.Module, device: torch.device):
     cfg = getattr(module, "config", None)
@@ -105,21 +108,36 @@ def _query_positions(kwargs: dict[str, Any], B: int, L: int, S: int, device: tor
     return pos[..., -L:].expand(B, L)
 
 
-def _hf_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                  attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                  is_causal: bool | None = None, *, scaled: bool = False, **kwargs):
+def _hf_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    is_causal: bool | None = None,
+    *,
+    scaled: bool = False,
+    **kwargs,
+):
     """query (B, H, L, D), key/value (B, Hkv, S, D), attention_mask (B, 1, L, ≥S) bool or additive
     → ((B, L, H, D), None)."""
     softcap = kwargs.get("softcap")
     if softcap is not None:
-        raise ValueError(f"longsparse attention does not support attention-logit soft-capping (softcap={softcap}); "
-                         "set config.attn_logit_softcapping = None")
+        raise ValueError(
+            f"longsparse attention does not support attention-logit soft-capping (softcap={softcap}); "
+            "set config.attn_logit_softcapping = None"
+        )
     if dropout:
-        raise ValueError(f"longsparse attention does not support attention dropout (p={dropout}); "
-                         "set config.attention_dropout = 0.0")
+        raise ValueError(
+            f"longsparse attention does not support attention dropout (p={dropout}); set config.attention_dropout = 0.0"
+        )
     if getattr(getattr(module, "config", None), CONFIG_KEY, None) is not None and not getattr(module, _READY, False):
-        raise ValueError("this model's config carries longsparse settings but the model was built without them "
-                         "(by transformers' own from_pretrained?); load it with longsparse.nn.hf.from_pretrained")
+        raise ValueError(
+            "this model's config carries longsparse settings but the model was built without them "
+            "(by transformers' own from_pretrained?); load it with longsparse.nn.hf.from_pretrained"
+        )
     B, _, L, _ = query.shape
     S = key.shape[2]
     mask, causal = None, False
@@ -138,34 +156,47 @@ def _hf_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
         scaler = getattr(module, "longsparse_scaler", None)
         h = module.__dict__.pop("_longsparse_hidden", None)
         if scaler is None or h is None:
-            raise ValueError("attn_implementation='asentmax' needs ASEntmax scalers: call "
-                             "longsparse.nn.hf.add_asentmax_scalers(model) or apply_papers_config(model) first")
+            raise ValueError(
+                "attn_implementation='asentmax' needs ASEntmax scalers: call "
+                "longsparse.nn.hf.add_asentmax_scalers(model) or apply_papers_config(model) first"
+            )
         pos = _query_positions(kwargs, B, L, S, query.device)
         q_scale = scaler(h[:, -L:].to(query.dtype), pos)
-    out = attention(query, key, value, mapping="entmax", alpha=_alpha(module, query.device), is_causal=causal,
-                    scale=scaling, alibi_slopes=_slopes(module, query.device), q_scale=q_scale, attn_mask=mask)
+    out = attention(
+        query,
+        key,
+        value,
+        mapping="entmax",
+        alpha=_alpha(module, query.device),
+        is_causal=causal,
+        scale=scaling,
+        alibi_slopes=_slopes(module, query.device),
+        q_scale=q_scale,
+        attn_mask=mask,
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
-def entmax_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                             is_causal=None, **kwargs):
+def entmax_attention_forward(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, is_causal=None, **kwargs
+):
     """transformers AttentionInterface function: α-entmax attention (α from config.entmax_alpha or the
     longsparse settings)."""
-    return _hf_attention(module, query, key, value, attention_mask, scaling, dropout, is_causal,
-                         scaled=False, **kwargs)
+    return _hf_attention(module, query, key, value, attention_mask, scaling, dropout, is_causal, scaled=False, **kwargs)
 
 
-def asentmax_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                               is_causal=None, **kwargs):
+def asentmax_attention_forward(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, is_causal=None, **kwargs
+):
     """transformers AttentionInterface function: ASEntmax (needs add_asentmax_scalers or apply_papers_config)."""
-    return _hf_attention(module, query, key, value, attention_mask, scaling, dropout, is_causal,
-                         scaled=True, **kwargs)
+    return _hf_attention(module, query, key, value, attention_mask, scaling, dropout, is_causal, scaled=True, **kwargs)
 
 
 def _mask_never_skipped(*args, **kwargs):
     """transformers' sdpa mask builder with its causal skip off: it always returns the boolean
     (B, 1, L, S) mask, never None (see the module docstring for why)."""
     from transformers.masking_utils import sdpa_mask
+
     kwargs["allow_is_causal_skip"] = False
     return sdpa_mask(*args, **kwargs)
 
@@ -177,6 +208,7 @@ def register_hf_attention() -> tuple:
     _import_transformers()
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
+
     AttentionInterface.register("entmax", entmax_attention_forward)
     AttentionInterface.register("asentmax", asentmax_attention_forward)
     for name in HF_NAMES:
@@ -185,6 +217,7 @@ def register_hf_attention() -> tuple:
 
 
 # ----------------------------------------------------------------------------- model surgery
+
 
 def _is_attention_module(m: nn.Module) -> bool:
     return type(m).__name__.endswith("Attention") and hasattr(m, "q_proj") and hasattr(m, "config")
@@ -226,8 +259,8 @@ def _fill_position_ids(module, args, kwargs):
         x = given.get("inputs_embeds")
     if x is None:
         return None
-    pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -x.shape[1]:]
-    if "position_ids" in names[:len(args)]:
+    pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -x.shape[1] :]
+    if "position_ids" in names[: len(args)]:
         args = list(args)
         args[names.index("position_ids")] = pos
         return tuple(args), kwargs
@@ -261,13 +294,16 @@ def _remove_rotary(model: nn.Module, positions: str) -> int:
                 setattr(parent, name, NoRotaryEmbedding(dim))
                 found += 1
     if not found:
-        raise ValueError(f"positions={positions!r} removes the model's rotary embedding, but "
-                         f"{type(model).__name__} has none (a Llama / Gemma-2-style model has one)")
+        raise ValueError(
+            f"positions={positions!r} removes the model's rotary embedding, but "
+            f"{type(model).__name__} has none (a Llama / Gemma-2-style model has one)"
+        )
     return found
 
 
-def _make_settings(method: str, positions: str, alpha, nape_variant: str, init: str, delta: float,
-                   gamma_range: float, n_heads: int) -> dict[str, Any]:
+def _make_settings(
+    method: str, positions: str, alpha, nape_variant: str, init: str, delta: float, gamma_range: float, n_heads: int
+) -> dict[str, Any]:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if positions not in POSITIONS:
@@ -304,8 +340,9 @@ def _setup(model: nn.Module, settings: dict[str, Any]) -> int:
         ref = m.q_proj.weight
         m._longsparse_slopes = None if slopes is None else slopes.to(ref.device)
         if method == "asentmax":
-            m.longsparse_scaler = ASEntmaxScaler(cfg.hidden_size, scalable, init=sc["init"], delta=sc["delta"],
-                                                 gamma_range=sc["gamma_range"]).to(ref.device, ref.dtype)
+            m.longsparse_scaler = ASEntmaxScaler(
+                cfg.hidden_size, scalable, init=sc["init"], delta=sc["delta"], gamma_range=sc["gamma_range"]
+            ).to(ref.device, ref.dtype)
             m.register_forward_pre_hook(_stash_hidden, with_kwargs=True)
         setattr(m, _READY, True)
     if method == "asentmax":
@@ -321,21 +358,31 @@ def _setup(model: nn.Module, settings: dict[str, Any]) -> int:
     return len(mods)
 
 
-def add_asentmax_scalers(model: nn.Module, init: str = "scale_aware", delta: float = 1.0,
-                         gamma_range: float = 2.0) -> int:
+def add_asentmax_scalers(
+    model: nn.Module, init: str = "scale_aware", delta: float = 1.0, gamma_range: float = 2.0
+) -> int:
     """Attach an ASEntmaxScaler (all heads scaled) to every attention module of a transformers model,
     switch its attention to "asentmax" and keep its own positions (α stays ``config.entmax_alpha``,
     default 1.5). Returns how many were attached. The scalers are in the state dict and the settings in
     ``config.longsparse``: reload a saved model with ``longsparse.nn.hf.from_pretrained``."""
-    settings = _make_settings("asentmax", "rope", None, "harmonic", init, delta, gamma_range,
-                              model.config.num_attention_heads)
+    settings = _make_settings(
+        "asentmax", "rope", None, "harmonic", init, delta, gamma_range, model.config.num_attention_heads
+    )
     return _setup(model, settings)
 
 
-def apply_papers_config(model: nn.Module, method: str = "asentmax", positions: str = "nape",
-                        alpha: float | Sequence[float] = 1.5, *, nape_variant: str = "harmonic",
-                        init: str = "scale_aware", delta: float = 1.0, gamma_range: float = 2.0,
-                        full_attention: bool = True) -> nn.Module:
+def apply_papers_config(
+    model: nn.Module,
+    method: str = "asentmax",
+    positions: str = "nape",
+    alpha: float | Sequence[float] = 1.5,
+    *,
+    nape_variant: str = "harmonic",
+    init: str = "scale_aware",
+    delta: float = 1.0,
+    gamma_range: float = 2.0,
+    full_attention: bool = True,
+) -> nn.Module:
     """Give a Llama / Gemma-2-style transformers decoder the configuration of the papers, in place;
     returns the model.
 
@@ -354,10 +401,11 @@ def apply_papers_config(model: nn.Module, method: str = "asentmax", positions: s
     cfg = model.config
     mods = _attention_modules(model)
     if getattr(cfg, "attention_dropout", 0.0):
-        raise ValueError(f"longsparse attention does not support attention dropout "
-                         f"(config.attention_dropout={cfg.attention_dropout}); set it to 0.0")
-    settings = _make_settings(method, positions, alpha, nape_variant, init, delta, gamma_range,
-                              cfg.num_attention_heads)
+        raise ValueError(
+            f"longsparse attention does not support attention dropout "
+            f"(config.attention_dropout={cfg.attention_dropout}); set it to 0.0"
+        )
+    settings = _make_settings(method, positions, alpha, nape_variant, init, delta, gamma_range, cfg.num_attention_heads)
     if getattr(cfg, "attn_logit_softcapping", None) is not None:
         cfg.attn_logit_softcapping = None
     if full_attention and "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
@@ -368,12 +416,13 @@ def apply_papers_config(model: nn.Module, method: str = "asentmax", positions: s
         if full_attention and getattr(m, "sliding_window", None) is not None:
             m.sliding_window = None
     if full_attention and getattr(cfg, "sliding_window", None) is not None and not hasattr(cfg, "layer_types"):
-        cfg.sliding_window = None          # a model whose every layer is sliding (Mistral-style)
+        cfg.sliding_window = None  # a model whose every layer is sliding (Mistral-style)
     _setup(model, settings)
     return model
 
 
 # ----------------------------------------------------------------------------- loading
+
 
 def _checkpoint_tensors(path: str, keys: Sequence[str], hub_kwargs: dict[str, Any]) -> dict[str, Tensor]:
     """The tensors ``keys`` from the safetensors checkpoint (single file or sharded) at ``path``."""
@@ -406,8 +455,10 @@ def _checkpoint_tensors(path: str, keys: Sequence[str], hub_kwargs: dict[str, An
             out.update({k: f.get_tensor(k) for k in wanted if k in present})
     missing = [k for k in keys if k not in out]
     if missing:
-        raise ValueError(f"{path} lacks {len(missing)} longsparse weights (e.g. {missing[0]}); "
-                         "was it saved after apply_papers_config / add_asentmax_scalers?")
+        raise ValueError(
+            f"{path} lacks {len(missing)} longsparse weights (e.g. {missing[0]}); "
+            "was it saved after apply_papers_config / add_asentmax_scalers?"
+        )
     return out
 
 
@@ -428,17 +479,22 @@ def from_pretrained(path: str | os.PathLike, model_class: type | None = None, **
         archs = getattr(config, "architectures", None) or []
         model_class = getattr(transformers, archs[0], None) if archs else None
         if model_class is None:
-            raise ValueError(f"cannot tell the model class of {path} (config.architectures = {archs}); "
-                             "pass model_class=")
+            raise ValueError(
+                f"cannot tell the model class of {path} (config.architectures = {archs}); pass model_class="
+            )
     # The scaler weights are loaded below, once the scalers exist; a subclass only tells transformers
     # not to report them as unexpected keys. The model is handed back as model_class itself.
     ignore = set(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()) | {r"\.longsparse_"}
-    shim = type(model_class.__name__, (model_class,),
-                {"__module__": model_class.__module__, "_keys_to_ignore_on_load_unexpected": ignore})
+    shim = type(
+        model_class.__name__,
+        (model_class,),
+        {"__module__": model_class.__module__, "_keys_to_ignore_on_load_unexpected": ignore},
+    )
     requested = kwargs.pop("attn_implementation", settings["method"])
     if requested != settings["method"]:
-        raise ValueError(f"{path} was saved with attention {settings['method']!r}; "
-                         f"attn_implementation={requested!r} would drop it")
+        raise ValueError(
+            f"{path} was saved with attention {settings['method']!r}; attn_implementation={requested!r} would drop it"
+        )
     model = shim.from_pretrained(path, config=config, attn_implementation=settings["method"], **kwargs)
     model.__class__ = model_class
     _setup(model, settings)

@@ -14,6 +14,7 @@ Each dict holds, for the query rows of that call:
             (0 where n ≤ 1).
 Everything is detached and stored on the CPU. Rows of fully masked (padding) queries are zeros.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,22 +46,25 @@ class Capture:
         return sorted(self.calls)
 
     @torch.no_grad()
-    def record(self, attn: Attention, *, q: Tensor, k: Tensor, q_scale: Optional[Tensor],
-               attn_mask: Optional[Tensor]) -> None:
+    def record(
+        self, attn: Attention, *, q: Tensor, k: Tensor, q_scale: Optional[Tensor], attn_mask: Optional[Tensor]
+    ) -> None:
         rec: Dict[str, Tensor] = {}
         B, H, Nq, _ = q.shape
         if "scale" in self.what:
-            rec["scale"] = (torch.ones(B, H, Nq) if q_scale is None else q_scale.detach().float().cpu())
+            rec["scale"] = torch.ones(B, H, Nq) if q_scale is None else q_scale.detach().float().cpu()
         if any(w in self.what for w in ("attn", "support", "entropy")):
-            p = attn.probabilities(q.detach(), k.detach(), None if q_scale is None else q_scale.detach(),
-                                   attn_mask).detach()
+            p = attn.probabilities(
+                q.detach(), k.detach(), None if q_scale is None else q_scale.detach(), attn_mask
+            ).detach()
             if "attn" in self.what:
                 rec["attn"] = p.cpu()
             if "support" in self.what:
                 rec["support"] = (p > 0).sum(-1).cpu()
             if "entropy" in self.what:
-                allowed = torch.isfinite(dense_logits(q.detach(), k.detach(), scale=attn.scale,
-                                                      attn_mask=attn_mask)).sum(-1)
+                allowed = torch.isfinite(
+                    dense_logits(q.detach(), k.detach(), scale=attn.scale, attn_mask=attn_mask)
+                ).sum(-1)
                 h = -torch.where(p > 0, p * p.clamp_min(1e-300).log(), p.new_zeros(())).sum(-1)
                 n = allowed.to(p.dtype)
                 rec["entropy"] = torch.where(n > 1, h / n.clamp_min(2).log(), torch.zeros_like(h)).float().cpu()

@@ -4,6 +4,7 @@ Mask conventions follow nn.MultiheadAttention: a boolean ``attn_mask`` / ``key_p
 True where attention is NOT allowed; a float mask is added to the logits. ``attn_mask`` is (L, S) or
 (B·num_heads, L, S); ``key_padding_mask`` is (B, S). A query that may attend to nothing gets zeros.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,9 +18,21 @@ from longsparse.mappings import get_mapping
 
 
 class EntmaxMultiheadAttention(nn.Module):
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 kdim: Optional[int] = None, vdim: Optional[int] = None, batch_first: bool = True,
-                 alpha: float = 1.5, mapping: str = "entmax", topk: int = 32, device=None, dtype=None):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        kdim: Optional[int] = None,
+        vdim: Optional[int] = None,
+        batch_first: bool = True,
+        alpha: float = 1.5,
+        mapping: str = "entmax",
+        topk: int = 32,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
@@ -46,9 +59,8 @@ class EntmaxMultiheadAttention(nn.Module):
         def to_add(m: Tensor, name: str) -> Tensor:
             if m.dtype == torch.bool:
                 return torch.zeros(m.shape, dtype=dtype, device=device).masked_fill(m, float("-inf"))
-            if not m.is_floating_point():   # as nn.MultiheadAttention: an integer mask has no meaning
-                raise ValueError(f"{name} must be bool (True = masked) or floating point (added); "
-                                 f"got dtype {m.dtype}")
+            if not m.is_floating_point():  # as nn.MultiheadAttention: an integer mask has no meaning
+                raise ValueError(f"{name} must be bool (True = masked) or floating point (added); got dtype {m.dtype}")
             return m.to(dtype)
 
         if attn_mask is not None:
@@ -75,9 +87,17 @@ class EntmaxMultiheadAttention(nn.Module):
             add = m if add is None else add + m
         return add
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
-                need_weights: bool = True, attn_mask: Optional[Tensor] = None, average_attn_weights: bool = True,
-                is_causal: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        need_weights: bool = True,
+        attn_mask: Optional[Tensor] = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
         unbatched = query.dim() == 2
         if unbatched:
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
@@ -102,8 +122,17 @@ class EntmaxMultiheadAttention(nn.Module):
             if need_weights:
                 weights = (p.mean(1) if average_attn_weights else p).to(q.dtype)
         else:
-            out = attention(q, k, v, mapping=self.mapping, alpha=self.alpha, is_causal=False, scale=scale,
-                            attn_mask=mask, topk=self.topk)
+            out = attention(
+                q,
+                k,
+                v,
+                mapping=self.mapping,
+                alpha=self.alpha,
+                is_causal=False,
+                scale=scale,
+                attn_mask=mask,
+                topk=self.topk,
+            )
         out = self.out_proj(out.transpose(1, 2).reshape(B, L, self.embed_dim))
         if unbatched:
             out = out.squeeze(0)

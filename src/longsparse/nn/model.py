@@ -17,6 +17,7 @@ without a cache not at all (no real token sees a pad that follows it). The fused
 take key ranges natively; only a mask with pads between real keys (right-padded prompts decoded further
 with a cache) goes as a dense (B, 1, 1, Nk) mask.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,11 +71,17 @@ class Block(nn.Module):
         self.mlp = GeGLU(cfg.d_model, cfg.d_ff)
         self.post_mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
 
-    def forward(self, x: Tensor, positions: Tensor, padding: Optional[KeyPadding] = None,
-                cache: Optional[LayerCache] = None, n_query: Optional[int] = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor,
+        padding: Optional[KeyPadding] = None,
+        cache: Optional[LayerCache] = None,
+        n_query: Optional[int] = None,
+    ) -> Tensor:
         a = self.attn(self.pre_attn_norm(x), positions, padding, cache, n_query)
         if n_query is not None and n_query != x.shape[1]:
-            x = x[:, x.shape[1] - n_query:]
+            x = x[:, x.shape[1] - n_query :]
         x = x + self.post_attn_norm(a)
         return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
 
@@ -84,8 +91,8 @@ class KVCache:
 
     def __init__(self, n_layers: int):
         self.layers: List[LayerCache] = [LayerCache() for _ in range(n_layers)]
-        self.key_mask: Optional[Tensor] = None     # (B, N) bool
-        self.next_pos: Optional[Tensor] = None     # (B,) long
+        self.key_mask: Optional[Tensor] = None  # (B, N) bool
+        self.next_pos: Optional[Tensor] = None  # (B,) long
 
     def __len__(self) -> int:
         return 0 if self.key_mask is None else self.key_mask.shape[1]
@@ -123,7 +130,7 @@ class Transformer(GreedyGeneration, nn.Module):
                 nn.init.normal_(m.weight, 0.0, self.cfg.init_std)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
-        for m in self.modules():        # the scalers' own initialisation wins
+        for m in self.modules():  # the scalers' own initialisation wins
             if isinstance(m, ASEntmaxScaler):
                 m.reset_parameters()
 
@@ -133,21 +140,30 @@ class Transformer(GreedyGeneration, nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layers)
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
-                position_ids: Optional[Tensor] = None, cache: Optional[KVCache] = None,
-                logits_for: str = "all") -> Tensor:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Optional[Tensor] = None,
+        position_ids: Optional[Tensor] = None,
+        cache: Optional[KVCache] = None,
+        logits_for: str = "all",
+    ) -> Tensor:
         if logits_for not in LOGITS_FOR:
             raise ValueError(f"logits_for must be one of {LOGITS_FOR}, got {logits_for!r}")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must have shape (B, N), got {tuple(input_ids.shape)}")
         B, N = input_ids.shape
         dev = input_ids.device
-        new_mask = (torch.ones(B, N, dtype=torch.bool, device=dev) if attention_mask is None
-                    else attention_mask.to(device=dev, dtype=torch.bool))
+        new_mask = (
+            torch.ones(B, N, dtype=torch.bool, device=dev)
+            if attention_mask is None
+            else attention_mask.to(device=dev, dtype=torch.bool)
+        )
         if new_mask.shape != (B, N):
             raise ValueError(f"attention_mask must have shape {(B, N)}, got {tuple(new_mask.shape)}")
-        base = (torch.zeros(B, dtype=torch.long, device=dev) if cache is None or cache.next_pos is None
-                else cache.next_pos)
+        base = (
+            torch.zeros(B, dtype=torch.long, device=dev) if cache is None or cache.next_pos is None else cache.next_pos
+        )
         if position_ids is None:
             position_ids = (base[:, None] + new_mask.long().cumsum(1) - 1).clamp_min(0)
         elif position_ids.shape != (B, N):
@@ -164,8 +180,11 @@ class Transformer(GreedyGeneration, nn.Module):
         # Without a cache, pads after a row's real tokens are seen only by the outputs at those pad positions,
         # which no loss or prediction reads: a right-padded training batch reaches attention unrestricted, as
         # the fused backends (fused_cpu, triton) take it. With a cache, later queries would see them.
-        padding = (None if attention_mask is None and cache is None
-                   else key_padding(key_mask, trailing_pads_unseen=cache is None))
+        padding = (
+            None
+            if attention_mask is None and cache is None
+            else key_padding(key_mask, trailing_pads_unseen=cache is None)
+        )
         x = self.embed(input_ids) * self.embed_scale
         L = len(self.blocks)
         for i, block in enumerate(self.blocks):

@@ -13,6 +13,7 @@
 ALiBi) and which heads a length scaler (SSMax / ASEntmax) may scale: under NAPE only the NoPE heads,
 under NoPE / RoPE / ALiBi all heads.
 """
+
 from __future__ import annotations
 
 import math
@@ -93,8 +94,8 @@ class RoPE(nn.Module):
         if positions.dim() == 1:
             positions = positions.unsqueeze(0)
         # angles in float64: positions up to 10^5+ keep their precision
-        ang = positions.to(torch.float64).unsqueeze(-1) * self.inv_freq.to(torch.float64)   # (B, N, D/2)
-        ang = torch.cat((ang, ang), dim=-1).unsqueeze(1)                                     # (B, 1, N, D)
+        ang = positions.to(torch.float64).unsqueeze(-1) * self.inv_freq.to(torch.float64)  # (B, N, D/2)
+        ang = torch.cat((ang, ang), dim=-1).unsqueeze(1)  # (B, 1, N, D)
         cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
         return x * cos + rotate_half(x) * sin
 

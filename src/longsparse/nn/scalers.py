@@ -16,6 +16,7 @@ anywhere from ~1 to ~20); "scale_aware" — zero weights, b_β = softplus⁻¹(0
 scale starts at ≈ 1.05 everywhere. The default is "scale_aware" (the reference init was reported to
 leave MQMTAR stuck on its plateau).
 """
+
 from __future__ import annotations
 
 import math
@@ -67,15 +68,16 @@ class SSMaxScaler(_Scaler):
 
     def forward(self, h: Optional[Tensor], positions: Tensor) -> Tensor:
         dtype = self.beta.dtype if h is None else h.dtype
-        lp = log_position(positions, dtype).unsqueeze(1)                       # (B, 1, Nq)
+        lp = log_position(positions, dtype).unsqueeze(1)  # (B, 1, Nq)
         return self._expand(self.beta.to(dtype).view(1, -1, 1) * lp)
 
 
 class ASEntmaxScaler(_Scaler):
     """Adaptive-scalable entmax scale δ + softplus(W_β h + b_β)·log(i+2)^{γ_r·tanh(W_γ h + b_γ)}."""
 
-    def __init__(self, d_model: int, scalable: Tensor, init: str = "scale_aware", delta: float = 1.0,
-                 gamma_range: float = 2.0):
+    def __init__(
+        self, d_model: int, scalable: Tensor, init: str = "scale_aware", delta: float = 1.0, gamma_range: float = 2.0
+    ):
         super().__init__(scalable)
         if init not in ASENTMAX_INITS:
             raise ValueError(f"unknown ASEntmax init {init!r}; choose one of {', '.join(ASENTMAX_INITS)}")
@@ -102,10 +104,10 @@ class ASEntmaxScaler(_Scaler):
         # instead of two and their sum (the two Linear modules stay: checkpoints keep their parameter names)
         weight = torch.cat((self.beta_proj.weight, self.gamma_proj.weight))
         bias = torch.cat((self.beta_proj.bias, self.gamma_proj.bias))
-        beta_in, gamma_in = F.linear(h, weight, bias).split(self.n_scaled, dim=-1)   # (B, Nq, Hs) each
+        beta_in, gamma_in = F.linear(h, weight, bias).split(self.n_scaled, dim=-1)  # (B, Nq, Hs) each
         beta = F.softplus(beta_in)
         gamma = self.gamma_range * torch.tanh(gamma_in)
-        lp = log_position(positions, h.dtype).unsqueeze(-1)                    # (B, Nq, 1)
+        lp = log_position(positions, h.dtype).unsqueeze(-1)  # (B, Nq, 1)
         s = self.delta + beta * lp.pow(gamma)
         return self._expand(s.transpose(1, 2))
 
@@ -130,5 +132,5 @@ class StaticASEntmaxScaler(_Scaler):
         dtype = self.beta_bias.dtype if h is None else h.dtype
         beta = F.softplus(self.beta_bias.to(dtype)).view(1, -1, 1)
         gamma = (self.gamma_range * torch.tanh(self.gamma_bias.to(dtype))).view(1, -1, 1)
-        lp = log_position(positions, dtype).unsqueeze(1)                       # (B, 1, Nq)
+        lp = log_position(positions, dtype).unsqueeze(1)  # (B, 1, Nq)
         return self._expand(self.delta + beta * lp.pow(gamma))

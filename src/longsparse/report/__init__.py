@@ -13,6 +13,7 @@ line of results.md, ``"format": "longsparse-report"`` in results.json, a ``longs
 plot), and an existing output without it makes the command refuse before writing anything. Outputs are written
 atomically (``longsparse.io``).
 """
+
 from __future__ import annotations
 
 import json
@@ -57,10 +58,12 @@ def collect(inputs: Iterable[str | Path], warn: Callable[[str], None] | None = w
         if p.is_dir():
             found = sorted((p / "eval").glob("*.json")) if (p / "eval").is_dir() else []
             docs = [(f, read_json_or_none(f, warn)) for f in found]
-            docs = [(f, d) for f, d in docs if d is not None]    # what an interrupted evaluation left
+            docs = [(f, d) for f, d in docs if d is not None]  # what an interrupted evaluation left
             if not docs:
-                raise ReportError(f"{p}: no evaluation results in {p / 'eval'} (run `longsparse eval {p}` first)"
-                                  + (f"; {len(found)} unreadable file(s) skipped" if found else ""))
+                raise ReportError(
+                    f"{p}: no evaluation results in {p / 'eval'} (run `longsparse eval {p}` first)"
+                    + (f"; {len(found)} unreadable file(s) skipped" if found else "")
+                )
         elif p.is_file():
             docs = [(p, None)]
         else:
@@ -68,11 +71,22 @@ def collect(inputs: Iterable[str | Path], warn: Callable[[str], None] | None = w
         for f, d in docs:
             d = _check_result(f, d) if d is not None else _read_result(f)
             key = d.get("run", str(f))
-            s = by_run.setdefault(key, {"label": d.get("label", "?"), "run_name": d.get("run_name", f.stem),
-                                        "run": key, "task": d.get("task"), "method": d.get("method"),
-                                        "positions": d.get("positions"), "train_lengths": d.get("train_lengths"),
-                                        "checkpoint": d.get("checkpoint"), "results": {}, "files": [],
-                                        "_created": {}})
+            s = by_run.setdefault(
+                key,
+                {
+                    "label": d.get("label", "?"),
+                    "run_name": d.get("run_name", f.stem),
+                    "run": key,
+                    "task": d.get("task"),
+                    "method": d.get("method"),
+                    "positions": d.get("positions"),
+                    "train_lengths": d.get("train_lengths"),
+                    "checkpoint": d.get("checkpoint"),
+                    "results": {},
+                    "files": [],
+                    "_created": {},
+                },
+            )
             s["files"].append(str(f))
             for r in d["results"]:
                 L = int(r["length"])
@@ -103,8 +117,10 @@ def markdown_table(series: list[dict]) -> str:
         lengths = sorted({L for s in ss for L in s["results"]})
         hi = max((s["train_lengths"] or [0, 0])[1] for s in ss) or None
         n = sorted({r["n"] for s in ss for r in s["results"].values()})
-        out.append(f"### {task}: exact match % [95% Wilson interval], n = {', '.join(map(str, n))} per cell"
-                   + (f"; trained on L ≤ {hi}" if hi else ""))
+        out.append(
+            f"### {task}: exact match % [95% Wilson interval], n = {', '.join(map(str, n))} per cell"
+            + (f"; trained on L ≤ {hi}" if hi else "")
+        )
         out.append("")
         out.append("| length | × train | " + " | ".join(s["name"] for s in ss) + " |")
         out.append("|---:|---:|" + "---:|" * len(ss))
@@ -118,11 +134,14 @@ def markdown_table(series: list[dict]) -> str:
 def plot(series: list[dict], path: Path) -> Path:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ReportError("the plot needs matplotlib, which is not installed: pip install 'longsparse[plot]' "
-                          "(or pip install matplotlib); the table and JSON were written") from None
+        raise ReportError(
+            "the plot needs matplotlib, which is not installed: pip install 'longsparse[plot]' "
+            "(or pip install matplotlib); the table and JSON were written"
+        ) from None
     tasks = sorted({s["task"] for s in series}, key=str)
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
@@ -131,7 +150,7 @@ def plot(series: list[dict], path: Path) -> Path:
             em = [100 * s["results"][L]["exact_match"] for L in Ls]
             lo = [100 * s["results"][L]["exact_match_ci"][0] for L in Ls]
             hi = [100 * s["results"][L]["exact_match_ci"][1] for L in Ls]
-            line, = ax.plot(Ls, em, marker="o", label=s["name"])
+            (line,) = ax.plot(Ls, em, marker="o", label=s["name"])
             ax.fill_between(Ls, lo, hi, alpha=0.15, color=line.get_color())
         tl = [s["train_lengths"] for s in series if s["task"] == task and s["train_lengths"]]
         if tl:
@@ -159,11 +178,11 @@ def png_text(path: Path) -> dict:
         return {}
     out, i = {}, 8
     while i + 8 <= len(data):
-        n, kind = struct.unpack(">I4s", data[i:i + 8])
+        n, kind = struct.unpack(">I4s", data[i : i + 8])
         if kind == b"tEXt":
-            key, _, value = data[i + 8:i + 8 + n].partition(b"\0")
+            key, _, value = data[i + 8 : i + 8 + n].partition(b"\0")
             out[key.decode("latin-1")] = value.decode("latin-1")
-        if kind in (b"IDAT", b"IEND"):     # matplotlib writes its text chunks before the image data
+        if kind in (b"IDAT", b"IEND"):  # matplotlib writes its text chunks before the image data
             break
         i += 12 + n
     return out
@@ -180,8 +199,11 @@ def _written_by_report(path: Path) -> bool:
             return json.loads(path.read_text()).get("format") == MERGED_FORMAT
         except (ValueError, AttributeError):
             return False
-    legacy = path.name != "results.json" and (path.parent / "results.json").is_file() and _written_by_report(
-        path.parent / "results.json")
+    legacy = (
+        path.name != "results.json"
+        and (path.parent / "results.json").is_file()
+        and _written_by_report(path.parent / "results.json")
+    )
     if path.suffix == ".md":
         text = path.read_text(encoding="utf-8", errors="replace")
         return text.split("\n", 1)[0] == MD_MARKER or (legacy and LEGACY_MD_HEADING in text)
@@ -195,8 +217,10 @@ def _check_not_foreign(out: Path) -> None:
     for name in OUTPUTS:
         path = out / name
         if path.is_file() and not _written_by_report(path):
-            raise ReportError(f"{path} exists and is not a `longsparse report` file (it has no report marker); "
-                              f"nothing was written: choose another --out, or move the file away")
+            raise ReportError(
+                f"{path} exists and is not a `longsparse report` file (it has no report marker); "
+                f"nothing was written: choose another --out, or move the file away"
+            )
         if path.exists() and not path.is_file():
             raise ReportError(f"{path} exists and is not a file; nothing was written (choose another --out)")
 
@@ -211,8 +235,11 @@ def build_report(inputs: Iterable[str | Path], out: str | Path, *, printer=print
     out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(series)
     md = atomic_write_text(out / "results.md", MD_MARKER + "\n" + (f"# {title}\n\n" if title else "") + table + "\n")
-    merged = {"format": MERGED_FORMAT, "version": 1,
-              "series": [{**s, "results": [s["results"][L] for L in sorted(s["results"])]} for s in series]}
+    merged = {
+        "format": MERGED_FORMAT,
+        "version": 1,
+        "series": [{**s, "results": [s["results"][L] for L in sorted(s["results"])]} for s in series],
+    }
     js = atomic_write_text(out / "results.json", json.dumps(merged, indent=1) + "\n")
     png, err = None, None
     try:

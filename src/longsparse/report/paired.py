@@ -15,6 +15,7 @@ The decision rule maps the primary endpoint to supported / refuted / inconclusiv
 computed from a study view (``longsparse_experiments.reproduce.view`` of a results store: per study, method, checkpoint,
 length and seed); nothing from models.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -28,8 +29,9 @@ BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 
 
-def bootstrap_mean_interval(xs: Sequence[float], *, level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
-                            seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+def bootstrap_mean_interval(
+    xs: Sequence[float], *, level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of ``xs`` (resampled with replacement, ``random.Random(seed)``)."""
     if not xs:
         raise ValueError("bootstrap of an empty sample")
@@ -45,16 +47,22 @@ def sign_flip_p(xs: Sequence[float]) -> float:
     n = len(xs)
     if not 1 <= n <= 16:
         raise ValueError(f"the exact sign-flip test takes 1 to 16 differences, got {n}")
-    observed = abs(sum(xs)) - 1e-9          # ties (equal |sum|) count as "at least as far"
-    hits = sum(abs(sum(s * x for s, x in zip(signs, xs))) >= observed
-               for signs in itertools.product((1, -1), repeat=n))
-    return hits / 2 ** n
+    observed = abs(sum(xs)) - 1e-9  # ties (equal |sum|) count as "at least as far"
+    hits = sum(abs(sum(s * x for s, x in zip(signs, xs))) >= observed for signs in itertools.product((1, -1), repeat=n))
+    return hits / 2**n
 
 
-def intercept_interval(d: Sequence[float], delta: Sequence[float], *, level: float = 0.95,
-                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict:
+def intercept_interval(
+    d: Sequence[float],
+    delta: Sequence[float],
+    *,
+    level: float = 0.95,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict:
     """Least-squares d = a + b·delta over seeds; a (the difference at delta = 0) and b with bootstrap intervals
     over seeds (resamples where every delta is equal leave the slope undefined and are skipped)."""
+
     def fit(pairs):
         xs, ys = [p[1] for p in pairs], [p[0] for p in pairs]
         mx, my = statistics.fmean(xs), statistics.fmean(ys)
@@ -73,10 +81,14 @@ def intercept_interval(d: Sequence[float], delta: Sequence[float], *, level: flo
         f = fit(rng.choices(pairs, k=len(pairs)))
         if f is not None:
             fits.append(f)
-    q = lambda vals: (vals[int((1 - level) / 2 * len(vals))],
-                      vals[min(len(vals) - 1, int((1 + level) / 2 * len(vals)))])
-    return {"a": point[0], "b": point[1], "a_ci": q(sorted(f[0] for f in fits)),
-            "b_ci": q(sorted(f[1] for f in fits))}
+
+    def q(vals):
+        return (
+            vals[int((1 - level) / 2 * len(vals))],
+            vals[min(len(vals) - 1, int((1 + level) / 2 * len(vals)))],
+        )
+
+    return {"a": point[0], "b": point[1], "a_ci": q(sorted(f[0] for f in fits)), "b_ci": q(sorted(f[1] for f in fits))}
 
 
 def decide(ci: tuple[float, float], p: float, *, margin: float, alpha: float = 0.05) -> str:
@@ -97,10 +109,12 @@ def _seed_records(sd: dict, method: str, checkpoint: str, length: int) -> dict[s
     return sd["series"][key].get(checkpoint, {}).get(str(length), {}).get("per_seed", {})
 
 
-def compare(studies: dict, a: str, b: str, length: int, *, id_length: int | None = None,
-            checkpoint: str = "last") -> dict:
+def compare(
+    studies: dict, a: str, b: str, length: int, *, id_length: int | None = None, checkpoint: str = "last"
+) -> dict:
     """A − B at ``length`` over the seeds both have, from an archive's ``studies`` (methods may sit in different
     studies of the file). Differences in percentage points; per-seed records keep both runs' numbers."""
+
     def records(method, L):
         out = {}
         for sd in studies.values():
@@ -113,18 +127,37 @@ def compare(studies: dict, a: str, b: str, length: int, *, id_length: int | None
     for s in seeds:
         x, y = ra[s], rb[s]
         disjoint = x["ci"][0] > y["ci"][1] or y["ci"][0] > x["ci"][1]
-        per_seed.append({"seed": int(s), "a": 100 * x["exact_match"], "b": 100 * y["exact_match"],
-                         "d": 100 * (x["exact_match"] - y["exact_match"]), "n": [x["n"], y["n"]],
-                         "disjoint": disjoint})
-    out = {"a": a, "b": b, "length": length, "checkpoint": checkpoint, "seeds": [r["seed"] for r in per_seed],
-           "per_seed": per_seed}
+        per_seed.append(
+            {
+                "seed": int(s),
+                "a": 100 * x["exact_match"],
+                "b": 100 * y["exact_match"],
+                "d": 100 * (x["exact_match"] - y["exact_match"]),
+                "n": [x["n"], y["n"]],
+                "disjoint": disjoint,
+            }
+        )
+    out = {
+        "a": a,
+        "b": b,
+        "length": length,
+        "checkpoint": checkpoint,
+        "seeds": [r["seed"] for r in per_seed],
+        "per_seed": per_seed,
+    }
     if not per_seed:
         return out
     d = [r["d"] for r in per_seed]
-    out.update(mean=statistics.fmean(d), ci=bootstrap_mean_interval(d), p=sign_flip_p(d),
-               positive=sum(x > 0 for x in d), negative=sum(x < 0 for x in d))
-    out["robust"] = bool(all(r["disjoint"] for r in per_seed)
-                         and (out["positive"] == len(d) or out["negative"] == len(d)))
+    out.update(
+        mean=statistics.fmean(d),
+        ci=bootstrap_mean_interval(d),
+        p=sign_flip_p(d),
+        positive=sum(x > 0 for x in d),
+        negative=sum(x < 0 for x in d),
+    )
+    out["robust"] = bool(
+        all(r["disjoint"] for r in per_seed) and (out["positive"] == len(d) or out["negative"] == len(d))
+    )
     if id_length is not None and id_length != length:
         ia, ib = records(a, id_length), records(b, id_length)
         both = [r for r in per_seed if str(r["seed"]) in ia and str(r["seed"]) in ib]
@@ -134,33 +167,57 @@ def compare(studies: dict, a: str, b: str, length: int, *, id_length: int | None
     return out
 
 
-def converged_subset(studies: dict, a: str, b: str, length: int, id_length: int, *, bar: float = 0.99,
-                     checkpoint: str = "last") -> dict:
+def converged_subset(
+    studies: dict, a: str, b: str, length: int, id_length: int, *, bar: float = 0.99, checkpoint: str = "last"
+) -> dict:
     """``compare`` restricted to the seeds where both runs reach ``bar`` at the in-distribution length."""
     full = compare(studies, a, b, length, checkpoint=checkpoint)
     at_id = compare(studies, a, b, id_length, checkpoint=checkpoint)["per_seed"]
     ok = {r["seed"] for r in at_id if r["a"] >= 100 * bar and r["b"] >= 100 * bar}
     kept = [r for r in full["per_seed"] if r["seed"] in ok]
-    out = {**{k: full[k] for k in ("a", "b", "length", "checkpoint")}, "bar": bar,
-           "seeds": [r["seed"] for r in kept], "per_seed": kept}
+    out = {
+        **{k: full[k] for k in ("a", "b", "length", "checkpoint")},
+        "bar": bar,
+        "seeds": [r["seed"] for r in kept],
+        "per_seed": kept,
+    }
     if kept:
         d = [r["d"] for r in kept]
         out.update(mean=statistics.fmean(d), ci=bootstrap_mean_interval(d), p=sign_flip_p(d))
     return out
 
 
-def analyse(archive: dict, pairs: Sequence[tuple[str, str]], *, endpoint: int, lengths: Sequence[int],
-            id_length: int, margin: float, checkpoint: str = "last") -> dict:
+def analyse(
+    archive: dict,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    endpoint: int,
+    lengths: Sequence[int],
+    id_length: int,
+    margin: float,
+    checkpoint: str = "last",
+) -> dict:
     """The pre-registered analysis of a study archive: for each pair (A, B) the comparison at every length of
     ``lengths``; for the first pair (the primary one) also the decision at ``endpoint``, the converged-seed subset
     and the regression on the in-distribution difference."""
     studies = archive["studies"]
-    out = {"format": "longsparse-paired-analysis", "checkpoint": checkpoint, "endpoint": endpoint,
-           "id_length": id_length, "margin": margin, "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES,
-                                                                   "seed": BOOTSTRAP_SEED}, "pairs": []}
+    out = {
+        "format": "longsparse-paired-analysis",
+        "checkpoint": checkpoint,
+        "endpoint": endpoint,
+        "id_length": id_length,
+        "margin": margin,
+        "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED},
+        "pairs": [],
+    }
     for i, (a, b) in enumerate(pairs):
-        row = {"a": a, "b": b, "by_length": {str(L): compare(studies, a, b, L, id_length=id_length,
-                                                             checkpoint=checkpoint) for L in lengths}}
+        row = {
+            "a": a,
+            "b": b,
+            "by_length": {
+                str(L): compare(studies, a, b, L, id_length=id_length, checkpoint=checkpoint) for L in lengths
+            },
+        }
         if i == 0:
             prim = compare(studies, a, b, endpoint, id_length=id_length, checkpoint=checkpoint)
             row["primary"] = prim
@@ -182,32 +239,47 @@ def markdown(result: dict, train_length: int = 64) -> str:
     if prim is not None:
         p = prim["primary"]
         n = len(p["seeds"])
-        lines.append(f"**Primary endpoint** ({prim['a']} − {prim['b']} at {result['endpoint']} tokens, "
-                     f"{result['endpoint'] // train_length}×, {result['checkpoint']} checkpoint, {n} seeds): "
-                     + (f"{p['mean']:+.1f} points, 95 % bootstrap interval {_fmt_ci(p['ci'])}, sign-flip "
-                        f"p = {p['p']:.3f} → **{prim['verdict']}** (margin ±{result['margin']:g} points)."
-                        if n else "no seed has both runs yet."))
+        lines.append(
+            f"**Primary endpoint** ({prim['a']} − {prim['b']} at {result['endpoint']} tokens, "
+            f"{result['endpoint'] // train_length}×, {result['checkpoint']} checkpoint, {n} seeds): "
+            + (
+                f"{p['mean']:+.1f} points, 95 % bootstrap interval {_fmt_ci(p['ci'])}, sign-flip "
+                f"p = {p['p']:.3f} → **{prim['verdict']}** (margin ±{result['margin']:g} points)."
+                if n
+                else "no seed has both runs yet."
+            )
+        )
         reg = p.get("regression")
         if reg and reg.get("a") is not None:
-            lines.append(f"At equal in-distribution accuracy (intercept of D = a + b·Δ1×): a = {reg['a']:+.1f} "
-                         f"{_fmt_ci(reg['a_ci'])}, b = {reg['b']:+.2f} {_fmt_ci(reg['b_ci'])}.")
+            lines.append(
+                f"At equal in-distribution accuracy (intercept of D = a + b·Δ1×): a = {reg['a']:+.1f} "
+                f"{_fmt_ci(reg['a_ci'])}, b = {reg['b']:+.2f} {_fmt_ci(reg['b_ci'])}."
+            )
         c = prim["converged"]
         if c["seeds"]:
-            lines.append(f"Seeds where both reach ≥ 99 % at 1× ({len(c['seeds'])}): {c['mean']:+.1f} "
-                         f"{_fmt_ci(c['ci'])}, p = {c['p']:.3f}.")
+            lines.append(
+                f"Seeds where both reach ≥ 99 % at 1× ({len(c['seeds'])}): {c['mean']:+.1f} "
+                f"{_fmt_ci(c['ci'])}, p = {c['p']:.3f}."
+            )
         lines.append("")
-    lines += ["| A − B | length | × | seeds | mean (points) | 95 % interval | sign-flip p | + / − | robust |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| A − B | length | × | seeds | mean (points) | 95 % interval | sign-flip p | + / − | robust |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in result["pairs"]:
         for L, r in row["by_length"].items():
             if not r["seeds"]:
                 continue
-            lines.append(f"| {row['a']} − {row['b']} | {L} | {int(L) // train_length} | {len(r['seeds'])} | "
-                         f"{r['mean']:+.1f} | {_fmt_ci(r['ci'])} | {r['p']:.3f} | {r['positive']} / "
-                         f"{r['negative']} | {'yes' if r['robust'] else 'no'} |")
+            lines.append(
+                f"| {row['a']} − {row['b']} | {L} | {int(L) // train_length} | {len(r['seeds'])} | "
+                f"{r['mean']:+.1f} | {_fmt_ci(r['ci'])} | {r['p']:.3f} | {r['positive']} / "
+                f"{r['negative']} | {'yes' if r['robust'] else 'no'} |"
+            )
     if prim is not None and prim["primary"]["seeds"]:
-        caption = (f"Per seed at {result['endpoint']} tokens ({prim['a']} / {prim['b']} exact match %, "
-                   "difference; * = Wilson intervals disjoint):")
+        caption = (
+            f"Per seed at {result['endpoint']} tokens ({prim['a']} / {prim['b']} exact match %, "
+            "difference; * = Wilson intervals disjoint):"
+        )
         lines += ["", caption, "", f"| seed | {prim['a']} | {prim['b']} | difference |", "|---|---|---|---|"]
         for r in prim["primary"]["per_seed"]:
             lines.append(f"| {r['seed']} | {r['a']:.1f} | {r['b']:.1f} | {r['d']:+.1f}{'*' if r['disjoint'] else ''} |")
@@ -219,12 +291,17 @@ def forest_plot(result: dict, path, train_length: int = 64):
     returns the path, or None without matplotlib."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    rows = [(f"{row['a']} − {row['b']}, {int(L) // train_length}×", r) for row in result["pairs"]
-            for L, r in row["by_length"].items() if r["seeds"]]
+    rows = [
+        (f"{row['a']} − {row['b']}, {int(L) // train_length}×", r)
+        for row in result["pairs"]
+        for L, r in row["by_length"].items()
+        if r["seeds"]
+    ]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))

@@ -29,6 +29,7 @@ the same format with ``"view": true``; it is never the store, but a view carried
 reads like an archive (the results it shows, no more). A ``longsparse eval`` result file becomes a record with
 ``record_from_eval``.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,7 @@ RECORD_VERSION = 1
 ARCHIVE_FORMAT = "longsparse-reproduce"
 RECORDS_NAME = "records.jsonl"
 ARCHIVE_NAME = "results.json"
-VIEW_MARK = "view"      # key set in a results.json that a report rendered from a store (not an archive to keep)
+VIEW_MARK = "view"  # key set in a results.json that a report rendered from a store (not an archive to keep)
 REQUIRED = ("study", "run", "method", "positions", "seed", "results")
 RESULT_REQUIRED = ("checkpoint", "length", "n", "exact_match")
 
@@ -71,16 +72,46 @@ def check_record(rec: Any, where: str = "record") -> dict:
     return rec
 
 
-def new_record(*, study: str, run: str, method: str, positions: str, seed: int, results: list[dict],
-               task: Optional[str] = None, preset: Optional[str] = None, config_hash: Optional[str] = None,
-               code_commit: Optional[str] = None, date: Optional[str] = None, test_seed: Optional[int] = None,
-               train_hi: Optional[int] = None, train: Optional[dict] = None, source: Optional[str] = None,
-               **extra) -> dict:
+def new_record(
+    *,
+    study: str,
+    run: str,
+    method: str,
+    positions: str,
+    seed: int,
+    results: list[dict],
+    task: Optional[str] = None,
+    preset: Optional[str] = None,
+    config_hash: Optional[str] = None,
+    code_commit: Optional[str] = None,
+    date: Optional[str] = None,
+    test_seed: Optional[int] = None,
+    train_hi: Optional[int] = None,
+    train: Optional[dict] = None,
+    source: Optional[str] = None,
+    **extra,
+) -> dict:
     """A checked record (see the module docstring); ``extra`` keys (e.g. ``eval_seconds``) are kept as given."""
-    rec = {"format": RECORD_FORMAT, "version": RECORD_VERSION, "study": study, "run": run, "task": task,
-           "preset": preset, "method": method, "positions": positions, "seed": seed, "config_hash": config_hash,
-           "code_commit": code_commit, "date": date, "test_seed": test_seed, "train_hi": train_hi, "train": train,
-           **extra, "results": results, "source": source}
+    rec = {
+        "format": RECORD_FORMAT,
+        "version": RECORD_VERSION,
+        "study": study,
+        "run": run,
+        "task": task,
+        "preset": preset,
+        "method": method,
+        "positions": positions,
+        "seed": seed,
+        "config_hash": config_hash,
+        "code_commit": code_commit,
+        "date": date,
+        "test_seed": test_seed,
+        "train_hi": train_hi,
+        "train": train,
+        **extra,
+        "results": results,
+        "source": source,
+    }
     return check_record(rec)
 
 
@@ -89,11 +120,14 @@ def read_archive(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise StoreError(f"{path} is not readable JSON ({e}); it holds earlier results, so nothing was written: "
-                         "repair it (git checkout) or choose another --store") from None
+        raise StoreError(
+            f"{path} is not readable JSON ({e}); it holds earlier results, so nothing was written: "
+            "repair it (git checkout) or choose another --store"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != ARCHIVE_FORMAT or not isinstance(data.get("studies"), dict):
-        raise StoreError(f"{path} is not a {ARCHIVE_FORMAT} archive; nothing was written: choose another --store "
-                         "(or --report)")
+        raise StoreError(
+            f"{path} is not a {ARCHIVE_FORMAT} archive; nothing was written: choose another --store (or --report)"
+        )
     return data
 
 
@@ -166,22 +200,44 @@ def import_archive(archive: dict, source: str) -> list[dict]:
                 for L, per in by_L.items():
                     for seed, r in per.get("per_seed", {}).items():
                         run = f"{name}/{method}-{positions}-s{seed}"
-                        d = per_run.setdefault(run, {"method": method, "positions": positions, "seed": int(seed),
-                                                     "results": []})
+                        d = per_run.setdefault(
+                            run, {"method": method, "positions": positions, "seed": int(seed), "results": []}
+                        )
                         d["results"].append({"checkpoint": ck, "length": int(L), **r})
         runs = sd.get("runs", {})
         for run, d in per_run.items():
             info = dict(runs.get(run) or {})
             chash = info.pop("config_hash", None)
             extra = {"eval_seconds": info.pop("eval_seconds")} if "eval_seconds" in info else {}
-            out.append(new_record(study=name, run=run, task=sd.get("task"), preset=sd.get("preset"),
-                                  config_hash=chash, test_seed=sd.get("test_seed"), train_hi=sd.get("train_hi"),
-                                  train=info or None, source=source, **d, **extra))
+            out.append(
+                new_record(
+                    study=name,
+                    run=run,
+                    task=sd.get("task"),
+                    preset=sd.get("preset"),
+                    config_hash=chash,
+                    test_seed=sd.get("test_seed"),
+                    train_hi=sd.get("train_hi"),
+                    train=info or None,
+                    source=source,
+                    **d,
+                    **extra,
+                )
+            )
     return out
 
 
-def record_from_eval(doc: dict, *, study: str, run: str, seed: int, source: str,
-                     config_hash: Optional[str] = None, all_result_fields: bool = False, **extra) -> dict:
+def record_from_eval(
+    doc: dict,
+    *,
+    study: str,
+    run: str,
+    seed: int,
+    source: str,
+    config_hash: Optional[str] = None,
+    all_result_fields: bool = False,
+    **extra,
+) -> dict:
     """The record of one ``longsparse eval`` result file (format ``longsparse-eval``) of run ``run``.
 
     ``all_result_fields``: each result also keeps every other field the file has for its length (e.g. ``seconds``,
@@ -191,18 +247,36 @@ def record_from_eval(doc: dict, *, study: str, run: str, seed: int, source: str,
         raise StoreError(f"{source}: not a longsparse eval result (format tag missing)")
     results = []
     for r in doc["results"]:
-        entry = {"checkpoint": doc.get("checkpoint"), "length": int(r["length"]), "n": r["n"],
-                 "exact_match": r["exact_match"], "ci": r["exact_match_ci"], "token_accuracy": r.get("token_accuracy"),
-                 "checkpoint_step": doc.get("checkpoint_step")}
+        entry = {
+            "checkpoint": doc.get("checkpoint"),
+            "length": int(r["length"]),
+            "n": r["n"],
+            "exact_match": r["exact_match"],
+            "ci": r["exact_match_ci"],
+            "token_accuracy": r.get("token_accuracy"),
+            "checkpoint_step": doc.get("checkpoint_step"),
+        }
         if all_result_fields:
             entry.update({k: v for k, v in r.items() if k not in entry and k != "exact_match_ci"})
         results.append(entry)
     git = doc.get("env", {}).get("git", {})
-    return new_record(study=study, run=run, task=doc.get("task"), preset=doc.get("task_preset"),
-                      method=doc.get("method"), positions=doc.get("positions"), seed=seed,
-                      config_hash=config_hash, code_commit=git.get("commit"), date=doc.get("created"),
-                      test_seed=doc.get("seed"), train_hi=(doc.get("train_lengths") or [None, None])[1],
-                      results=results, source=source, **extra)
+    return new_record(
+        study=study,
+        run=run,
+        task=doc.get("task"),
+        preset=doc.get("task_preset"),
+        method=doc.get("method"),
+        positions=doc.get("positions"),
+        seed=seed,
+        config_hash=config_hash,
+        code_commit=git.get("commit"),
+        date=doc.get("created"),
+        test_seed=doc.get("seed"),
+        train_hi=(doc.get("train_lengths") or [None, None])[1],
+        results=results,
+        source=source,
+        **extra,
+    )
 
 
 # ---- reading records back ---------------------------------------------------------------------------------------

@@ -12,17 +12,61 @@ length semantics per task in ``seq2seq`` and ``tokcls``; presets in ``registry``
 corpus (``lm``: ``CorpusLM``) is a task of the same kind for the trainer: batches of next-token labels and a
 perplexity objective.
 """
-from longsparse.tasks.base import (BOS, EOS, IGNORE_INDEX, PAD, SEP, SPLITS, TEST_LENGTHS, TRAIN_LENGTHS, Batch,
-                                   Example, Score, Task, collate, make_rng, sample_length, score_generated,
-                                   score_positions)
+
+from longsparse.tasks.base import (
+    BOS,
+    EOS,
+    IGNORE_INDEX,
+    PAD,
+    SEP,
+    SPLITS,
+    TEST_LENGTHS,
+    TRAIN_LENGTHS,
+    Batch,
+    Example,
+    Score,
+    Task,
+    collate,
+    make_rng,
+    sample_length,
+    score_generated,
+    score_positions,
+)
 from longsparse.tasks.lm import CorpusLM
 from longsparse.tasks.registry import CORPUS_TASKS, PRESETS, TASKS, get_task
 from longsparse.tasks.seq2seq import MQMTAR, Copy, MaxRetrieval, MQMTARInline, Reverse, Sort
 from longsparse.tasks.tokcls import FlipFlop, LocalCount, TwoBack
 
 __all__ = [
-    "PAD", "BOS", "SEP", "EOS", "IGNORE_INDEX", "SPLITS", "TRAIN_LENGTHS", "TEST_LENGTHS",
-    "Example", "Batch", "Score", "Task", "collate", "make_rng", "sample_length", "score_generated",
-    "score_positions", "TASKS", "CORPUS_TASKS", "PRESETS", "get_task", "CorpusLM",
-    "MQMTAR", "MQMTARInline", "MaxRetrieval", "Copy", "Reverse", "Sort", "LocalCount", "TwoBack", "FlipFlop",
+    "PAD",
+    "BOS",
+    "SEP",
+    "EOS",
+    "IGNORE_INDEX",
+    "SPLITS",
+    "TRAIN_LENGTHS",
+    "TEST_LENGTHS",
+    "Example",
+    "Batch",
+    "Score",
+    "Task",
+    "collate",
+    "make_rng",
+    "sample_length",
+    "score_generated",
+    "score_positions",
+    "TASKS",
+    "CORPUS_TASKS",
+    "PRESETS",
+    "get_task",
+    "CorpusLM",
+    "MQMTAR",
+    "MQMTARInline",
+    "MaxRetrieval",
+    "Copy",
+    "Reverse",
+    "Sort",
+    "LocalCount",
+    "TwoBack",
+    "FlipFlop",
 ]

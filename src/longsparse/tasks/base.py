@@ -28,6 +28,7 @@ stream is the same on every machine and process (no dependence on ``PYTHONHASHSE
 they never share a random stream. Identical examples can still occur by chance, at the rate at which the
 task itself repeats (e.g. 32^-32 for copy at L = 32; non-negligible only for tiny L of low-entropy tasks).
 """
+
 from __future__ import annotations
 
 import random
@@ -176,14 +177,23 @@ class Score:
             c = torch.cat([self.correct, other.correct])
         elif self.n_examples == 0:
             c = other.correct
-        return Score(self.n_examples + other.n_examples, self.n_exact + other.n_exact,
-                     self.n_tokens + other.n_tokens, self.n_correct_tokens + other.n_correct_tokens, c)
+        return Score(
+            self.n_examples + other.n_examples,
+            self.n_exact + other.n_exact,
+            self.n_tokens + other.n_tokens,
+            self.n_correct_tokens + other.n_correct_tokens,
+            c,
+        )
 
     __radd__ = __add__
 
     def as_dict(self) -> dict:
-        return {"exact_match": self.exact_match, "token_accuracy": self.token_accuracy,
-                "n_examples": self.n_examples, "n_tokens": self.n_tokens}
+        return {
+            "exact_match": self.exact_match,
+            "token_accuracy": self.token_accuracy,
+            "n_examples": self.n_examples,
+            "n_tokens": self.n_tokens,
+        }
 
 
 def _score_masked(eq: torch.Tensor, mask: torch.Tensor) -> Score:
@@ -222,7 +232,7 @@ class Task:
 
     name: ClassVar[str] = "task"
     kind: ClassVar[str] = "seq2seq"
-    objective: ClassVar[str] = "exact_match"   # what the trainer validates (longsparse.train.objectives)
+    objective: ClassVar[str] = "exact_match"  # what the trainer validates (longsparse.train.objectives)
     train_lengths: ClassVar[tuple[int, int]] = TRAIN_LENGTHS
     length_doc: ClassVar[str] = ""
     token_names: list[str]
@@ -260,8 +270,9 @@ class Task:
         if not isinstance(length, int) or isinstance(length, bool):
             raise ValueError(f"{self.name}: length must be an int, got {length!r}")
         if length < self.min_length():
-            raise ValueError(f"{self.name}: length {length} is too short; the minimum is {self.min_length()} "
-                             f"({self.length_doc})")
+            raise ValueError(
+                f"{self.name}: length {length} is too short; the minimum is {self.min_length()} ({self.length_doc})"
+            )
 
     def sample(self, length: int, rng: random.Random) -> Example:
         """One example of task-level length ``length`` drawn from ``rng`` (a ``random.Random``)."""
@@ -271,8 +282,9 @@ class Task:
     def rng(self, seed: int = 0, split: str = "train") -> random.Random:
         return make_rng(self.name, seed, split)
 
-    def batch(self, length, batch_size: int = 64, *, seed: int = 0, split: str = "train",
-              rng: random.Random | None = None) -> Batch:
+    def batch(
+        self, length, batch_size: int = 64, *, seed: int = 0, split: str = "train", rng: random.Random | None = None
+    ) -> Batch:
         """One batch. ``length``: an int, or an inclusive ``(lo, hi)`` range drawn once for the batch.
         Uses ``rng`` if given (to continue a stream), else a fresh ``make_rng(name, seed, split)``."""
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -282,8 +294,9 @@ class Task:
         self.check_length(n)
         return collate([self._sample(n, rng) for _ in range(batch_size)], self.kind)
 
-    def batches(self, length=None, batch_size: int = 64, *, seed: int = 0, split: str = "train",
-                num_batches: int | None = None) -> Iterator[Batch]:
+    def batches(
+        self, length=None, batch_size: int = 64, *, seed: int = 0, split: str = "train", num_batches: int | None = None
+    ) -> Iterator[Batch]:
         """A stream of batches (infinite unless ``num_batches``) from one seeded random stream.
         ``length`` defaults to the task's training range (``train_lengths``), drawn per batch."""
         length = self.train_lengths if length is None else length
@@ -323,6 +336,6 @@ class Task:
         ids = example.input_ids
         if self.kind == "seq2seq":
             p = example.prompt_len
-            return f"src: {cut(self.decode(ids[1:p - 1]))}\ntrg: {cut(self.decode(ids[p:-1]))}"
+            return f"src: {cut(self.decode(ids[1 : p - 1]))}\ntrg: {cut(self.decode(ids[p:-1]))}"
         y = ["." if v == IGNORE_INDEX else self.token_names[v] for v in example.labels[1:]]
         return f"x: {cut(self.decode(ids[1:]))}\ny: {cut(y)}"

@@ -20,6 +20,7 @@ caches them on disk in ``cache_dir``, default the corpus folder); ``corpus = "sa
 ``cache_dir`` only says where that cache lives, so it is not part of a run's identity
 (``longsparse.train.config.NOT_IDENTITY``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,8 +46,9 @@ def _streams(corpus: str, tokenizer: str, vocab: int, cache_dir: Optional[str]):
     if corpus == SAMPLE_CORPUS and cache_dir is None:
         # the committed sample sits inside the installed package: its derived files go to the user's cache
         cache_dir = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longsparse" / "sample")
-    return prepare({"dir": folder, "tokenizer": tokenizer, "vocab_size": vocab}, cache_dir=cache_dir,
-                   printer=lambda *_: None)
+    return prepare(
+        {"dir": folder, "tokenizer": tokenizer, "vocab_size": vocab}, cache_dir=cache_dir, printer=lambda *_: None
+    )
 
 
 @dataclass
@@ -59,26 +61,31 @@ class CorpusLM(Task):
     train_lengths: ClassVar[tuple[int, int]] = (128, 128)
     length_doc: ClassVar[str] = "L = tokens per row"
 
-    corpus: str = "data/shakespeare"     # a folder written by `longsparse data shakespeare`, or "sample"
-    tokenizer: str = "bpe"               # "bpe" (the tokenizers package) or "bytes"
-    tokenizer_vocab: int = 2048          # the BPE vocabulary to train (the byte tokenizer has its own)
-    passkey_frac: float = 0.25           # fraction of training rows that are passkey examples
+    corpus: str = "data/shakespeare"  # a folder written by `longsparse data shakespeare`, or "sample"
+    tokenizer: str = "bpe"  # "bpe" (the tokenizers package) or "bytes"
+    tokenizer_vocab: int = 2048  # the BPE vocabulary to train (the byte tokenizer has its own)
+    passkey_frac: float = 0.25  # fraction of training rows that are passkey examples
     passkey_digits: int = 5
-    cache_dir: Optional[str] = None      # where the tokenizer and token streams are cached (default: the corpus)
+    cache_dir: Optional[str] = None  # where the tokenizer and token streams are cached (default: the corpus)
 
     def __post_init__(self):
         if not isinstance(self.corpus, str) or not self.corpus:
             raise ValueError(f"lm: corpus must be a folder or 'sample', got {self.corpus!r}")
         if self.tokenizer not in ("bpe", "bytes"):
             raise ValueError(f"lm: tokenizer must be 'bpe' or 'bytes', got {self.tokenizer!r}")
-        if isinstance(self.tokenizer_vocab, bool) or not isinstance(self.tokenizer_vocab, int) \
-                or self.tokenizer_vocab < 260:
+        if (
+            isinstance(self.tokenizer_vocab, bool)
+            or not isinstance(self.tokenizer_vocab, int)
+            or self.tokenizer_vocab < 260
+        ):
             raise ValueError(f"lm: tokenizer_vocab must be an integer >= 260, got {self.tokenizer_vocab!r}")
-        if isinstance(self.passkey_frac, bool) or not isinstance(self.passkey_frac, (int, float)) \
-                or not 0 <= self.passkey_frac <= 1:
+        if (
+            isinstance(self.passkey_frac, bool)
+            or not isinstance(self.passkey_frac, (int, float))
+            or not 0 <= self.passkey_frac <= 1
+        ):
             raise ValueError(f"lm: passkey_frac must be a number in [0, 1], got {self.passkey_frac!r}")
-        if isinstance(self.passkey_digits, bool) or not isinstance(self.passkey_digits, int) \
-                or self.passkey_digits < 1:
+        if isinstance(self.passkey_digits, bool) or not isinstance(self.passkey_digits, int) or self.passkey_digits < 1:
             raise ValueError(f"lm: passkey_digits must be an integer >= 1, got {self.passkey_digits!r}")
         tok, self.tokens = _streams(self.corpus, self.tokenizer, self.tokenizer_vocab, self.cache_dir)
         self.tok = tok
@@ -111,15 +118,15 @@ class CorpusLM(Task):
             row = torch.tensor(self.passkeys.make(stream, length + 1, rng.random(), rng).ids, dtype=torch.long)
         else:
             if len(stream) < length + 1:
-                raise ValueError(f"lm: the {split} stream has {len(stream)} tokens, fewer than a row of "
-                                 f"{length + 1}")
+                raise ValueError(f"lm: the {split} stream has {len(stream)} tokens, fewer than a row of {length + 1}")
             o = rng.randint(0, len(stream) - length - 1)
-            row = stream[o:o + length + 1]
+            row = stream[o : o + length + 1]
         ids = row.tolist()
         return Example(ids[:-1], ids[1:], length, [], length)
 
-    def batch(self, length, batch_size: int = 64, *, seed: int = 0, split: str = "train",
-              rng: random.Random | None = None) -> Batch:
+    def batch(
+        self, length, batch_size: int = 64, *, seed: int = 0, split: str = "train", rng: random.Random | None = None
+    ) -> Batch:
         """(B, T) inputs and their next tokens as labels from the ``split`` stream. ``length``: T, or an inclusive
         range drawn once for the batch (a single length draws nothing, so the stream depends only on the rows)."""
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -133,9 +140,16 @@ class CorpusLM(Task):
         ids = torch.tensor([e.input_ids for e in rows], dtype=torch.long)
         labels = torch.tensor([e.labels for e in rows], dtype=torch.long)
         B = len(rows)
-        return Batch(ids, labels, torch.ones_like(ids, dtype=torch.bool), torch.full((B,), n, dtype=torch.long),
-                     torch.zeros(B, 0, dtype=torch.long), torch.zeros(B, dtype=torch.long),
-                     torch.full((B,), n, dtype=torch.long), self.kind)
+        return Batch(
+            ids,
+            labels,
+            torch.ones_like(ids, dtype=torch.bool),
+            torch.full((B,), n, dtype=torch.long),
+            torch.zeros(B, 0, dtype=torch.long),
+            torch.zeros(B, dtype=torch.long),
+            torch.full((B,), n, dtype=torch.long),
+            self.kind,
+        )
 
     def score(self, pred, batch):
         raise NotImplementedError("lm: rows are scored by perplexity (longsparse.lm.evaluate), not exact match")

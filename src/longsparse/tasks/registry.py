@@ -10,6 +10,7 @@ where listed below, and results obtained with it must say so:
 * every other task: identical to "paper" (the tasks are already small; the model and step budget are
   what the training presets shrink).
 """
+
 from __future__ import annotations
 
 from dataclasses import fields
@@ -39,8 +40,13 @@ PRESETS["mqmtar_inline"]["cpu"] = {"num_queries": 8}
 def task_class(name: str) -> type[Task]:
     """The task class of ``name`` (aliases such as ``flipflop`` resolved), without building a task."""
     key = name.replace("-", "_").lower() if isinstance(name, str) else name
-    key = {"flipflop": "flip_flop", "2back": "two_back", "2_back": "two_back", "local_counting": "local_count",
-           "maxretrieval": "max_retrieval"}.get(key, key)
+    key = {
+        "flipflop": "flip_flop",
+        "2back": "two_back",
+        "2_back": "two_back",
+        "local_counting": "local_count",
+        "maxretrieval": "max_retrieval",
+    }.get(key, key)
     known = {**TASKS, **RULER_TASKS, **CORPUS_TASKS}
     if key not in known:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(known))}")

@@ -28,6 +28,7 @@ None draws it uniformly.
 the answer must be retrieved from: the passkey value, the queried values, or every token of the queried
 chain's statements — the input of ``longsparse.hsa.needle_diagnostics``.
 """
+
 from __future__ import annotations
 
 import random
@@ -59,14 +60,24 @@ class _RulerTask(Task):
     length_doc: ClassVar[str] = "L = len(src) = filler + needle statements + query"
 
     def __post_init__(self):
-        for name, lo in (("num_values", 1), ("num_keys", 1), ("num_filler", 1), ("value_len", 1),
-                         ("key_len", 1), ("min_distance", 0)):
+        for name, lo in (
+            ("num_values", 1),
+            ("num_keys", 1),
+            ("num_filler", 1),
+            ("value_len", 1),
+            ("key_len", 1),
+            ("min_distance", 0),
+        ):
             _check_int(self.name, name, getattr(self, name), lo)
         if self.depth is not None and not (isinstance(self.depth, (int, float)) and 0 <= self.depth <= 1):
             raise ValueError(f"{self.name}: depth must be None or a number in [0, 1], got {self.depth!r}")
         self._check_params()
-        self._build_vocab(MARKERS, [f"v{i}" for i in range(self.num_values)], [f"k{i}" for i in range(self.num_keys)],
-                          [f"f{i}" for i in range(self.num_filler)])
+        self._build_vocab(
+            MARKERS,
+            [f"v{i}" for i in range(self.num_values)],
+            [f"k{i}" for i in range(self.num_keys)],
+            [f"f{i}" for i in range(self.num_filler)],
+        )
         t = self.token_ids
         self.NEEDLE, self.IS, self.QUERY, self.VAR, self.EQ = (t[m] for m in MARKERS)
         self.values = range(t["v0"], t["v0"] + self.num_values)
@@ -79,7 +90,7 @@ class _RulerTask(Task):
     # -- helpers ----------------------------------------------------------------------------------------
     def _words(self, rng: random.Random, n: int) -> List[List[int]]:
         """n distinct key words of key_len tokens."""
-        if n > self.num_keys ** self.key_len:
+        if n > self.num_keys**self.key_len:
             raise ValueError(f"{self.name}: needs {n} distinct keys but only {self.num_keys}^{self.key_len} exist")
         seen, out = set(), []
         while len(out) < n:
@@ -101,8 +112,9 @@ class _RulerTask(Task):
         F = length - n_stmt - len(query)
         max_off = F - self.min_distance
         assert max_off >= 0
-        placed = [(rng.randint(0, max_off) if off is None else off(max_off), i, s)
-                  for i, (off, s) in enumerate(statements)]
+        placed = [
+            (rng.randint(0, max_off) if off is None else off(max_off), i, s) for i, (off, s) in enumerate(statements)
+        ]
         placed.sort(key=lambda x: (x[0], x[1]))
         src, used = [], 0
         for off, _, s in placed:
@@ -157,12 +169,15 @@ class MultiQueryNeedle(_RulerTask):
         _check_int(self.name, "num_queries", self.num_queries, 1)
         if self.num_queries > self.num_needles:
             raise ValueError(f"{self.name}: num_queries ({self.num_queries}) > num_needles ({self.num_needles})")
-        if self.num_needles > self.num_keys ** self.key_len:
+        if self.num_needles > self.num_keys**self.key_len:
             raise ValueError(f"{self.name}: num_needles exceeds the {self.num_keys}^{self.key_len} distinct keys")
 
     def min_length(self) -> int:
-        return (self.num_needles * (2 + self.key_len + self.value_len) + self.num_queries * (1 + self.key_len)
-                + self.min_distance)
+        return (
+            self.num_needles * (2 + self.key_len + self.value_len)
+            + self.num_queries * (1 + self.key_len)
+            + self.min_distance
+        )
 
     def _sample(self, length: int, rng: random.Random) -> Example:
         keys = self._words(rng, self.num_needles)
@@ -189,11 +204,11 @@ class MultiQueryNeedle(_RulerTask):
     def _needle_positions(self, ids):
         q = ids.index(self.QUERY)
         kl = self.key_len
-        qkeys = [tuple(ids[i + 1:i + 1 + kl]) for i in range(q, len(ids)) if ids[i] == self.QUERY]
+        qkeys = [tuple(ids[i + 1 : i + 1 + kl]) for i in range(q, len(ids)) if ids[i] == self.QUERY]
         out = []
         for key in qkeys:
             for i in range(q):
-                if ids[i] == self.NEEDLE and tuple(ids[i + 1:i + 1 + kl]) == key:
+                if ids[i] == self.NEEDLE and tuple(ids[i + 1 : i + 1 + kl]) == key:
                     s = i + 2 + kl
                     out.extend(range(s, s + self.value_len))
         return out
@@ -213,7 +228,7 @@ class VariableTracking(_RulerTask):
     def _check_params(self):
         _check_int(self.name, "num_hops", self.num_hops, 1)
         _check_int(self.name, "num_chains", self.num_chains, 1)
-        if self.num_hops * self.num_chains > self.num_keys ** self.key_len:
+        if self.num_hops * self.num_chains > self.num_keys**self.key_len:
             raise ValueError(f"{self.name}: num_hops·num_chains exceeds the {self.num_keys}^{self.key_len} names")
 
     def min_length(self) -> int:
@@ -228,7 +243,7 @@ class VariableTracking(_RulerTask):
         stmts = []
         answer = None
         for c in range(self.num_chains):
-            var = names[c * self.num_hops:(c + 1) * self.num_hops]
+            var = names[c * self.num_hops : (c + 1) * self.num_hops]
             value = self._value(rng)
             if c == 0:
                 answer = value
@@ -248,17 +263,17 @@ class VariableTracking(_RulerTask):
     def _needle_positions(self, ids):
         kl = self.key_len
         q = ids.index(self.QUERY)
-        target = tuple(ids[q + 1:q + 1 + kl])
+        target = tuple(ids[q + 1 : q + 1 + kl])
         out = []
         for _ in range(self.num_hops + 1):
             for i in range(q):
-                if ids[i] == self.VAR and tuple(ids[i + 1:i + 1 + kl]) == target:
+                if ids[i] == self.VAR and tuple(ids[i + 1 : i + 1 + kl]) == target:
                     s = i + 2 + kl
                     rhs_is_value = ids[s] in self.values
                     n = self.value_len if rhs_is_value else kl
                     out.extend(range(i, s + n))
                     if rhs_is_value:
                         return sorted(out)
-                    target = tuple(ids[s:s + kl])
+                    target = tuple(ids[s : s + kl])
                     break
         return sorted(out)

@@ -9,6 +9,7 @@ Length semantics (L = the ``length`` argument):
 * max_retrieval: src = n = L // 2 (item, priority) pairs = 2n tokens (= L for even L); trg = 1 token.
   Total = 2n + 4.
 """
+
 from __future__ import annotations
 
 import random
@@ -97,16 +98,18 @@ class MQMTAR(Task):
     vocab_seed: int = 0
 
     name = "mqmtar"
-    length_doc = ("L = key-value context length; src = L + num_queries*(1+key_len) tokens, "
-                  "trg = num_queries*(1+value_len); total = L + 3 + both query blocks")
+    length_doc = (
+        "L = key-value context length; src = L + num_queries*(1+key_len) tokens, "
+        "trg = num_queries*(1+value_len); total = L + 3 + both query blocks"
+    )
 
     def __post_init__(self):
         t = self.name
         _check_int(t, "alphabet_size", self.alphabet_size, 1)
         _check_int(t, "key_len", self.key_len, 1)
         _check_int(t, "value_len", self.value_len, 1)
-        _check_int(t, "num_keys", self.num_keys, 1, self.alphabet_size ** self.key_len)
-        _check_int(t, "num_values", self.num_values, 1, self.alphabet_size ** self.value_len)
+        _check_int(t, "num_keys", self.num_keys, 1, self.alphabet_size**self.key_len)
+        _check_int(t, "num_values", self.num_values, 1, self.alphabet_size**self.value_len)
         _check_int(t, "num_queries", self.num_queries, 1)
         _check_int(t, "vocab_seed", self.vocab_seed, 0)
         if self.num_pairs is not None:
@@ -123,7 +126,7 @@ class MQMTAR(Task):
     def _words(self, rng: random.Random, n: int, width: int) -> list[tuple[int, ...]]:
         a = self.alphabet_size
         out = []
-        for code in rng.sample(range(a ** width), n):
+        for code in rng.sample(range(a**width), n):
             word = []
             for _ in range(width):
                 code, d = divmod(code, a)
@@ -142,11 +145,15 @@ class MQMTAR(Task):
         n = self.pairs_for(length)
         pw = self.key_len + 1 + self.value_len
         if n < 1 or length // n < pw:
-            raise ValueError(f"mqmtar: context length L={length} is too short: {n} pair(s) need rows of width "
-                             f">= {pw} (L >= {self.min_length()} with these parameters)")
+            raise ValueError(
+                f"mqmtar: context length L={length} is too short: {n} pair(s) need rows of width "
+                f">= {pw} (L >= {self.min_length()} with these parameters)"
+            )
         if n > self.num_keys:
-            raise ValueError(f"mqmtar: L={length} asks for {n} pairs with distinct keys but the key "
-                             f"vocabulary has only num_keys={self.num_keys}")
+            raise ValueError(
+                f"mqmtar: L={length} asks for {n} pairs with distinct keys but the key "
+                f"vocabulary has only num_keys={self.num_keys}"
+            )
 
     def min_length(self) -> int:
         return self._min_length
@@ -205,8 +212,10 @@ class MQMTARInline(MQMTAR):
 
     name = "mqmtar_inline"
     kind = "tokcls"
-    length_doc = ("L = key-value context length; then num_queries blocks of 2+key_len+value_len tokens; "
-                  "total = L + 1 + num_queries*(2+key_len+value_len)")
+    length_doc = (
+        "L = key-value context length; then num_queries blocks of 2+key_len+value_len tokens; "
+        "total = L + 1 + num_queries*(2+key_len+value_len)"
+    )
 
     def _sample(self, length: int, rng: random.Random) -> Example:
         x, key_idx, val_idx = self._context(length, rng)

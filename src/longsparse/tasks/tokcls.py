@@ -20,6 +20,7 @@ output head and cross-entropy serve every task; evaluation is one teacher-forced
   model task, the label sits on the ``r`` position and is the following bit token (next-token prediction);
   the true bit itself is in the input one position later. Total sequence = 2n + 1; needs L >= 4.
 """
+
 from __future__ import annotations
 
 import random
@@ -105,8 +106,10 @@ class FlipFlop(Task):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
                 raise ValueError(f"flip_flop: {nm} must be in [0, 1], got {v!r}")
         if self.write_prob + self.read_prob > 1.0 + 1e-12:
-            raise ValueError(f"flip_flop: write_prob + read_prob must be <= 1 (the rest is ignore), got "
-                             f"{self.write_prob} + {self.read_prob}")
+            raise ValueError(
+                f"flip_flop: write_prob + read_prob must be <= 1 (the rest is ignore), got "
+                f"{self.write_prob} + {self.read_prob}"
+            )
         self._build_vocab(["w", "i", "r", "0", "1"])
         self.write_id, self.ignore_id, self.read_id, self.bit0_id, self.bit1_id = range(4, 9)
 
@@ -116,7 +119,7 @@ class FlipFlop(Task):
     def _sample(self, length: int, rng: random.Random) -> Example:
         n = length // 2
         w, r = self.write_prob, self.write_prob + self.read_prob
-        W, I, R, B0 = self.write_id, self.ignore_id, self.read_id, self.bit0_id
+        W, I, R, B0 = self.write_id, self.ignore_id, self.read_id, self.bit0_id  # noqa: E741 (the W/I/R symbols)
         x = [0] * (2 * n)
         y = [IGNORE_INDEX] * (2 * n)
         mem = B0

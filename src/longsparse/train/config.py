@@ -28,6 +28,7 @@ as they did before architectures had names. Run configs written before ``model.a
 method (``"method": "hsa", "positions": "hsa"``); ``resolve`` reads them as ``arch = "hsa"`` with the token
 attention it then had (softmax, RoPE).
 """
+
 from __future__ import annotations
 
 import copy
@@ -49,29 +50,30 @@ try:
 except ModuleNotFoundError:  # Python 3.10: tomli has the same API and is a dependency there (pyproject.toml)
     import tomli as tomllib
 
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The ``train`` section of a run config (how the one trainer trains, for every task). ``resolve`` fills the
     ``None`` lengths from the task and validates every field."""
 
-    steps: int = 1000                 # optimizer steps
-    batch_size: int = 32              # GLOBAL batch (split over data-parallel ranks)
-    lr: float = 1e-3                  # peak learning rate
-    warmup_steps: int = 100           # linear warm-up from lr/warmup_steps to lr
-    min_lr_ratio: float = 0.0         # cosine decays to lr * min_lr_ratio at the last step
+    steps: int = 1000  # optimizer steps
+    batch_size: int = 32  # GLOBAL batch (split over data-parallel ranks)
+    lr: float = 1e-3  # peak learning rate
+    warmup_steps: int = 100  # linear warm-up from lr/warmup_steps to lr
+    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio at the last step
     betas: tuple = (0.9, 0.99)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    bf16: bool = False                # bfloat16 autocast for the forward pass
-    seed: int = 0                     # model init and training data stream
-    train_lengths: Optional[tuple] = None   # [lo, hi] inclusive; None = the task's own training range
+    bf16: bool = False  # bfloat16 autocast for the forward pass
+    seed: int = 0  # model init and training data stream
+    train_lengths: Optional[tuple] = None  # [lo, hi] inclusive; None = the task's own training range
     log_every: int = 25
-    val_every: int = 200              # 0 = only at the end
-    val_lengths: Optional[tuple] = None     # None = [hi, 2*hi, 4*hi] of the training range
-    val_samples: int = 64             # examples (windows, for a perplexity objective) per validation length
-    ckpt_every: int = 100             # last.pt every N steps (and at the end)
-    device: str = "auto"              # auto | cpu | cuda
-    threads: int = 0                  # torch.set_num_threads on CPU; 0 = leave torch's default
+    val_every: int = 200  # 0 = only at the end
+    val_lengths: Optional[tuple] = None  # None = [hi, 2*hi, 4*hi] of the training range
+    val_samples: int = 64  # examples (windows, for a perplexity objective) per validation length
+    ckpt_every: int = 100  # last.pt every N steps (and at the end)
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch.set_num_threads on CPU; 0 = leave torch's default
 
     def as_dict(self) -> dict:
         """The JSON form (``config.json``'s ``train`` section): sequences as lists."""
@@ -139,12 +141,16 @@ def preset_path(task: str, preset: str) -> Path:
     have = available_presets().get(name, [])
     seps = {"/", "\\", os.sep, os.altsep} - {None}
     if not isinstance(preset, str) or not preset or preset.startswith(".") or any(c in preset for c in seps):
-        raise ConfigError(f"preset must be a name, not a path, got {preset!r}; presets of task {name!r}: "
-                          f"{', '.join(have) or 'none'} (use --config FILE.toml for a file)")
+        raise ConfigError(
+            f"preset must be a name, not a path, got {preset!r}; presets of task {name!r}: "
+            f"{', '.join(have) or 'none'} (use --config FILE.toml for a file)"
+        )
     path = configs_dir() / name / f"{preset}.toml"
     if not path.is_file():
-        raise ConfigError(f"no preset {preset!r} for task {name!r} (looked for {path}); available: "
-                          f"{', '.join(have) or 'none'} (tasks: {', '.join(sorted(TASKS))})")
+        raise ConfigError(
+            f"no preset {preset!r} for task {name!r} (looked for {path}); available: "
+            f"{', '.join(have) or 'none'} (tasks: {', '.join(sorted(TASKS))})"
+        )
     return path
 
 
@@ -174,8 +180,9 @@ def apply_sets(cfg: dict, sets: Iterable[str]) -> dict:
         key, _, text = item.partition("=")
         parts = [p for p in key.strip().split(".") if p]
         if len(parts) < 2 or parts[0] not in SECTIONS:
-            raise ConfigError(f"--set key must start with one of {', '.join(SECTIONS)} (e.g. train.lr=3e-4), "
-                              f"got {key!r}")
+            raise ConfigError(
+                f"--set key must start with one of {', '.join(SECTIONS)} (e.g. train.lr=3e-4), got {key!r}"
+            )
         node = cfg
         for p in parts[:-1]:
             node = node.setdefault(p, {})
@@ -197,8 +204,9 @@ def apply_overrides(cfg: dict, overrides: Mapping | None) -> dict:
         raise ConfigError(f"overrides must be a table of the sections {', '.join(SECTIONS)}, got {overrides!r}")
     for section, table in overrides.items():
         if section not in SECTIONS:
-            raise ConfigError(f"override section must be one of {', '.join(SECTIONS)} (e.g. train.lr = 3e-4), "
-                              f"got {section!r}")
+            raise ConfigError(
+                f"override section must be one of {', '.join(SECTIONS)} (e.g. train.lr = 3e-4), got {section!r}"
+            )
         if not isinstance(table, Mapping):
             raise ConfigError(f"override {section} must be a table (e.g. {section}.key = value), got {table!r}")
         _check_override_tables(cfg.get(section), table, section)
@@ -217,10 +225,19 @@ def _check_override_tables(have: Any, over: Mapping, key: str) -> None:
             raise ConfigError(f"override {key}.{k} must be a table ({key}.{k} is one), got {v!r}")
 
 
-def build_config(task: str, *, preset: str = "cpu", arch: str | None = None, method: str | None = None,
-                 positions: str | None = None, seed: int | None = None, steps: int | None = None,
-                 sets: Iterable[str] = (), config_file: str | None = None,
-                 overrides: Mapping | None = None) -> dict:
+def build_config(
+    task: str,
+    *,
+    preset: str = "cpu",
+    arch: str | None = None,
+    method: str | None = None,
+    positions: str | None = None,
+    seed: int | None = None,
+    steps: int | None = None,
+    sets: Iterable[str] = (),
+    config_file: str | None = None,
+    overrides: Mapping | None = None,
+) -> dict:
     """Resolve preset file + architecture table + method/positions tables + ``overrides`` + ``--set`` + flags
     into a validated run config.
 
@@ -233,16 +250,17 @@ def build_config(task: str, *, preset: str = "cpu", arch: str | None = None, met
     raw = load_toml(source)
     unknown = sorted(set(raw) - set(SECTIONS) - set(ARCHITECTURES) - {"methods", "positions", "description"})
     if unknown:
-        raise ConfigError(f"config file has unknown top-level key(s) {unknown}; allowed: "
-                          f"{', '.join([*SECTIONS, *ARCHITECTURES])}, methods, positions, description")
+        raise ConfigError(
+            f"config file has unknown top-level key(s) {unknown}; allowed: "
+            f"{', '.join([*SECTIONS, *ARCHITECTURES])}, methods, positions, description"
+        )
     if method is not None and method in ARCHITECTURES:
         raise ConfigError(_not_a_method(method))
     cfg = {s: copy.deepcopy(raw.get(s, {})) for s in SECTIONS}
     cfg["model"] = _model_table(raw, source, arch if arch is not None else _arch_override(overrides, sets))
     cfg["task"].setdefault("name", task)
     if task_name(cfg["task"]["name"]) != want:
-        raise ConfigError(f"{source} is a config for task {cfg['task']['name']!r}, not for the requested task "
-                          f"{want!r}")
+        raise ConfigError(f"{source} is a config for task {cfg['task']['name']!r}, not for the requested task {want!r}")
     if method is not None:
         cfg["model"]["method"] = method
     if positions is not None:
@@ -253,8 +271,7 @@ def build_config(task: str, *, preset: str = "cpu", arch: str | None = None, met
     cfg = apply_overrides(cfg, overrides)
     cfg = apply_sets(cfg, sets)
     if task_name(cfg["task"].get("name")) != want:
-        raise ConfigError(f"an override sets task.name={cfg['task'].get('name')!r}, not the requested task "
-                          f"{want!r}")
+        raise ConfigError(f"an override sets task.name={cfg['task'].get('name')!r}, not the requested task {want!r}")
     if method is not None:
         cfg["model"]["method"] = method
     if positions is not None:
@@ -269,8 +286,10 @@ def build_config(task: str, *, preset: str = "cpu", arch: str | None = None, met
 def _not_a_method(name: str) -> str:
     from longsparse.nn import METHODS
 
-    return (f"{name!r} is an architecture, not a method: use --arch {name} (config key model.arch = \"{name}\"); "
-            f"the method is the attention mapping of any architecture ({', '.join(METHODS)})")
+    return (
+        f'{name!r} is an architecture, not a method: use --arch {name} (config key model.arch = "{name}"); '
+        f"the method is the attention mapping of any architecture ({', '.join(METHODS)})"
+    )
 
 
 def _arch_override(overrides: Mapping | None, sets: Iterable[str]) -> str | None:
@@ -296,8 +315,9 @@ def _model_table(raw: Mapping, source: Path, arch: str | None) -> dict:
     if arch not in ARCHITECTURES:
         raise ConfigError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     if not isinstance(raw.get(arch), Mapping):
-        raise ConfigError(f"{source} has no [{arch}] table, the model section for --arch {arch} (its [model] "
-                          f"table is a {own} model)")
+        raise ConfigError(
+            f"{source} has no [{arch}] table, the model section for --arch {arch} (its [model] table is a {own} model)"
+        )
     table = copy.deepcopy(dict(raw[arch]))
     if table.get("arch", arch) != arch:
         raise ConfigError(f"{source}: the [{arch}] table sets arch = {table['arch']!r}")
@@ -316,8 +336,9 @@ def resolve(cfg: Mapping) -> dict:
     t = dict(cfg.get("task", {}))
     bad = sorted(set(t) - {"name", "preset", "params"})
     if bad:
-        raise ConfigError(f"unknown task key(s) {bad}; allowed: name, preset, params (task parameters go in "
-                          f"task.params)")
+        raise ConfigError(
+            f"unknown task key(s) {bad}; allowed: name, preset, params (task parameters go in task.params)"
+        )
     if "name" not in t:
         raise ConfigError("config has no task.name")
     if not isinstance(t.get("params") or {}, Mapping):
@@ -363,8 +384,11 @@ def _resolve_model(model: dict, task) -> dict:
         raise ConfigError(f"unknown model.arch {name!r}; choose one of {', '.join(ARCHITECTURES)}")
     # the two axes every architecture has: named here so that a typo gets the list of valid values
     if "method" in model and model["method"] not in METHODS:
-        raise ConfigError(_not_a_method(model["method"]) if model["method"] in ARCHITECTURES else
-                          f"unknown method {model['method']!r}; valid methods: {', '.join(METHODS)}")
+        raise ConfigError(
+            _not_a_method(model["method"])
+            if model["method"] in ARCHITECTURES
+            else f"unknown method {model['method']!r}; valid methods: {', '.join(METHODS)}"
+        )
     if "positions" in model and model["positions"] not in POSITIONS:
         raise ConfigError(f"unknown positions {model['positions']!r}; valid positions: {', '.join(POSITIONS)}")
     try:
@@ -431,15 +455,20 @@ def _check_train(tr: dict, task) -> None:
     for k in ("lr", "grad_clip"):
         if isinstance(tr[k], bool) or not isinstance(tr[k], (int, float)) or not tr[k] > 0:
             raise ConfigError(f"train.{k} must be a number > 0, got {tr[k]!r}")
-    if isinstance(tr["weight_decay"], bool) or not isinstance(tr["weight_decay"], (int, float)) \
-            or not tr["weight_decay"] >= 0:
+    if (
+        isinstance(tr["weight_decay"], bool)
+        or not isinstance(tr["weight_decay"], (int, float))
+        or not tr["weight_decay"] >= 0
+    ):
         raise ConfigError(f"train.weight_decay must be a number >= 0, got {tr['weight_decay']!r}")
     # the cosine ends at lr * min_lr_ratio: a ratio above 1 would raise the rate, not decay it
     r = tr["min_lr_ratio"]
     if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
         raise ConfigError(f"train.min_lr_ratio must be a number in [0, 1], got {r!r}")
     b = tr["betas"]
-    if not (isinstance(b, (list, tuple)) and len(b) == 2 and all(isinstance(x, (int, float)) and 0 <= x < 1 for x in b)):
+    if not (
+        isinstance(b, (list, tuple)) and len(b) == 2 and all(isinstance(x, (int, float)) and 0 <= x < 1 for x in b)
+    ):
         raise ConfigError(f"train.betas must be two numbers in [0, 1), got {b!r}")
     tr["betas"] = [float(x) for x in b]
     if not isinstance(tr["bf16"], bool):

@@ -24,6 +24,7 @@ language-modelling row), and validation is the task's objective (``objectives``:
 perplexity). ``callbacks`` are called with the step number after every update, once its checkpoint (if due) is
 written: how tests inject faults (a SIGKILL after step N) without a hook in this loop.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,16 @@ from longsparse.nn import load_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
 from longsparse.train.config import ConfigError, RunConfig, TrainConfig, build_model
 from longsparse.train.objectives import objective_of
-from longsparse.train.rundir import (check_run_dir, checkpoint_path, environment, init_run_dir, now,
-                                     remove_stale_temps_in_run, run_lock)
+from longsparse.train.rundir import (
+    check_run_dir,
+    checkpoint_path,
+    environment,
+    init_run_dir,
+    now,
+    remove_stale_temps_in_run,
+    run_lock,
+)
+
 
 # ---- schedule ---------------------------------------------------------------------------------------------
 def lr_at(step: int, tr: Union[TrainConfig, Mapping]) -> float:
@@ -110,13 +119,21 @@ def _sum_grads(model: torch.nn.Module, d: Dist) -> None:
     off = 0
     for p in params:
         n = p.numel()
-        p.grad = flat[off:off + n].view_as(p).clone()
+        p.grad = flat[off : off + n].view_as(p).clone()
         off += n
 
 
 def _rows(batch: Batch, lo: int, hi: int) -> Batch:
-    return Batch(batch.input_ids[lo:hi], batch.labels[lo:hi], batch.attention_mask[lo:hi], batch.prompt_len[lo:hi],
-                 batch.target[lo:hi], batch.target_len[lo:hi], batch.length[lo:hi], batch.kind)
+    return Batch(
+        batch.input_ids[lo:hi],
+        batch.labels[lo:hi],
+        batch.attention_mask[lo:hi],
+        batch.prompt_len[lo:hi],
+        batch.target[lo:hi],
+        batch.target_len[lo:hi],
+        batch.length[lo:hi],
+        batch.kind,
+    )
 
 
 # ---- one update ---------------------------------------------------------------------------------------------
@@ -131,8 +148,17 @@ def build_model_and_optimizer(cfg: Union[RunConfig, Mapping], task, device: torc
     return model, opt
 
 
-def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, *, n_target: int, lr: float,
-               grad_clip: float, autocast, dist: Optional[Dist] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def train_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batch: Batch,
+    *,
+    n_target: int,
+    lr: float,
+    grad_clip: float,
+    autocast,
+    dist: Optional[Dist] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One AdamW update on ``batch`` (this rank's rows; input_ids / labels (B, N)): the cross-entropy summed over
     its target tokens, divided by ``n_target`` (the global batch's count, so that ranks sum to the global mean),
     backward under ``autocast`` for the forward, gradients summed over the ranks of ``dist``, norm clipped to
@@ -142,8 +168,9 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch,
         g["lr"] = lr
     with autocast:
         logits = model(batch.input_ids)
-    loss_sum = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX,
-                               reduction="sum")
+    loss_sum = F.cross_entropy(
+        logits.float().flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
     (loss_sum / max(1, n_target)).backward()
     if dist is not None:
         _sum_grads(model, dist)
@@ -203,7 +230,7 @@ def _trim_metrics(out: Path, step: int) -> None:
     path = out / "metrics.jsonl"
     if not path.exists():
         return
-    keep = [r for r in read_jsonl(path) if r.get("step", 0) <= step]     # a line torn by a kill is dropped
+    keep = [r for r in read_jsonl(path) if r.get("step", 0) <= step]  # a line torn by a kill is dropped
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
@@ -211,9 +238,14 @@ def _trim_metrics(out: Path, step: int) -> None:
 StepCallback = Callable[[int], None]
 
 
-def train(config: Union[RunConfig, Mapping], out: Optional[str] = None, *,
-          printer: Optional[Callable[[str], None]] = None, progress: bool = True,
-          callbacks: Iterable[StepCallback] = ()) -> dict:
+def train(
+    config: Union[RunConfig, Mapping],
+    out: Optional[str] = None,
+    *,
+    printer: Optional[Callable[[str], None]] = None,
+    progress: bool = True,
+    callbacks: Iterable[StepCallback] = (),
+) -> dict:
     """Train (or resume) the run ``config`` (a ``RunConfig``, or a raw or resolved run config dict) in run
     directory ``out``, for any task: its batches give the loss, its objective the validation.
 
@@ -222,7 +254,7 @@ def train(config: Union[RunConfig, Mapping], out: Optional[str] = None, *,
     logged loss, the first logged loss, the validation history, the seconds spent in updates over all sessions
     (``train_seconds``) and the model (key ``model``)."""
     run = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
-    _check_device(run.train)      # before anything is created: a refused run leaves no folder
+    _check_device(run.train)  # before anything is created: a refused run leaves no folder
     d = Dist()
     out_path = Path(out) if out is not None else None
     try:
@@ -234,7 +266,7 @@ def train(config: Union[RunConfig, Mapping], out: Optional[str] = None, *,
             if out_path is not None:
                 mode = d.broadcast_obj(None)
             return _train(run, d, dev, out_path, mode, printer, progress, tuple(callbacks))
-        mode = check_run_dir(out_path, run.as_dict())      # before the lock: a refused folder is left untouched
+        mode = check_run_dir(out_path, run.as_dict())  # before the lock: a refused folder is left untouched
         with run_lock(out_path):
             mode = d.broadcast_obj(mode)
             return _train(run, d, dev, out_path, mode, printer, progress, tuple(callbacks))
@@ -244,9 +276,11 @@ def train(config: Union[RunConfig, Mapping], out: Optional[str] = None, *,
 
 def _check_device(tr: TrainConfig) -> None:
     if tr.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"train.device = 'cuda' but CUDA is not available (torch {torch.__version__}"
-                          + (", built without CUDA" if torch.version.cuda is None else ", no usable GPU")
-                          + "); use train.device = 'cpu' or 'auto'")
+        raise ConfigError(
+            f"train.device = 'cuda' but CUDA is not available (torch {torch.__version__}"
+            + (", built without CUDA" if torch.version.cuda is None else ", no usable GPU")
+            + "); use train.device = 'cpu' or 'auto'"
+        )
 
 
 def _device(tr: TrainConfig, d: Dist) -> torch.device:
@@ -257,8 +291,9 @@ def _device(tr: TrainConfig, d: Dist) -> torch.device:
     return torch.device("cpu")
 
 
-def _train(run: RunConfig, d: Dist, dev: torch.device, out: Optional[Path], mode, printer, progress,
-           callbacks: tuple) -> dict:
+def _train(
+    run: RunConfig, d: Dist, dev: torch.device, out: Optional[Path], mode, printer, progress, callbacks: tuple
+) -> dict:
     tr, cfg = run.train, run.as_dict()
     if dev.type == "cpu" and tr.threads:
         torch.set_num_threads(tr.threads)
@@ -267,17 +302,19 @@ def _train(run: RunConfig, d: Dist, dev: torch.device, out: Optional[Path], mode
     log = _Log(out, d.main, printer)
     if out is not None and d.main:
         init_run_dir(out, cfg, environment(d.world, str(dev)))
-        stale = remove_stale_temps_in_run(out)      # run_lock is held: no other writer is active here
+        stale = remove_stale_temps_in_run(out)  # run_lock is held: no other writer is active here
         if stale:
-            log(f"removed {len(stale)} temporary file(s) left by a killed run: "
-                + ", ".join(str(p.relative_to(out)) for p in stale))
+            log(
+                f"removed {len(stale)} temporary file(s) left by a killed run: "
+                + ", ".join(str(p.relative_to(out)) for p in stale)
+            )
     d.barrier()
 
     model, opt = build_model_and_optimizer(run, task, dev)
     data_rng = task.rng(tr.seed, "train")
     step, best, first_loss, last_loss = 0, None, None, None
-    loss_acc, n_acc = 0.0, 0          # loss sum / count of the steps since the last logged record
-    train_seconds = 0.0               # time in updates over all sessions (not validation, not checkpoint writes)
+    loss_acc, n_acc = 0.0, 0  # loss sum / count of the steps since the last logged record
+    train_seconds = 0.0  # time in updates over all sessions (not validation, not checkpoint writes)
     history: list[dict] = []
     chash = run.hash
 
@@ -285,11 +322,15 @@ def _train(run: RunConfig, d: Dist, dev: torch.device, out: Optional[Path], mode
     if mode == "resume" and last is not None and last.exists():
         model, extra = load_checkpoint(str(last), map_location=dev, optimizer=opt, model=model)
         if extra.get("config_hash") != chash:
-            raise ValueError(f"{last}: checkpoint belongs to another config (hash {extra.get('config_hash')} "
-                             f"!= {chash}); nothing was changed")
+            raise ValueError(
+                f"{last}: checkpoint belongs to another config (hash {extra.get('config_hash')} "
+                f"!= {chash}); nothing was changed"
+            )
         if extra.get("world_size", 1) != d.world:
-            log(f"note: resuming a run saved with {extra.get('world_size')} rank(s) on {d.world}; the data "
-                f"stream is the same but the result is not bit-identical to an uninterrupted run")
+            log(
+                f"note: resuming a run saved with {extra.get('world_size')} rank(s) on {d.world}; the data "
+                f"stream is the same but the result is not bit-identical to an uninterrupted run"
+            )
         step = int(extra["step"])
         v, state, g = extra["data_rng"]
         data_rng.setstate((v, tuple(state), g))
@@ -301,44 +342,66 @@ def _train(run: RunConfig, d: Dist, dev: torch.device, out: Optional[Path], mode
             _trim_metrics(out, step)
         log(f"[{now()}] resuming {out} at step {step}/{tr.steps}")
     elif out is not None:
-        if mode == "resume" and d.main:      # killed before the first checkpoint: start over, drop its records
+        if mode == "resume" and d.main:  # killed before the first checkpoint: start over, drop its records
             _trim_metrics(out, 0)
-        log(f"[{now()}] new run {out}: task={task.name} method={cfg['model']['method']} "
+        log(
+            f"[{now()}] new run {out}: task={task.name} method={cfg['model']['method']} "
             f"positions={cfg['model']['positions']} params={model.num_parameters():,} steps={tr.steps} "
-            f"batch={tr.batch_size} ranks={d.world} device={dev}")
+            f"batch={tr.batch_size} ranks={d.world} device={dev}"
+        )
     d.barrier()
 
-    autocast = (torch.autocast(dev.type, dtype=torch.bfloat16) if tr.bf16
-                else torch.autocast(dev.type, enabled=False))
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16) if tr.bf16 else torch.autocast(dev.type, enabled=False)
     lengths = tuple(tr.train_lengths)
     per_rank = tr.batch_size // d.world
     lo_row = d.rank * per_rank
 
     def summary(resumed: bool, trained: int) -> dict:
-        return {"step": step, "first_loss": first_loss, "last_loss": last_loss, "best": best, "history": history,
-                "model": model, "config": cfg, "resumed": resumed, "trained_steps": trained,
-                "train_seconds": train_seconds}
+        return {
+            "step": step,
+            "first_loss": first_loss,
+            "last_loss": last_loss,
+            "best": best,
+            "history": history,
+            "model": model,
+            "config": cfg,
+            "resumed": resumed,
+            "trained_steps": trained,
+            "train_seconds": train_seconds,
+        }
 
     def save_last():
         if out is None or not d.main:
             return
-        extra = {"step": step, "scheduler": {"kind": "warmup_cosine", "step": step},
-                 "data_rng": list(_rng_state(data_rng)), "torch_rng": torch.get_rng_state(),
-                 "best": best, "first_loss": first_loss, "last_loss": last_loss, "loss_acc": [loss_acc, n_acc],
-                 "train_seconds": train_seconds, "world_size": d.world, "config_hash": chash, "time": now()}
+        extra = {
+            "step": step,
+            "scheduler": {"kind": "warmup_cosine", "step": step},
+            "data_rng": list(_rng_state(data_rng)),
+            "torch_rng": torch.get_rng_state(),
+            "best": best,
+            "first_loss": first_loss,
+            "last_loss": last_loss,
+            "loss_acc": [loss_acc, n_acc],
+            "train_seconds": train_seconds,
+            "world_size": d.world,
+            "config_hash": chash,
+            "time": now(),
+        }
         save_checkpoint(str(checkpoint_path(out, "last")), model, opt, extra=extra, overwrite=True)
 
     def validate():
         nonlocal best
         if d.main:
             t_val = time.perf_counter()
-            res = {str(L): objective.measure(model, task, L, tr.val_samples, seed=tr.seed,
-                                             autocast_dtype=torch.bfloat16 if tr.bf16 else None)
-                   for L in tr.val_lengths}
+            res = {
+                str(L): objective.measure(
+                    model, task, L, tr.val_samples, seed=tr.seed, autocast_dtype=torch.bfloat16 if tr.bf16 else None
+                )
+                for L in tr.val_lengths
+            }
             model.train()
             means = objective.summary(res)
-            rec = {"step": step, "val": res, **means, "seconds": round(time.perf_counter() - t_val, 3),
-                   "time": now()}
+            rec = {"step": step, "val": res, **means, "seconds": round(time.perf_counter() - t_val, 3), "time": now()}
             history.append(rec)
             log.metrics(rec)
             log(f"step {step:>6}  " + objective.line(res))
@@ -346,8 +409,13 @@ def _train(run: RunConfig, d: Dist, dev: torch.device, out: Optional[Path], mode
             if best is None or key > best["key"]:
                 best = {"key": key, "step": step}
                 if out is not None:
-                    save_checkpoint(str(checkpoint_path(out, "best")), model, None,
-                                    extra={"step": step, "val": res, "config_hash": chash}, overwrite=True)
+                    save_checkpoint(
+                        str(checkpoint_path(out, "best")),
+                        model,
+                        None,
+                        extra={"step": step, "val": res, "config_hash": chash},
+                        overwrite=True,
+                    )
         d.barrier()
 
     if step >= tr.steps:
@@ -365,8 +433,9 @@ def _train(run: RunConfig, d: Dist, dev: torch.device, out: Optional[Path], mode
         n_global = int((gbatch.labels != IGNORE_INDEX).sum())
         b = _rows(gbatch, lo_row, lo_row + per_rank).to(dev)
         lr = lr_at(step, tr)
-        loss_sum, gnorm = train_step(model, opt, b, n_target=n_global, lr=lr, grad_clip=tr.grad_clip,
-                                     autocast=autocast, dist=d)
+        loss_sum, gnorm = train_step(
+            model, opt, b, n_target=n_global, lr=lr, grad_clip=tr.grad_clip, autocast=autocast, dist=d
+        )
         step += 1
         tok_count += int(gbatch.attention_mask.sum())
         ls_ = d.all_reduce_(loss_sum.reshape(1).clone())
@@ -382,14 +451,23 @@ def _train(run: RunConfig, d: Dist, dev: torch.device, out: Optional[Path], mode
                 first_loss = mean
             last_loss = mean
             dt = time.perf_counter() - t0
-            rec = {"step": step, "loss": mean, "lr": lr, "grad_norm": float(gnorm), "tokens_per_s": tok_count / dt,
-                   "length": int(gbatch.length[0]), "time": now()}
+            rec = {
+                "step": step,
+                "loss": mean,
+                "lr": lr,
+                "grad_norm": float(gnorm),
+                "tokens_per_s": tok_count / dt,
+                "length": int(gbatch.length[0]),
+                "time": now(),
+            }
             log.metrics(rec)
             if bar is not None:
                 bar.set_postfix(loss=f"{mean:.4f}", lr=f"{lr:.2e}")
             else:
-                log(f"step {step:>6}/{tr.steps}  loss {mean:.4f}  lr {lr:.2e}  |g| {float(gnorm):.3f}  "
-                    f"{tok_count / dt:,.0f} tok/s  ETA {eta_text(step - start_step, tr.steps - step, dt)}")
+                log(
+                    f"step {step:>6}/{tr.steps}  loss {mean:.4f}  lr {lr:.2e}  |g| {float(gnorm):.3f}  "
+                    f"{tok_count / dt:,.0f} tok/s  ETA {eta_text(step - start_step, tr.steps - step, dt)}"
+                )
         if (tr.val_every and step % tr.val_every == 0) or step == tr.steps:
             validate()
         if step % tr.ckpt_every == 0 or step == tr.steps:
@@ -399,8 +477,10 @@ def _train(run: RunConfig, d: Dist, dev: torch.device, out: Optional[Path], mode
     if bar is not None:
         bar.close()
         log.bar = None
-    log(f"[{now()}] done: step {step}, loss {first_loss:.4f} -> {last_loss:.4f}"
-        + (f", {objective.best_text(best)}" if best else ""))
+    log(
+        f"[{now()}] done: step {step}, loss {first_loss:.4f} -> {last_loss:.4f}"
+        + (f", {objective.best_text(best)}" if best else "")
+    )
     return summary(mode == "resume", step - start_step)
 
 

@@ -10,6 +10,7 @@ length, their summary in ``metrics.jsonl``, and the key that picks the best chec
 The training loss needs no objective: every task's labels are next-token targets with ``IGNORE_INDEX`` where no
 loss is taken, so one cross-entropy serves all of them (``loop.train_step``).
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Optional
@@ -20,17 +21,20 @@ import torch
 class ExactMatch:
     name = "exact_match"
 
-    def measure(self, model, task, length: int, samples: int, *, seed: int,
-                autocast_dtype: Optional[torch.dtype]) -> dict:
-        from longsparse.evaluate.core import score_length     # evaluate sits above train (it reads run folders)
+    def measure(
+        self, model, task, length: int, samples: int, *, seed: int, autocast_dtype: Optional[torch.dtype]
+    ) -> dict:
+        from longsparse.evaluate.core import score_length  # evaluate sits above train (it reads run folders)
 
         r = score_length(model, task, length, samples, seed=seed, split="validation", autocast_dtype=autocast_dtype)
         return {"exact_match": r["exact_match"], "token_accuracy": r["token_accuracy"]}
 
     def summary(self, by_length: Mapping[str, dict]) -> dict:
         n = len(by_length)
-        return {"val_mean_exact_match": sum(v["exact_match"] for v in by_length.values()) / n,
-                "val_mean_token_accuracy": sum(v["token_accuracy"] for v in by_length.values()) / n}
+        return {
+            "val_mean_exact_match": sum(v["exact_match"] for v in by_length.values()) / n,
+            "val_mean_token_accuracy": sum(v["token_accuracy"] for v in by_length.values()) / n,
+        }
 
     def key(self, summary: Mapping) -> list[float]:
         return [summary["val_mean_exact_match"], summary["val_mean_token_accuracy"]]
@@ -45,11 +49,15 @@ class ExactMatch:
 class Perplexity:
     name = "perplexity"
 
-    def measure(self, model, task, length: int, samples: int, *, seed: int,
-                autocast_dtype: Optional[torch.dtype]) -> dict:
+    def measure(
+        self, model, task, length: int, samples: int, *, seed: int, autocast_dtype: Optional[torch.dtype]
+    ) -> dict:
         # the windows are fixed stretches of the validation split: the same at every call, whatever the seed
-        with torch.autocast(next(model.parameters()).device.type, dtype=autocast_dtype or torch.float32,
-                            enabled=autocast_dtype is not None):
+        with torch.autocast(
+            next(model.parameters()).device.type,
+            dtype=autocast_dtype or torch.float32,
+            enabled=autocast_dtype is not None,
+        ):
             return task.validation_nll(model, length, samples)
 
     def summary(self, by_length: Mapping[str, dict]) -> dict:

@@ -14,6 +14,7 @@ A directory that holds a *different* config is refused (nothing is written); the
 is written first and atomically, so a folder without it holds at most the lock and temporaries of a killed
 start, and is started afresh.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,7 +33,7 @@ from longsparse.io import atomic_write_text, is_temp_name, remove_stale_temps
 from longsparse.train.config import ConfigError, config_diff, resolve, run_identity
 
 CHECKPOINTS = ("best", "last")
-LOCK_NAME = ".lock"      # flock'ed while a process trains into the folder (run_lock)
+LOCK_NAME = ".lock"  # flock'ed while a process trains into the folder (run_lock)
 
 
 class RunDirError(ValueError):
@@ -50,8 +51,12 @@ def git_revision() -> dict:
         rev = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         if rev.returncode == 0:
             out["commit"] = rev.stdout.strip()
-            st = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=5)
+            st = subprocess.run(
+                ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            )
             out["dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         pass
@@ -63,9 +68,17 @@ def environment(world_size: int = 1, device: str = "cpu") -> dict:
 
     import longsparse
 
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "longsparse": longsparse.__version__,
-            "git": git_revision(), "platform": platform.platform(), "host": socket.gethostname(),
-            "world_size": world_size, "device": device, "time": now()}
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "longsparse": longsparse.__version__,
+        "git": git_revision(),
+        "platform": platform.platform(),
+        "host": socket.gethostname(),
+        "world_size": world_size,
+        "device": device,
+        "time": now(),
+    }
 
 
 def read_config(run: str | os.PathLike) -> dict:
@@ -97,8 +110,10 @@ def check_run_dir(out: str | os.PathLike, cfg: Mapping) -> str:
         return "new"
     cfg_path = out / "config.json"
     if not cfg_path.is_file():
-        raise RunDirError(f"{out} is not empty and holds no config.json: not a longsparse run directory; "
-                          f"refusing to write into it (choose another --out)")
+        raise RunDirError(
+            f"{out} is not empty and holds no config.json: not a longsparse run directory; "
+            f"refusing to write into it (choose another --out)"
+        )
     try:
         old = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
@@ -106,10 +121,13 @@ def check_run_dir(out: str | os.PathLike, cfg: Mapping) -> str:
     new = normalise(cfg)
     if normalise(old) != new:
         diff = config_diff(normalise(old), new)
-        raise RunDirError(f"{out} holds a run with a DIFFERENT config; nothing was changed. Differences "
-                          f"(stored -> requested):\n  " + "\n  ".join(diff[:20])
-                          + ("\n  ..." if len(diff) > 20 else "")
-                          + "\nUse another --out, or the same settings to resume this run.")
+        raise RunDirError(
+            f"{out} holds a run with a DIFFERENT config; nothing was changed. Differences "
+            f"(stored -> requested):\n  "
+            + "\n  ".join(diff[:20])
+            + ("\n  ..." if len(diff) > 20 else "")
+            + "\nUse another --out, or the same settings to resume this run."
+        )
     return "resume"
 
 
@@ -124,8 +142,10 @@ def run_lock(out: str | os.PathLike):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RunDirError(f"{out} is being trained by another process right now; nothing was changed "
-                              f"(wait for it to finish, or use another --out)") from None
+            raise RunDirError(
+                f"{out} is being trained by another process right now; nothing was changed "
+                f"(wait for it to finish, or use another --out)"
+            ) from None
         try:
             yield
         finally:

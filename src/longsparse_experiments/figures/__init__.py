@@ -23,6 +23,7 @@ own float32 otherwise.
 A new analysis is a module here with ``figure(ctx: Context) -> Figure`` (``context``), entered in
 ``make.ANALYSES`` (its position is its figure number).
 """
+
 from longsparse_experiments.figures.make import ANALYSES, FIGURES, add_cli, make_figures, parse_only
 
 __all__ = ["ANALYSES", "FIGURES", "add_cli", "make_figures", "parse_only"]

@@ -1,5 +1,6 @@
 """What the analyses share: the α values compared, the trained models of figures 3b, 4 and 5 (trained here and
 cached when no runs are given), the ``Context`` every analysis gets and the ``Figure`` it returns."""
+
 from __future__ import annotations
 
 import time
@@ -15,6 +16,7 @@ ALPHAS = (1.25, 1.5, 2.0)
 class Figure(NamedTuple):
     """What an analysis returns: its file stem (``figN_name``), its numbers (written as JSON), the function that
     plots them (``plot(data, png_path)``), the summary the driver prints and indexes, and extra index entries."""
+
     stem: str
     data: dict
     plot: Callable[[dict, Path], None]
@@ -27,6 +29,7 @@ class Context:
     """What every analysis gets: the output folder, whether it is a --quick run and the trained models
     (``models``: per run {"dir", "label", "cfg", "model" in eval mode, "checkpoint", "val"}; ``meta``: what the
     JSON files say about them; ``train_lengths``: the first run's training length range)."""
+
     out: Path
     quick: bool
     models: List[dict] = field(default_factory=list)
@@ -61,9 +64,18 @@ def default_run_configs(quick: bool = False) -> Dict[str, dict]:
     from longsparse.train.config import deep_merge
 
     overrides = deep_merge(DEFAULT_OVERRIDES, QUICK_OVERRIDES) if quick else DEFAULT_OVERRIDES
-    return {name: build_config(DEFAULT_TASK, preset="cpu", method=method, positions=positions, seed=0,
-                               steps=QUICK_STEPS if quick else None, overrides=overrides)
-            for name, method, positions in DEFAULT_RUNS}
+    return {
+        name: build_config(
+            DEFAULT_TASK,
+            preset="cpu",
+            method=method,
+            positions=positions,
+            seed=0,
+            steps=QUICK_STEPS if quick else None,
+            overrides=overrides,
+        )
+        for name, method, positions in DEFAULT_RUNS
+    }
 
 
 def ensure_default_runs(cache: Path, quick: bool = False, log: Callable[[str], None] = print) -> List[Path]:
@@ -94,7 +106,7 @@ def load_run(run: Path):
     if val is None:
         mpath = Path(run) / "metrics.jsonl"
         if mpath.exists():
-            recs = read_jsonl(mpath)          # tolerates a line torn by a killed training
+            recs = read_jsonl(mpath)  # tolerates a line torn by a killed training
             vals = [r["val"] for r in recs if "val" in r]
             val = vals[-1] if vals else None
     return model, cfg, which, val
@@ -124,15 +136,26 @@ def load_models(ctx: Context, runs: Optional[Iterable[str | Path]], log: Callabl
         run_dirs = [Path(r) for r in runs]
     else:
         cache = ctx.out / "runs" / "quick" if ctx.quick else ctx.out / "runs"
-        log(f"training/loading the default models in {cache} ({DEFAULT_TASK}, cpu preset"
-            f"{', quick' if ctx.quick else ''})")
+        log(
+            f"training/loading the default models in {cache} ({DEFAULT_TASK}, cpu preset"
+            f"{', quick' if ctx.quick else ''})"
+        )
         run_dirs = ensure_default_runs(cache, quick=ctx.quick, log=log)
     for r in run_dirs:
         model, cfg, which, val = load_run(r)
-        ctx.models.append({"dir": str(r), "label": run_label(cfg), "cfg": cfg, "model": model,
-                           "checkpoint": which, "val": val})
-    ctx.meta = [{"run": m["dir"], "label": m["label"], "checkpoint": m["checkpoint"], "validation": m["val"],
-                 "task": m["cfg"]["task"]["name"], "model": m["cfg"]["model"],
-                 "train": {k: m["cfg"]["train"][k] for k in ("steps", "batch_size", "lr", "seed", "train_lengths")}}
-                for m in ctx.models]
+        ctx.models.append(
+            {"dir": str(r), "label": run_label(cfg), "cfg": cfg, "model": model, "checkpoint": which, "val": val}
+        )
+    ctx.meta = [
+        {
+            "run": m["dir"],
+            "label": m["label"],
+            "checkpoint": m["checkpoint"],
+            "validation": m["val"],
+            "task": m["cfg"]["task"]["name"],
+            "model": m["cfg"]["model"],
+            "train": {k: m["cfg"]["train"][k] for k in ("steps", "batch_size", "lr", "seed", "train_lengths")},
+        }
+        for m in ctx.models
+    ]
     ctx.train_lengths = ctx.models[0]["cfg"]["train"]["train_lengths"] if ctx.models else None

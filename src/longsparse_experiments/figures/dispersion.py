@@ -1,5 +1,6 @@
 """Figure 3, ``dispersion``: normalised entropy H(p)/log n and support size vs n: (a) synthetic logits (one
 signal logit + n−1 Gaussian noise logits, float64), (b) measured inside trained models on long inputs."""
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ import longsparse as ls
 from longsparse_experiments.figures.context import Context, Figure, long_example
 from longsparse_experiments.figures.style import color_cycle, pyplot, save
 
-LENGTH, QUICK_LENGTH = 2048, 128     # the length of the input the trained models are measured on
+LENGTH, QUICK_LENGTH = 2048, 128  # the length of the input the trained models are measured on
 
 
 # ---- (a) synthetic logits ------------------------------------------------------------------------------------
@@ -30,13 +31,20 @@ SYNTH_MAPPINGS = {
 }
 
 
-def synthetic_dispersion_data(ns: Sequence[int] = tuple(2 ** k for k in range(3, 17)), signal: float = 4.0,
-                              noise_std: float = 1.0, draws: int = 16, seed: int = 0) -> dict:
+def synthetic_dispersion_data(
+    ns: Sequence[int] = tuple(2**k for k in range(3, 17)),
+    signal: float = 4.0,
+    noise_std: float = 1.0,
+    draws: int = 16,
+    seed: int = 0,
+) -> dict:
     """Logits: one signal logit ``signal`` at index 0 and n−1 N(0, noise_std²) noise logits; ``draws`` seeded
     rows per n. Per mapping: mean (± std) normalised entropy H(p)/log n, support size and signal weight."""
     gen = torch.Generator().manual_seed(seed)
-    series = {name: {"entropy": [], "entropy_std": [], "support": [], "support_std": [], "signal_weight": []}
-              for name in SYNTH_MAPPINGS}
+    series = {
+        name: {"entropy": [], "entropy_std": [], "support": [], "support_std": [], "signal_weight": []}
+        for name in SYNTH_MAPPINGS
+    }
     for n in ns:
         z = torch.randn(draws, n, generator=gen, dtype=torch.float64) * noise_std
         z[:, 0] = signal
@@ -49,8 +57,15 @@ def synthetic_dispersion_data(ns: Sequence[int] = tuple(2 ** k for k in range(3,
             s["support"].append(float(sup.mean()))
             s["support_std"].append(float(sup.std()))
             s["signal_weight"].append(float(p[:, 0].mean()))
-    return {"figure": "dispersion_synthetic", "n": list(ns), "signal": signal, "noise_std": noise_std,
-            "draws": draws, "seed": seed, "series": series}
+    return {
+        "figure": "dispersion_synthetic",
+        "n": list(ns),
+        "signal": signal,
+        "noise_std": noise_std,
+        "draws": draws,
+        "seed": seed,
+        "series": series,
+    }
 
 
 # ---- (b) measured in trained models --------------------------------------------------------------------------
@@ -60,7 +75,7 @@ def _log2_bins(n_max: int) -> List[tuple]:
     while lo <= n_max:
         bins.append((lo, min(2 * lo, n_max + 1)))
         lo *= 2
-    if len(bins) > 1 and bins[-1][1] - bins[-1][0] < bins[-1][0] // 2:    # fold a sliver into the last octave
+    if len(bins) > 1 and bins[-1][1] - bins[-1][0] < bins[-1][0] // 2:  # fold a sliver into the last octave
         bins[-2:] = [(bins[-2][0], bins[-1][1])]
     return bins
 
@@ -79,20 +94,29 @@ def measured_dispersion(model, input_ids: torch.Tensor) -> dict:
     layers = {}
     for layer in cap.layers:
         rec = cap[layer]
-        ent = rec["entropy"].float().mean(0)      # (H, N) mean over the batch
+        ent = rec["entropy"].float().mean(0)  # (H, N) mean over the batch
         sup = rec["support"].float().mean(0)
         e_b, s_b = [], []
         for lo, hi in bins:
             m = (n >= lo) & (n < hi)
             e_b.append([float(v) for v in ent[:, m].mean(-1)])
             s_b.append([float(v) for v in sup[:, m].mean(-1)])
-        layers[str(layer)] = {"entropy": e_b, "support": s_b}     # [bin][head]
-    mean_e = [sum(sum(layers[k]["entropy"][i]) / len(layers[k]["entropy"][i]) for k in layers) / len(layers)
-              for i in range(len(bins))]
-    mean_s = [sum(sum(layers[k]["support"][i]) / len(layers[k]["support"][i]) for k in layers) / len(layers)
-              for i in range(len(bins))]
-    return {"bins": [list(b) for b in bins], "bin_center": [math.sqrt(lo * (hi - 1)) for lo, hi in bins],
-            "layers": layers, "mean_entropy": mean_e, "mean_support": mean_s}
+        layers[str(layer)] = {"entropy": e_b, "support": s_b}  # [bin][head]
+    mean_e = [
+        sum(sum(layers[k]["entropy"][i]) / len(layers[k]["entropy"][i]) for k in layers) / len(layers)
+        for i in range(len(bins))
+    ]
+    mean_s = [
+        sum(sum(layers[k]["support"][i]) / len(layers[k]["support"][i]) for k in layers) / len(layers)
+        for i in range(len(bins))
+    ]
+    return {
+        "bins": [list(b) for b in bins],
+        "bin_center": [math.sqrt(lo * (hi - 1)) for lo, hi in bins],
+        "layers": layers,
+        "mean_entropy": mean_e,
+        "mean_support": mean_s,
+    }
 
 
 def plot_dispersion(synth: dict, measured: Optional[dict], path: Path) -> None:
@@ -114,8 +138,13 @@ def plot_dispersion(synth: dict, measured: Optional[dict], path: Path) -> None:
         styles = {"nape": "-", "nope": "--", "alibi": ":", "rope": "-."}
         for r in measured["runs"]:
             meth, _, pos = r["label"].partition("/")
-            kw = dict(marker="o", ms=3, label=r["label"], color=colors[methods.index(meth) % len(colors)],
-                      ls=styles.get(pos.split(" ")[0], "-"))
+            kw = dict(
+                marker="o",
+                ms=3,
+                label=r["label"],
+                color=colors[methods.index(meth) % len(colors)],
+                ls=styles.get(pos.split(" ")[0], "-"),
+            )
             axes[2].plot(r["bin_center"], r["mean_entropy"], **kw)
             axes[3].plot(r["bin_center"], r["mean_support"], **kw)
         lo, hi = measured.get("train_lengths") or (None, None)
@@ -137,21 +166,37 @@ def plot_dispersion(synth: dict, measured: Optional[dict], path: Path) -> None:
 
 def figure(ctx: Context) -> Figure:
     length = QUICK_LENGTH if ctx.quick else LENGTH
-    synth = synthetic_dispersion_data(ns=tuple(2 ** k for k in range(3, 11 if ctx.quick else 17)),
-                                      draws=4 if ctx.quick else 16)
-    measured = {"task": ctx.models[0]["cfg"]["task"]["name"] if ctx.models else None, "length": length,
-                "train_lengths": ctx.train_lengths, "runs": []}
+    synth = synthetic_dispersion_data(
+        ns=tuple(2**k for k in range(3, 11 if ctx.quick else 17)), draws=4 if ctx.quick else 16
+    )
+    measured = {
+        "task": ctx.models[0]["cfg"]["task"]["name"] if ctx.models else None,
+        "length": length,
+        "train_lengths": ctx.train_lengths,
+        "runs": [],
+    }
     for m in ctx.models:
         ids = long_example(m["cfg"], length, batch_size=1, seed=0)
         measured["runs"].append({"label": m["label"], "run": m["dir"], **measured_dispersion(m["model"], ids)})
     d = {"figure": "dispersion", "synthetic": synth, "measured": measured, "runs": ctx.meta}
-    last = {k: {"entropy": round(v["entropy"][-1], 4), "support": round(v["support"][-1], 1),
-                "signal_weight": round(v["signal_weight"][-1], 4)} for k, v in synth["series"].items()}
+    last = {
+        k: {
+            "entropy": round(v["entropy"][-1], 4),
+            "support": round(v["support"][-1], 1),
+            "signal_weight": round(v["signal_weight"][-1], 4),
+        }
+        for k, v in synth["series"].items()
+    }
     summ = {f"synthetic_n={synth['n'][-1]}": last}
     for r in measured["runs"]:
         summ[f"measured {r['label']}"] = {
-            f"n~{r['bins'][0][0]}-{r['bins'][0][1] - 1}": [round(r["mean_entropy"][0], 3),
-                                                           round(r["mean_support"][0], 1)],
-            f"n~{r['bins'][-1][0]}-{r['bins'][-1][1] - 1}": [round(r["mean_entropy"][-1], 3),
-                                                             round(r["mean_support"][-1], 1)]}
+            f"n~{r['bins'][0][0]}-{r['bins'][0][1] - 1}": [
+                round(r["mean_entropy"][0], 3),
+                round(r["mean_support"][0], 1),
+            ],
+            f"n~{r['bins'][-1][0]}-{r['bins'][-1][1] - 1}": [
+                round(r["mean_entropy"][-1], 3),
+                round(r["mean_support"][-1], 1),
+            ],
+        }
     return Figure("fig3_dispersion", d, lambda dd, p: plot_dispersion(dd["synthetic"], dd["measured"], p), summ)

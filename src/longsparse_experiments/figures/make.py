@@ -1,5 +1,6 @@
 """The driver: compute each analysis asked for, write its numbers (JSON) and its plot (PNG), index them in
 ``figures.json``; and the ``longsparse figures`` command."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,14 @@ from longsparse_experiments.figures.context import Context, load_models
 from longsparse_experiments.figures.style import write_json
 
 #: The analyses in figure order (``--only 3`` is the third); each module's ``figure(ctx)`` returns its Figure.
-ANALYSES = {"zero_crossing": zero_crossing, "p0_grid": p0_grid, "dispersion": dispersion, "scales": scales,
-            "profiles": profiles, "threshold": threshold}
+ANALYSES = {
+    "zero_crossing": zero_crossing,
+    "p0_grid": p0_grid,
+    "dispersion": dispersion,
+    "scales": scales,
+    "profiles": profiles,
+    "threshold": threshold,
+}
 FIGURES = tuple(ANALYSES)
 #: The analyses that measure trained models (the others are computed from formulas).
 NEED_MODELS = {"dispersion", "scales", "profiles"}
@@ -26,7 +33,7 @@ def parse_only(only) -> set:
     if not only:
         return set(FIGURES)
     out = set()
-    for item in (only.split(",") if isinstance(only, str) else only):
+    for item in only.split(",") if isinstance(only, str) else only:
         item = str(item).strip()
         if not item:
             continue
@@ -39,8 +46,14 @@ def parse_only(only) -> set:
     return out
 
 
-def make_figures(out: str | Path, runs: Optional[Iterable[str | Path]] = None, *, quick: bool = False,
-                 only=None, log: Callable[[str], None] = print) -> dict:
+def make_figures(
+    out: str | Path,
+    runs: Optional[Iterable[str | Path]] = None,
+    *,
+    quick: bool = False,
+    only=None,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Compute, save (JSON) and plot (PNG) the figures into ``out``; returns {name: {png, json, summary}}.
 
     ``quick``: small grids and, without ``runs``, 8-step models at length 128 (a smoke test, not a result)."""
@@ -65,7 +78,7 @@ def make_figures(out: str | Path, runs: Optional[Iterable[str | Path]] = None, *
 
     idx_path = out / "figures.json"
     index = {"quick": quick, "runs": ctx.meta, "figures": {}}
-    if idx_path.exists():                      # --only: keep the other figures' entries
+    if idx_path.exists():  # --only: keep the other figures' entries
         try:
             old = json.loads(idx_path.read_text())
             if old.get("quick") == quick:
@@ -83,8 +96,13 @@ def add_cli(sub) -> None:
     """Register ``longsparse figures`` on the top-level subparsers."""
     f = sub.add_parser("figures", help="the paper's analyses as PNG + JSON (needs the plot extra, matplotlib)")
     f.add_argument("--out", default="docs/figures", help="output folder (default docs/figures)")
-    f.add_argument("--runs", nargs="+", default=None, metavar="RUN",
-                   help="run directories for the trained-model figures (default: train small ones into OUT/runs)")
+    f.add_argument(
+        "--runs",
+        nargs="+",
+        default=None,
+        metavar="RUN",
+        help="run directories for the trained-model figures (default: train small ones into OUT/runs)",
+    )
     f.add_argument("--quick", action="store_true", help="small grids and 8-step models (a smoke test)")
     f.add_argument("--only", default=None, help="comma list of figure numbers or names (default: all)")
     f.set_defaults(func=_cli)

@@ -1,5 +1,6 @@
 """Figure 5, ``profiles``: mean attention weight (and the fraction of nonzero weights) vs query–key distance
 for 1.5-entmax models under NoPE / ALiBi / RoPE / NAPE."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +11,7 @@ import torch
 from longsparse_experiments.figures.context import Context, Figure, long_example
 from longsparse_experiments.figures.style import color_cycle, plot_note, pyplot, save
 
-LENGTH, QUICK_LENGTH = 1024, 96      # the length of the input the profiles are measured on
+LENGTH, QUICK_LENGTH = 1024, 96  # the length of the input the profiles are measured on
 
 
 def distance_bins(N: int) -> List[tuple]:
@@ -18,7 +19,7 @@ def distance_bins(N: int) -> List[tuple]:
     bins = [(d, d + 1) for d in range(min(16, N))]
     lo = 16
     while lo < N:
-        hi = min(N, max(lo + 1, int(round(lo * 2 ** 0.25))))
+        hi = min(N, max(lo + 1, int(round(lo * 2**0.25))))
         bins.append((lo, hi))
         lo = hi
     return bins
@@ -32,7 +33,7 @@ def distance_profile(attn: torch.Tensor) -> dict:
     mean_w = torch.zeros(H, N, dtype=torch.float64)
     nz = torch.zeros(H, N, dtype=torch.float64)
     for d in range(N):
-        diag = torch.diagonal(attn, offset=-d, dim1=-2, dim2=-1).double()    # (B, H, N − d)
+        diag = torch.diagonal(attn, offset=-d, dim1=-2, dim2=-1).double()  # (B, H, N − d)
         mean_w[:, d] = diag.mean((0, 2))
         nz[:, d] = (diag > 0).double().mean((0, 2))
     bins = distance_bins(N)
@@ -40,11 +41,16 @@ def distance_profile(attn: torch.Tensor) -> dict:
     for h in range(H):
         nonzero_d = torch.nonzero(nz[h] > 0).flatten()
         reach = int(nonzero_d.max()) if nonzero_d.numel() else -1
-        dead = int(((nz[h, : reach + 1] == 0)).sum()) if reach >= 0 else 0
-        heads.append({"head": h,
-                      "mean_weight": [float(mean_w[h, lo:hi].mean()) for lo, hi in bins],
-                      "nonzero_frac": [float(nz[h, lo:hi].mean()) for lo, hi in bins],
-                      "reach": reach, "dead_distances_within_reach": dead})
+        dead = int((nz[h, : reach + 1] == 0).sum()) if reach >= 0 else 0
+        heads.append(
+            {
+                "head": h,
+                "mean_weight": [float(mean_w[h, lo:hi].mean()) for lo, hi in bins],
+                "nonzero_frac": [float(nz[h, lo:hi].mean()) for lo, hi in bins],
+                "reach": reach,
+                "dead_distances_within_reach": dead,
+            }
+        )
     return {"bins": [list(b) for b in bins], "bin_center": [(lo + hi - 1) / 2 for lo, hi in bins], "heads": heads}
 
 
@@ -66,7 +72,7 @@ def plot_profiles(data: dict, path: Path) -> None:
         top, bot = axes[0][col], axes[1][col]
         k = 0
         for layer, prof in r["layers"].items():
-            x = [c + 1 for c in prof["bin_center"]]          # distance + 1 on a log axis
+            x = [c + 1 for c in prof["bin_center"]]  # distance + 1 on a log axis
             for hd in prof["heads"]:
                 c = colors[k % len(colors)]
                 k += 1
@@ -95,10 +101,21 @@ def figure(ctx: Context) -> Figure:
         if m["cfg"]["model"]["method"] == "entmax":
             ids = long_example(m["cfg"], length, batch_size=1, seed=0)
             res.append({"label": m["label"], "run": m["dir"], "layers": attention_profiles(m["model"], ids)})
-    d = {"figure": "profiles", "runs": res, "train_lengths": ctx.train_lengths, "length": length,
-         "models": [x for x in ctx.meta if x["model"]["method"] == "entmax"]}
-    summ = {r["label"]: {f"L{layer}h{hd['head']}": [hd["reach"], hd["dead_distances_within_reach"]]
-                         for layer, prof in r["layers"].items() for hd in prof["heads"]} for r in res}
+    d = {
+        "figure": "profiles",
+        "runs": res,
+        "train_lengths": ctx.train_lengths,
+        "length": length,
+        "models": [x for x in ctx.meta if x["model"]["method"] == "entmax"],
+    }
+    summ = {
+        r["label"]: {
+            f"L{layer}h{hd['head']}": [hd["reach"], hd["dead_distances_within_reach"]]
+            for layer, prof in r["layers"].items()
+            for hd in prof["heads"]
+        }
+        for r in res
+    }
     summ["legend"] = "[reach = largest distance with any p > 0, number of dead distances within reach]"
     if not res:
         summ = {"note": "no entmax run given: nothing to profile"}

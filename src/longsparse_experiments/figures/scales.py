@@ -1,5 +1,6 @@
 """Figure 4, ``scales``: the learned ASEntmax (or SSMax) scale per head vs position in a trained model, fitted by
 δ + βn, δ + β log n and δ + β (log n)^γ (least squares; R² and RMSE per head per fit)."""
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ from longsparse_experiments.figures.context import Context, Figure, long_example
 from longsparse_experiments.figures.profiles import distance_bins
 from longsparse_experiments.figures.style import color_cycle, plot_note, pyplot, save
 
-LENGTH, QUICK_LENGTH = 2048, 128     # the length of the inputs the scales are captured on
+LENGTH, QUICK_LENGTH = 2048, 128  # the length of the inputs the scales are captured on
 SCALED_METHODS = ("asentmax", "ssmax")
 
 
@@ -93,7 +94,7 @@ def learned_scales(model, batch) -> dict:
     n_bins = [float((lo + hi - 1) / 2 + 2) for lo, hi in bins]
     layers = {}
     for layer in cap.layers:
-        sc = cap[layer]["scale"].double()          # (B, H, N)
+        sc = cap[layer]["scale"].double()  # (B, H, N)
         heads = []
         for h in range(sc.shape[1]):
             if bool((sc[:, h] == 1).all()):
@@ -102,11 +103,16 @@ def learned_scales(model, batch) -> dict:
             st = sc[:, h][tgt]
             mean_all = sc[:, h].mean(0)
             binned = [float(mean_all[lo:hi].mean()) for lo, hi in bins]
-            heads.append({"head": h, "scaled": True,
-                          "target_scale": [round(float(v), 5) for v in st],
-                          "fits": fit_scale_curves(n_t.tolist(), st.tolist()),
-                          "all_binned": [round(v, 5) for v in binned],
-                          "fits_all_binned": fit_scale_curves(n_bins, binned)})
+            heads.append(
+                {
+                    "head": h,
+                    "scaled": True,
+                    "target_scale": [round(float(v), 5) for v in st],
+                    "fits": fit_scale_curves(n_t.tolist(), st.tolist()),
+                    "all_binned": [round(v, 5) for v in binned],
+                    "fits_all_binned": fit_scale_curves(n_bins, binned),
+                }
+            )
         layers[str(layer)] = heads
     return {"target_n": [int(v) for v in n_t], "n_bins": n_bins, "examples": B, "length": N, "layers": layers}
 
@@ -128,8 +134,13 @@ def plot_scales(data: dict, path: Path) -> None:
             c = colors[hd["head"] % len(colors)]
             f = hd["fits"]["power_log"]
             ax.scatter(n, hd["target_scale"], s=3, color=c, alpha=0.35, lw=0)
-            ax.plot(grid, [f["delta"] + f["beta"] * math.log(x) ** f["gamma"] for x in grid], color=c, lw=1.2,
-                    label=f"h{hd['head']}: γ={f['gamma']:.2f} R²={f['r2']:.2f} (log R²={hd['fits']['log']['r2']:.2f})")
+            ax.plot(
+                grid,
+                [f["delta"] + f["beta"] * math.log(x) ** f["gamma"] for x in grid],
+                color=c,
+                lw=1.2,
+                label=f"h{hd['head']}: γ={f['gamma']:.2f} R²={f['r2']:.2f} (log R²={hd['fits']['log']['r2']:.2f})",
+            )
         lo, hi = data.get("train_lengths") or (None, None)
         if hi:
             ax.axvspan(2, hi + 2, color="0.9", zorder=0)
@@ -138,7 +149,7 @@ def plot_scales(data: dict, path: Path) -> None:
         ax.set_title(f"{r['label']}  layer {layer}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     for row in axes:
         row[0].set_ylabel("scale at target queries; fit δ+β(log n)^γ")
@@ -152,8 +163,13 @@ def figure(ctx: Context) -> Figure:
         if m["cfg"]["model"]["method"] in SCALED_METHODS:
             b = long_example(m["cfg"], length, batch_size=2 if ctx.quick else 4, seed=0, batch=True)
             res.append({"label": m["label"], "run": m["dir"], **learned_scales(m["model"], b)})
-    d = {"figure": "scales", "runs": res, "train_lengths": ctx.train_lengths, "length": length,
-         "models": [x for x in ctx.meta if x["model"]["method"] in SCALED_METHODS]}
+    d = {
+        "figure": "scales",
+        "runs": res,
+        "train_lengths": ctx.train_lengths,
+        "length": length,
+        "models": [x for x in ctx.meta if x["model"]["method"] in SCALED_METHODS],
+    }
     summ = {}
     for r in res:
         for layer, heads in r["layers"].items():
@@ -161,8 +177,13 @@ def figure(ctx: Context) -> Figure:
                 if hd["scaled"]:
                     f = hd["fits"]
                     summ[f"{r['label']} L{layer}h{hd['head']}"] = {
-                        k: {"r2": round(v["r2"], 3), "rmse": round(v["rmse"], 4),
-                            **({"gamma": round(v["gamma"], 3)} if "gamma" in v else {})} for k, v in f.items()}
+                        k: {
+                            "r2": round(v["r2"], 3),
+                            "rmse": round(v["rmse"], 4),
+                            **({"gamma": round(v["gamma"], 3)} if "gamma" in v else {}),
+                        }
+                        for k, v in f.items()
+                    }
     if not res:
         summ = {"note": "no asentmax/ssmax run given: nothing to fit"}
     return Figure("fig4_scales", d, plot_scales if res else plot_note, summ)

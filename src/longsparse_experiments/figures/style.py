@@ -1,5 +1,6 @@
 """The one plotting style of the figures: matplotlib on the Agg backend, the default colour cycle, tight layout,
 atomic PNG writes; and the JSON every figure writes beside its PNG."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ def pyplot():
     """matplotlib.pyplot on the Agg backend; an ImportError naming the extra when matplotlib is missing."""
     try:
         import matplotlib
-    except ImportError as e:   # pragma: no cover - depends on the environment
+    except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("figures need matplotlib: pip install 'longsparse[plot]'") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,6 +1,7 @@
 """Figure 1, ``zero_crossing``: α-entmax(z/θ) on z = [2.0, 1.8, 1.6, 1.4, 1.2] as 1/θ grows; the inverse
 temperature at which each entry reaches exactly zero, in closed form (checked by bisection on ``ls.entmax``),
 in float64."""
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,9 @@ def zero_crossing_inv_temperature(z: Sequence[float], alpha: float) -> List[Opti
     return out
 
 
-def zero_crossing_bisection(z: Sequence[float], alpha: float, j: int, lo: float = 1e-3, hi: float = 1e4,
-                            iters: int = 200) -> Optional[float]:
+def zero_crossing_bisection(
+    z: Sequence[float], alpha: float, j: int, lo: float = 1e-3, hi: float = 1e4, iters: int = 200
+) -> Optional[float]:
     """Brute force: the smallest t with ls.entmax(t·z)_j == 0, by bisection on the exact float64 mapping."""
     zt = torch.tensor(list(z), dtype=torch.float64)
 
@@ -54,28 +56,48 @@ def zero_crossing_bisection(z: Sequence[float], alpha: float, j: int, lo: float 
     return hi
 
 
-def zero_crossing_data(z: Sequence[float] = Z_DEMO, alphas: Sequence[float] = (1.0, *ALPHAS),
-                       t_min: float = 0.1, t_max: float = 100.0, points: int = 241) -> dict:
+def zero_crossing_data(
+    z: Sequence[float] = Z_DEMO,
+    alphas: Sequence[float] = (1.0, *ALPHAS),
+    t_min: float = 0.1,
+    t_max: float = 100.0,
+    points: int = 241,
+) -> dict:
     ts = torch.logspace(math.log10(t_min), math.log10(t_max), points, dtype=torch.float64)
     zt = torch.tensor(list(z), dtype=torch.float64)
     panels = []
     for a in alphas:
-        p = ls.entmax(ts[:, None] * zt[None, :], float(a))        # (points, n)
+        p = ls.entmax(ts[:, None] * zt[None, :], float(a))  # (points, n)
         closed = zero_crossing_inv_temperature(z, float(a))
         crossings = []
         for j, tj in enumerate(closed):
             bf = zero_crossing_bisection(z, float(a), j) if tj is not None else None
-            crossings.append({"index": j, "z": z[j], "inv_temperature": tj,
-                              "temperature": None if tj is None else 1.0 / tj,
-                              "inv_temperature_bisection": bf,
-                              "rel_error": None if tj is None or bf is None else abs(bf - tj) / tj})
-        panels.append({"alpha": float(a), "label": "softmax" if a == 1 else f"{a:g}-entmax",
-                       "probabilities": [[round(float(v), 7) for v in row] for row in p.T],
-                       "support_size": [int(v) for v in (p > 0).sum(-1)],
-                       "zero_crossings": crossings})
-    return {"figure": "zero_crossing", "z": list(z), "inv_temperature": [float(t) for t in ts],
-            "formula": "t_j = 1/((alpha-1) * S_j^(alpha-1)), S_j = sum_{z_i > z_j} (z_i - z_j)^(1/(alpha-1))",
-            "panels": panels}
+            crossings.append(
+                {
+                    "index": j,
+                    "z": z[j],
+                    "inv_temperature": tj,
+                    "temperature": None if tj is None else 1.0 / tj,
+                    "inv_temperature_bisection": bf,
+                    "rel_error": None if tj is None or bf is None else abs(bf - tj) / tj,
+                }
+            )
+        panels.append(
+            {
+                "alpha": float(a),
+                "label": "softmax" if a == 1 else f"{a:g}-entmax",
+                "probabilities": [[round(float(v), 7) for v in row] for row in p.T],
+                "support_size": [int(v) for v in (p > 0).sum(-1)],
+                "zero_crossings": crossings,
+            }
+        )
+    return {
+        "figure": "zero_crossing",
+        "z": list(z),
+        "inv_temperature": [float(t) for t in ts],
+        "formula": "t_j = 1/((alpha-1) * S_j^(alpha-1)), S_j = sum_{z_i > z_j} (z_i - z_j)^(1/(alpha-1))",
+        "panels": panels,
+    }
 
 
 def plot_zero_crossing(data: dict, path: Path) -> None:
@@ -90,8 +112,14 @@ def plot_zero_crossing(data: dict, path: Path) -> None:
         for c in pan["zero_crossings"]:
             if c["inv_temperature"] is not None:
                 ax.axvline(c["inv_temperature"], color=colors[c["index"] % len(colors)], ls=":", lw=1)
-                ax.annotate(f"{c['inv_temperature']:.3g}", (c["inv_temperature"], 0.02 + 0.07 * c["index"]),
-                            fontsize=7, color=colors[c["index"] % len(colors)], rotation=90, ha="right")
+                ax.annotate(
+                    f"{c['inv_temperature']:.3g}",
+                    (c["inv_temperature"], 0.02 + 0.07 * c["index"]),
+                    fontsize=7,
+                    color=colors[c["index"] % len(colors)],
+                    rotation=90,
+                    ha="right",
+                )
         ax.set_xscale("log")
         ax.set_title(pan["label"])
         ax.set_xlabel("1/θ")
@@ -105,6 +133,5 @@ def plot_zero_crossing(data: dict, path: Path) -> None:
 def figure(ctx: Context) -> Figure:
     d = zero_crossing_data(points=61 if ctx.quick else 241)
     summ = {p["label"]: {str(c["z"]): c["inv_temperature"] for c in p["zero_crossings"]} for p in d["panels"]}
-    summ["max_rel_error_vs_bisection"] = max((c["rel_error"] or 0.0) for p in d["panels"]
-                                             for c in p["zero_crossings"])
+    summ["max_rel_error_vs_bisection"] = max((c["rel_error"] or 0.0) for p in d["panels"] for c in p["zero_crossings"])
     return Figure("fig1_zero_crossing", d, plot_zero_crossing, summ)
