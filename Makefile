@@ -2,7 +2,7 @@
 # requirement on a clean machine would resolve to the multi-GB CUDA build.
 PY ?= python
 
-.PHONY: setup setup-dev demo test
+.PHONY: setup setup-dev demo test lint
 
 setup:
 	$(PY) -m pip install torch==2.13.0
@@ -16,4 +16,11 @@ demo: setup
 	longsparse demo
 
 test: setup-dev
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+# style only: the formatter's check and the linter (ruff, pinned in the dev extra)
+lint:
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
