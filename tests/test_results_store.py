@@ -25,10 +25,10 @@ from longsparse_experiments.reproduce import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-TRIALS = ROOT / "docs" / "results" / "trials"
+TRIAL_STUDIES = ROOT / "results" / "synthetic_trials"  # the trial study files
 # (store, study file (None: synthetic.toml), the tables.md that the archive it was migrated from rendered)
 MIGRATED = [("synthetic", None, ROOT / "docs" / "results" / "tables.md")] + [
-    (name, TRIALS / f"{name}.toml", TRIALS / name / "tables.md")
+    (name, TRIAL_STUDIES / f"{name}.toml", ROOT / "docs" / "results" / name / "tables.md")
     for name in ("flipflop256x_27", "maxret256x_26", "mqmtar256x_26")
 ]
 

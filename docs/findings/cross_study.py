@@ -130,7 +130,7 @@ def mqmtar_256x():
     """Per run, 1x and 256x from the same model: seed 0 of every method and softmax/SSMax seed 1 are retrained
     runs (store results/mqmtar256x_26: 1x and 256x); the other runs of seeds 1-2 are the archived cells (1x from
     results/synthetic's study view, 256x from its records at 16,384 tokens)."""
-    trial = stored_studies("results/mqmtar256x_26", "docs/results/trials/mqmtar256x_26.toml")
+    trial = stored_studies("results/mqmtar256x_26", "results/synthetic_trials/mqmtar256x_26.toml")
     head = ARCHIVE["mqmtar_inline_3l_lr4e-3_4k"]
     named = {m: {"64": {}, "16384": {}} for m in METHODS}
     for st in trial.values():
@@ -183,7 +183,7 @@ def init():
 
 # 4. Flip-flop: a rerun of the same 15 cells (same settings and seeds) vs the archived cells -----------------
 def flip_flop_rerun():
-    rerun = stored_studies("results/flipflop256x_27", "docs/results/trials/flipflop256x_27.toml")["flip_flop_256x"]
+    rerun = stored_studies("results/flipflop256x_27", "results/synthetic_trials/flipflop256x_27.toml")["flip_flop_256x"]
     named = {}
     for m in METHODS:
         named[f"{m}.rerun"] = series(rerun, m)
