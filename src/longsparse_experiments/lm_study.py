@@ -125,22 +125,17 @@ def run_config(cfg: dict, method: str, positions: str, seed: int, cache_dir: Opt
 
 
 def _run_facts(run_dir: Path) -> dict:
-    """What evaluation needs from an LM run folder: its config, training length, passkey digits, checkpoint and
-    training record (steps, seconds in updates)."""
+    """What evaluation needs from an LM run folder's config: training length, passkey digits, method, positions,
+    seed, threads, and the path of its last checkpoint (whose ``extra`` holds the step and the update seconds)."""
     rc = read_json(run_dir / "config.json")
-    ckpt = checkpoint_path(run_dir, "last")
-    extra = torch.load(ckpt, map_location="cpu", weights_only=False)["extra"] if ckpt.exists() else {}
     return {
-        "config": rc,
         "T": rc["train"]["train_lengths"][1],
         "digits": rc["task"]["params"]["passkey_digits"],
         "method": rc["model"]["method"],
         "positions": rc["model"]["positions"],
         "seed": rc["train"]["seed"],
         "threads": rc["train"].get("threads"),
-        "checkpoint": ckpt,
-        "steps": extra.get("step"),
-        "train_wall_s": round(float(extra.get("train_seconds", 0.0)), 1),
+        "checkpoint": checkpoint_path(run_dir, "last"),
     }
 
 
@@ -158,7 +153,7 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
             return old
     if facts["threads"]:
         torch.set_num_threads(facts["threads"])
-    model, _ = load_checkpoint(str(facts["checkpoint"]))
+    model, extra = load_checkpoint(str(facts["checkpoint"]))
     model.eval()
     stream = tokens[split]
     t0 = time.perf_counter()
@@ -199,9 +194,9 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
         "seq_len": T,
         "split": split,
         "eval_config": ev,
-        "train_wall_s": facts["train_wall_s"],
+        "train_wall_s": round(float(extra.get("train_seconds", 0.0)), 1),
         "params": model.num_parameters(),
-        "steps": facts["steps"],
+        "steps": extra.get("step"),
         "perplexity": {str(L): v for L, v in ppl.items()},
         "per_position_nll": per_pos,
         "position_buckets": bucket_positions(per_pos, T),
