@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -59,15 +60,8 @@ if str(REPO / "src") not in sys.path:  # the GPU machine has the source tree, no
 from longsparse.io import atomic_write_text, is_temp_name, read_jsonl, write_new  # noqa: E402
 from longsparse.train.config import deep_merge  # noqa: E402
 from longsparse_experiments.presets import presets_dir  # noqa: E402
-from longsparse_experiments.reproduce import (
-    build_report,
-    cell_config,
-    cells,
-    load_study,  # noqa: E402
-    parse_shard,
-    samples_for,
-    update_archive,
-)
+from longsparse_experiments.reproduce import build_report, parse_shard, update_archive  # noqa: E402
+from longsparse_experiments.study import Cell, Study, StudyFile, load_study  # noqa: E402
 
 STUDY_NAME = "gpu_scale"
 CHECKPOINT = "last"
@@ -146,52 +140,43 @@ def toml_table(name: str, table: dict) -> list[str]:
     return lines
 
 
+# The study settings a dry-run study file gives, in its order (the overrides follow as tables).
+STUDY_KEYS = (
+    *("name", "task", "preset", "description", "methods", "positions", "seeds", "checkpoints", "test_seed"),
+    *("lengths", "id_samples", "samples", "long_from", "long_samples"),
+)
+
+
 def dry_study(src: Path, dest: Path) -> Path:
     """``src`` (a study file) with the dry run's tiny settings, written to ``dest``: the same cells (methods,
     positions, seeds, task, test stream), DRY_OVERRIDES merged over each study's overrides (the dry run's
     setting of a key wins), DRY's lengths and sample counts, and ``_cpu_dry`` appended to each study's name."""
     spec = load_study(path=str(src))
     lines = [f"# The CPU dry run of {_shown(src)} (benchmarks/gpu_scale.py --device cpu); written by the script."]
-    for s in spec["studies"]:
-        s = {
-            **s,
+    for s in spec.studies:
+        s = dataclasses.replace(
+            s,
             **DRY,
-            "name": s["name"] + "_cpu_dry",
-            "overrides": deep_merge(s["overrides"], DRY_OVERRIDES),
-            "description": f"CPU dry run of {s['name']} (tiny model and lengths; tests the script, not the task)",
-        }
+            name=s.name + "_cpu_dry",
+            overrides=deep_merge(s.overrides, DRY_OVERRIDES),
+            description=f"CPU dry run of {s.name} (tiny model and lengths; tests the script, not the task)",
+        )
         lines.append("\n[[study]]")
-        for k in (
-            "name",
-            "task",
-            "preset",
-            "description",
-            "methods",
-            "positions",
-            "seeds",
-            "checkpoints",
-            "test_seed",
-            "lengths",
-            "id_samples",
-            "samples",
-            "long_from",
-            "long_samples",
-        ):
-            if k in s:
-                lines.append(f"{k} = {_toml_value(s[k])}")
-        lines += toml_table("study.overrides", s["overrides"])
-        for m, over in s["method_overrides"].items():
+        for k in STUDY_KEYS:
+            lines.append(f"{k} = {_toml_value(getattr(s, k))}")
+        lines += toml_table("study.overrides", s.overrides)
+        for m, over in s.method_overrides.items():
             lines += toml_table(f"study.method_overrides.{m}", over)
     dest.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(dest, "\n".join(lines) + "\n")
     return dest
 
 
-def all_cells(spec: dict) -> list[tuple[int, dict, dict]]:
+def all_cells(spec: StudyFile) -> list[tuple[int, Study, Cell]]:
     """(index, study, cell) of every cell, indexed as `longsparse reproduce` indexes them for --shard."""
     out = []
-    for study in spec["studies"]:
-        for c in cells(study):
+    for study in spec.studies:
+        for c in study.cells():
             out.append((len(out), study, c))
     return out
 
@@ -343,39 +328,39 @@ class Worker:
                 (self.state / f"trained-{idx}").touch()
         items = []
         for idx, study, c in self.mine:
-            run = self.runs / c["run"]
-            cfg = cell_config(study, c)
+            run = self.runs / c.run
+            cfg = study.cell_config(c)
             step = checkpoint_step(run)
             if step is None or step < cfg["train"]["steps"]:
-                self.log(f"{c['run']}: training unfinished (checkpoint step {step}); not evaluated")
+                self.log(f"{c.run}: training unfinished (checkpoint step {step}); not evaluated")
                 continue
             items += [
                 (L, idx, study, c)
-                for L in study["lengths"]
-                if (CHECKPOINT, L, samples_for(study, L)) not in completed(run, study["test_seed"])
+                for L in study.lengths
+                if (CHECKPOINT, L, study.samples_for(L)) not in completed(run, study.test_seed)
             ]
         items.sort(key=lambda x: (x[0], x[1]))
         for i, (L, idx, study, c) in enumerate(items):
-            if L >= study["long_from"]:
+            if L >= study.long_from:
                 self.wait_for_trainings()
             left = self.args.eval_until - time.time()
             if left <= 1:
-                self.event({"phase": "eval", "run": c["run"], "length": L, "stop": "no evaluation time left"})
+                self.event({"phase": "eval", "run": c.run, "length": L, "stop": "no evaluation time left"})
                 continue
             share = left if i == len(items) - 1 else LENGTH_SHARE * left
             try:
                 self.eval_item(study, c, L, time.time() + share)
             except Exception as e:  # one length's failure (e.g. out of memory) must not stop the others
-                self.log(f"{c['run']} L={L}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-                self.event({"phase": "eval", "run": c["run"], "length": L, "stop": f"error: {type(e).__name__}: {e}"})
+                self.log(f"{c.run} L={L}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                self.event({"phase": "eval", "run": c.run, "length": L, "stop": f"error: {type(e).__name__}: {e}"})
         return 0
 
     # -- training
-    def train_cell(self, study: dict, c: dict) -> None:
+    def train_cell(self, study: Study, c: Cell) -> None:
         from longsparse.train import train
 
-        run = self.runs / c["run"]
-        cfg = cell_config(study, c)
+        run = self.runs / c.run
+        cfg = study.cell_config(c)
         before = checkpoint_step(run)
         t0 = time.time()
         left = self.args.train_until - t0
@@ -386,25 +371,25 @@ class Worker:
             status = "not started: no training time left"
         else:
             self.log(
-                f"{c['run']}: training ({cfg['train']['steps']} steps, from checkpoint step {before}); "
+                f"{c.run}: training ({cfg['train']['steps']} steps, from checkpoint step {before}); "
                 f"time guard {left:.0f} s"
             )
             try:
                 with alarm(left):
-                    train(cfg, str(run), progress=False, printer=lambda s: self.log(f"{c['run']}: {s}"))
+                    train(cfg, str(run), progress=False, printer=lambda s: self.log(f"{c.run}: {s}"))
             except TimeUp:
                 status = "stopped by the training time guard"
             except Exception as e:
                 status = f"error: {type(e).__name__}: {e}"
-                self.log(f"{c['run']}: {status}\n{traceback.format_exc()}")
+                self.log(f"{c.run}: {status}\n{traceback.format_exc()}")
         after = checkpoint_step(run)
         if status == "complete" and (after is None or after < cfg["train"]["steps"]):
             status = "stopped by the training time guard"  # the guard fired as train() returned
-        self.log(f"{c['run']}: {status}; checkpoint step {before} -> {after} in {time.time() - t0:.0f} s")
+        self.log(f"{c.run}: {status}; checkpoint step {before} -> {after} in {time.time() - t0:.0f} s")
         self.event(
             {
                 "phase": "train",
-                "run": c["run"],
+                "run": c.run,
                 "status": status,
                 "seconds": round(time.time() - t0, 1),
                 "step_before": before,
@@ -434,11 +419,11 @@ class Worker:
             self.models = {run: (model, cfg, int(extra["step"]), make_task(cfg["task"]), dev)}  # one at a time
         return self.models[run]
 
-    def eval_item(self, study: dict, c: dict, L: int, until: float) -> None:
+    def eval_item(self, study: Study, c: Cell, L: int, until: float) -> None:
         from longsparse.evaluate.core import predict, sequence_tokens
 
-        run = self.runs / c["run"]
-        n, seed = samples_for(study, L), study["test_seed"]
+        run = self.runs / c.run
+        n, seed = study.samples_for(L), study.test_seed
         model, cfg, step, task, dev = self.model(run)
         tokens = sequence_tokens(task, L)
         bs_full = max(1, min(n, EVAL_BATCH_TOKENS // tokens))
@@ -446,7 +431,7 @@ class Worker:
         if st is not None and st.get("checkpoint_step") != step:
             os.replace(partial_path(run, L, n, seed), partial_path(run, L, n, seed).with_suffix(".stale.json"))
             self.log(
-                f"{c['run']} L={L}: partial evaluation of checkpoint step {st.get('checkpoint_step')} set aside "
+                f"{c.run} L={L}: partial evaluation of checkpoint step {st.get('checkpoint_step')} set aside "
                 f"(the checkpoint is at step {step})"
             )
             st = None
@@ -475,7 +460,7 @@ class Worker:
         prev = self.per_example.get(run) or self.known_rate(study, run, L)
         if est is None and prev is not None and prev[0] < L:
             est = prev[2] * (tokens / prev[1]) ** 2
-        capped = self.cap is not None and L >= study["long_from"]
+        capped = self.cap is not None and L >= study.long_from
         piece = {"examples": 0, "seconds": 0.0, "device": str(dev), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
         st["pieces"].append(piece)  # this call's piece, updated in place as batches finish
         stop = None
@@ -486,7 +471,7 @@ class Worker:
                     stop = f"example cap {self.cap} ({CAP_ENV})"
                     break
                 bs = min(bs, self.cap - piece["examples"])
-            if est is None and L >= study["long_from"]:
+            if est is None and L >= study.long_from:
                 bs = 1  # a probe: its time sizes the next batches
             left = until - time.time()
             if est is not None and est * bs > left:
@@ -523,13 +508,13 @@ class Worker:
             stop = "complete"
         res = _counts(st)
         self.log(
-            f"{c['run']} L={L}: {st['done']}/{n} ({piece['examples']} in {piece['seconds']:.1f} s this call); "
+            f"{c.run} L={L}: {st['done']}/{n} ({piece['examples']} in {piece['seconds']:.1f} s this call); "
             f"exact match so far {100 * res['exact_match']:.1f} %; {stop}"
         )
         self.event(
             {
                 "phase": "eval",
-                "run": c["run"],
+                "run": c.run,
                 "length": L,
                 "target": n,
                 "done": st["done"],
@@ -541,17 +526,17 @@ class Worker:
             }
         )
 
-    def known_rate(self, study: dict, run: Path, L: int):
+    def known_rate(self, study: Study, run: Path, L: int):
         """(length, tokens per example, seconds per example) of the longest shorter length of ``run`` evaluated in
         an earlier call (a finished result or a partial one), or None."""
         from longsparse.evaluate.core import sequence_tokens
 
-        for M in sorted((x for x in study["lengths"] if x < L), reverse=True):
-            n = samples_for(study, M)
-            r = latest_result(run, study["test_seed"], M, n)
+        for M in sorted((x for x in study.lengths if x < L), reverse=True):
+            n = study.samples_for(M)
+            r = latest_result(run, study.test_seed, M, n)
             secs, done = (r.get("seconds"), r["n"]) if r else (None, 0)
             if not secs:
-                part = read_partial(run, M, n, study["test_seed"])
+                part = read_partial(run, M, n, study.test_seed)
                 secs, done = (part["seconds"], part["done"]) if part else (None, 0)
             if secs and done:
                 return M, sequence_tokens(self.model(run)[3], M), secs / done
@@ -724,7 +709,7 @@ def place_bundles(made: list, out: Path, files: int, total: int, part_bytes: int
 
 
 # ---- summary ------------------------------------------------------------------------------------------------
-def summarize(spec: dict, runs: Path, state: Path, t_call: float) -> list[dict]:
+def summarize(spec: StudyFile, runs: Path, state: Path, t_call: float) -> list[dict]:
     """Per cell: training state (checkpoint step, loss, this call's steps/s, last validation) and per length the
     finished result, the partial counts, or the archived result of a cell whose run folder is not here."""
     from datetime import datetime
@@ -736,13 +721,13 @@ def summarize(spec: dict, runs: Path, state: Path, t_call: float) -> list[dict]:
         events += read_jsonl(f)
     out = []
     for idx, study, c in all_cells(spec):
-        run = runs / c["run"]
-        cfg = cell_config(study, c)
+        run = runs / c.run
+        cfg = study.cell_config(c)
         rec = {
-            "run": c["run"],
-            "method": c["method"],
-            "positions": c["positions"],
-            "seed": c["seed"],
+            "run": c.run,
+            "method": c.method,
+            "positions": c.positions,
+            "seed": c.seed,
             "steps": cfg["train"]["steps"],
             "checkpoint_step": checkpoint_step(run) if run.exists() else None,
             "run_folder": run.exists(),
@@ -763,25 +748,25 @@ def summarize(spec: dict, runs: Path, state: Path, t_call: float) -> list[dict]:
         if val:
             rec["last_val"] = {"step": val[-1]["step"], "exact_match": val[-1]["val_mean_exact_match"]}
         rec["train_this_call"] = next(
-            (e for e in reversed(events) if e.get("phase") == "train" and e["run"] == c["run"]), None
+            (e for e in reversed(events) if e.get("phase") == "train" and e["run"] == c.run), None
         )
         rec["lengths"] = {}
-        for L in study["lengths"]:
-            n = samples_for(study, L)
+        for L in study.lengths:
+            n = study.samples_for(L)
             ev = next(
-                (e for e in reversed(events) if e.get("phase") == "eval" and e["run"] == c["run"] and e["length"] == L),
+                (e for e in reversed(events) if e.get("phase") == "eval" and e["run"] == c.run and e["length"] == L),
                 None,
             )
-            full = latest_result(run, study["test_seed"], L, n) if run.exists() else None
-            part = read_partial(run, L, n, study["test_seed"]) if run.exists() else None
+            full = latest_result(run, study.test_seed, L, n) if run.exists() else None
+            part = read_partial(run, L, n, study.test_seed) if run.exists() else None
             old = (
-                arch.get(study["name"], {})
+                arch.get(study.name, {})
                 .get("series", {})
-                .get(f"{c['method']}/{c['positions']}", {})
+                .get(f"{c.method}/{c.positions}", {})
                 .get(CHECKPOINT, {})
                 .get(str(L), {})
                 .get("per_seed", {})
-                .get(str(c["seed"]))
+                .get(str(c.seed))
             )
             if full is None and part is None and old is not None and old.get("n") == n:
                 x = {
@@ -913,7 +898,7 @@ def cmd_run(args) -> int:
     jobs = args.jobs or (1 if dry else len(entries))
     _env_info(state / "env.txt", dev)
     log(
-        f"study {spec['path']}: {len(entries)} cells, {jobs} worker(s) on {dev}; "
+        f"study {spec.path}: {len(entries)} cells, {jobs} worker(s) on {dev}; "
         f"training until +{train_until - t0:.0f} s, evaluation until +{eval_until - t0:.0f} s, "
         f"stop at +{kill_at - t0:.0f} s, end +{args.seconds:.0f} s"
     )
@@ -937,7 +922,7 @@ def cmd_run(args) -> int:
             str(Path(__file__).resolve()),
             "worker",
             "--study",
-            spec["path"],
+            spec.path,
             "--runs",
             str(runs),
             "--state",
@@ -961,7 +946,7 @@ def cmd_run(args) -> int:
             snap = time.time() + 60
             try:
                 update_archive(spec, runs, report, printer=lambda s: None)
-                records_tar(out / "records.tar.gz", runs, [s["name"] for s in spec["studies"]], [report, state])
+                records_tar(out / "records.tar.gz", runs, [s.name for s in spec.studies], [report, state])
             except Exception as e:
                 log(f"progress snapshot failed: {type(e).__name__}: {e}")
     for p in procs:
@@ -992,7 +977,7 @@ def cmd_run(args) -> int:
                 "reproduce",
                 "synthetic",
                 "--config",
-                spec["path"],
+                spec.path,
                 "--out",
                 str(runs),
                 "--report",
@@ -1015,7 +1000,7 @@ def cmd_run(args) -> int:
 
     # bundles of the cells with work left, in the study's cell order, as many as the limits allow
     cells_ = summarize(spec, runs, state, t0)
-    studies = [s["name"] for s in spec["studies"]]
+    studies = [s.name for s in spec.studies]
     extra = [report, state, *([study] if dry else [])]
     records_tar(out / "records.tar.gz", runs, studies, extra)
     if (report / "results.json").is_file():
@@ -1050,7 +1035,7 @@ def cmd_run(args) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = {
         "format": "longsparse-gpu-scale-summary",
-        "study_file": spec["path"],
+        "study_file": spec.path,
         "device": dev,
         "dry_run": dry,
         "seconds": args.seconds,
@@ -1068,7 +1053,7 @@ def cmd_run(args) -> int:
         "reproduce_dry_run": dry_out.strip().splitlines(),
     }
     atomic_write_text(state / "summary.json", json.dumps(summary, indent=1) + "\n")
-    lengths = spec["studies"][0]["lengths"]
+    lengths = list(spec.studies[0].lengths)
     md = table(cells_, lengths)
     atomic_write_text(state / "summary.md", md + "\n")
     records_tar(out / "records.tar.gz", runs, studies, extra)

@@ -18,7 +18,7 @@ import pytest
 from longsparse.evaluate import evaluate_run
 from longsparse.train import train
 from longsparse_experiments.presets import presets_dir
-from longsparse_experiments.reproduce import cell_config, cells, load_study, samples_for
+from longsparse_experiments.study import load_study
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -60,34 +60,34 @@ long_from = 256
 
 def test_study_file_is_the_gpu_scale_design():
     spec = load_study(path=str(presets_dir() / "reproduce" / "gpu_scale.toml"))
-    (s,) = spec["studies"]
-    assert s["task"] == "mqmtar" and s["preset"] == "paper"  # the paper's format and vocabulary
-    assert s["methods"] == ["softmax", "asentmax"] and s["positions"] == ["nape"]
-    assert len(s["seeds"]) == 3 and not set(s["seeds"]) & (set(range(7)) | set(range(100, 106)))
-    assert s["checkpoints"] == ["last"] and s["test_seed"] not in (0, 20261126)
-    assert s["lengths"] == [64 * k for k in (1, 4, 16, 64, 256, 1024)]
-    assert min(samples_for(s, L) for L in s["lengths"]) >= 100 and samples_for(s, 64) > samples_for(s, 256)
-    for c in cells(s):
-        cfg = cell_config(s, c)
+    (s,) = spec.studies
+    assert s.task == "mqmtar" and s.preset == "paper"  # the paper's format and vocabulary
+    assert s.methods == ("softmax", "asentmax") and s.positions == ("nape",)
+    assert len(s.seeds) == 3 and not set(s.seeds) & (set(range(7)) | set(range(100, 106)))
+    assert s.checkpoints == ("last",) and s.test_seed not in (0, 20261126)
+    assert s.lengths == tuple(64 * k for k in (1, 4, 16, 64, 256, 1024))
+    assert min(s.samples_for(L) for L in s.lengths) >= 100 and s.samples_for(64) > s.samples_for(256)
+    for c in s.cells():
+        cfg = s.cell_config(c)
         m, tr = cfg["model"], cfg["train"]
         assert m["d_model"] >= 256 and m["n_layers"] == 4 and m["n_heads"] * m["head_dim"] == m["d_model"]
         assert tr["device"] == "cuda" and tr["batch_size"] == 128
-    assert len(cells(s)) == 6
+    assert len(s.cells()) == 6
 
 
 def test_dry_study_keeps_the_cells_and_shrinks_the_rest(tmp_path):
     p = gs.dry_study(gs.study_path(), tmp_path / "dry.toml")
-    (d,) = load_study(path=str(p))["studies"]
-    (g,) = load_study(path=str(gs.study_path()))["studies"]
-    assert [(c["method"], c["seed"]) for c in cells(d)] == [(c["method"], c["seed"]) for c in cells(g)]
-    assert d["test_seed"] == g["test_seed"] and d["name"] == "gpu_scale_cpu_dry"
-    cfg = cell_config(d, cells(d)[0])
+    (d,) = load_study(path=str(p)).studies
+    (g,) = load_study(path=str(gs.study_path())).studies
+    assert [(c.method, c.seed) for c in d.cells()] == [(c.method, c.seed) for c in g.cells()]
+    assert d.test_seed == g.test_seed and d.name == "gpu_scale_cpu_dry"
+    cfg = d.cell_config(d.cells()[0])
     assert cfg["train"]["device"] == "cpu" and cfg["model"]["d_model"] == 32 and cfg["train"]["steps"] == 6
 
 
 def test_time_guard_stops_training_at_a_resumable_checkpoint(tmp_path):
-    (s,) = load_study(path=str(_mini_study(tmp_path)))["studies"]
-    cfg = cell_config(s, cells(s)[0])
+    (s,) = load_study(path=str(_mini_study(tmp_path))).studies
+    cfg = s.cell_config(s.cells()[0])
     cfg["train"].update(steps=100000, val_every=0, ckpt_every=2)  # far more than a few seconds' work
     warm = {**cfg, "train": {**cfg["train"], "steps": 2}}  # lazy imports and first-use set-up, unguarded
     train(warm, None, progress=False, printer=lambda s: None)
@@ -105,8 +105,8 @@ def test_time_guard_stops_training_at_a_resumable_checkpoint(tmp_path):
 
 
 def test_slim_checkpoint_of_a_finished_run_resumes_as_complete(tmp_path):
-    (s,) = load_study(path=str(_mini_study(tmp_path)))["studies"]
-    cfg = cell_config(s, cells(s)[0])
+    (s,) = load_study(path=str(_mini_study(tmp_path))).studies
+    cfg = s.cell_config(s.cells()[0])
     run = tmp_path / "run"
     train(cfg, str(run), progress=False, printer=lambda s: None)
     last = run / "checkpoints" / "last.pt"
@@ -140,8 +140,8 @@ def test_evaluation_cut_short_continues_to_the_one_shot_result(tmp_path, monkeyp
     runs = tmp_path / "runs"
     monkeypatch.setenv(gs.CAP_ENV, "2")
     gs.Worker(_worker_args(study, runs, tmp_path / "s1")).main()
-    (s,) = load_study(path=str(study))["studies"]
-    run = runs / cells(s)[0]["run"]
+    (s,) = load_study(path=str(study)).studies
+    run = runs / s.cells()[0].run
     part = gs.read_partial(run, 256, 5, 7)
     assert part["done"] == 2 and len(part["pieces"]) == 1
     assert gs.latest_result(run, 7, 256, 5) is None and gs.latest_result(run, 7, 64, 4)["n"] == 4
@@ -195,27 +195,27 @@ def test_long_lengths_wait_for_the_other_shards_trainings(tmp_path, capsys):
 
 
 def test_bundles_split_within_limits_and_restore_whole(tmp_path, monkeypatch):
-    (s,) = load_study(path=str(_mini_study(tmp_path)))["studies"]
-    c = cells(s)[0]
+    (s,) = load_study(path=str(_mini_study(tmp_path))).studies
+    c = s.cells()[0]
     runs = tmp_path / "runs"
-    train(cell_config(s, c), str(runs / c["run"]), progress=False, printer=lambda s: None)
-    path, size = gs._make_bundle(str(runs / c["run"]), str(runs), str(tmp_path / gs._bundle_name(c["run"])), False)
+    train(s.cell_config(c), str(runs / c.run), progress=False, printer=lambda s: None)
+    path, size = gs._make_bundle(str(runs / c.run), str(runs), str(tmp_path / gs._bundle_name(c.run)), False)
     with tarfile.open(path) as tf:
         names = tf.getnames()
-    assert f"{c['run']}/checkpoints/last.pt" in names and not any(n.endswith("best.pt") for n in names)
+    assert f"{c.run}/checkpoints/last.pt" in names and not any(n.endswith("best.pt") for n in names)
     out = tmp_path / "out"
     out.mkdir()
     monkeypatch.setattr(gs, "MAX_FILE_BYTES", size // 3)
-    man = gs.place_bundles([(c["run"], Path(path), size, False)], out, 2, 0, part_bytes=size // 3 + 1)
+    man = gs.place_bundles([(c.run, Path(path), size, False)], out, 2, 0, part_bytes=size // 3 + 1)
     assert len(man["bundles"][0]["files"]) == 3 and not man["left_out"]
     assert sum(f.stat().st_size for f in out.iterdir()) == size
     monkeypatch.setattr(gs, "MAX_FILES", 3)  # two files already there: a 3-part bundle no longer fits
-    man = gs.place_bundles([(c["run"], Path(path), size, False)], tmp_path, 2, 0, part_bytes=size // 3 + 1)
-    assert man["left_out"][0]["run"] == c["run"]
+    man = gs.place_bundles([(c.run, Path(path), size, False)], tmp_path, 2, 0, part_bytes=size // 3 + 1)
+    assert man["left_out"][0]["run"] == c.run
     fresh = tmp_path / "fresh"
-    assert gs.restore(out, fresh, fresh / "report", log=lambda s: None) == [c["run"]]
+    assert gs.restore(out, fresh, fresh / "report", log=lambda s: None) == [c.run]
     for f in ("checkpoints/last.pt", "metrics.jsonl", "config.json"):
-        assert (fresh / c["run"] / f).read_bytes() == (runs / c["run"] / f).read_bytes()
+        assert (fresh / c.run / f).read_bytes() == (runs / c.run / f).read_bytes()
     assert gs.restore(out, fresh, fresh / "report", log=lambda s: None) == []  # a local copy is kept
 
 

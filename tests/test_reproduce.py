@@ -12,7 +12,7 @@ import torch
 from longsparse.train import build_config
 from longsparse.train.config import ConfigError
 from longsparse_experiments.cli import main
-from longsparse_experiments.reproduce import cells, load_study, samples_for, selected
+from longsparse_experiments.study import load_study
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -36,26 +36,26 @@ def test_quick_study_end_to_end_and_resume(quick_study, capsys):
     out, rep = quick_study
     spec = load_study("synthetic", quick=True)
     data = json.loads((rep / "results.json").read_text())
-    for study in spec["studies"]:
-        sd = data["studies"][study["name"]]
+    for study in spec.studies:
+        sd = data["studies"][study.name]
         assert sd["train_hi"] == 64
-        assert set(sd["series"]) == {f"{m}/{p}" for m in study["methods"] for p in study["positions"]}
+        assert set(sd["series"]) == {f"{m}/{p}" for m in study.methods for p in study.positions}
         for key, by_ck in sd["series"].items():
             for ck in ("best", "last"):
-                assert sorted(int(L) for L in by_ck[ck]) == study["lengths"]
+                assert sorted(int(L) for L in by_ck[ck]) == list(study.lengths)
                 for L, r in by_ck[ck].items():
                     ems = [v["exact_match"] for v in r["per_seed"].values()]
-                    assert r["seeds"] == len(study["seeds"]) == len(ems)
+                    assert r["seeds"] == len(study.seeds) == len(ems)
                     assert r["mean"] == pytest.approx(sum(ems) / len(ems)) and r["min"] == min(ems)
-                    assert all(v["n"] == samples_for(study, int(L)) for v in r["per_seed"].values())
-        for c in cells(study):
-            rec = sd["runs"][c["run"]]
+                    assert all(v["n"] == study.samples_for(int(L)) for v in r["per_seed"].values())
+        for c in study.cells():
+            rec = sd["runs"][c.run]
             assert rec["steps"] == 6 and rec["train_seconds"] >= 0
             # evaluation wall clock: the sum of the eval JSON's per-length seconds at the study's lengths
-            evals = [json.loads(f.read_text()) for f in (out / c["run"] / "eval").glob("*.json")]
+            evals = [json.loads(f.read_text()) for f in (out / c.run / "eval").glob("*.json")]
             assert rec["eval_seconds"] == pytest.approx(sum(r["seconds"] for d in evals for r in d["results"]), abs=0.1)
     tables = (rep / "tables.md").read_text()
-    assert tables.count("| 64 | 1 |") == 4 * len(spec["studies"])  # mean and per-seed, best and last
+    assert tables.count("| 64 | 1 |") == 4 * len(spec.studies)  # mean and per-seed, best and last
     assert "per seed: s0 / s1)" in tables
     files = sorted(out.rglob("eval/*.json"))
     capsys.readouterr()
@@ -65,7 +65,7 @@ def test_quick_study_end_to_end_and_resume(quick_study, capsys):
     printed = capsys.readouterr().out
     assert "trained to step" not in printed and "store updated" not in printed
     # and a dry run says so: every cell trained already, nothing left to evaluate
-    n_cells = sum(len(cells(s)) for s in load_study("synthetic", quick=True)["studies"])
+    n_cells = sum(len(s.cells()) for s in load_study("synthetic", quick=True).studies)
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep), "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert printed.count("trained already") == n_cells and "would train" not in printed
@@ -96,7 +96,7 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
     shutil.copytree(rep0, rep)
     capsys.readouterr()
     # a dry run against an empty archive plans every cell, against the full one none; it writes nothing
-    n_cells = sum(len(cells(s)) for s in spec["studies"])
+    n_cells = sum(len(s.cells()) for s in spec.studies)
     assert (
         main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(tmp_path / "none"), "--dry-run"])
         == 0
@@ -113,27 +113,27 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
 
     # one archived number missing: only that cell is trained again; training and evaluation are seeded, so the
     # rebuilt report equals the original
-    study = spec["studies"][0]
-    cell = cells(study)[-1]
-    key, L = f"{cell['method']}/{cell['positions']}", str(study["lengths"][-1])
+    study = spec.studies[0]
+    cell = study.cells()[-1]
+    key, L = f"{cell.method}/{cell.positions}", str(study.lengths[-1])
 
     def drop_one(records):
         for r in records:
-            if r["run"] == cell["run"]:
+            if r["run"] == cell.run:
                 r["results"] = [x for x in r["results"] if (x["checkpoint"], str(x["length"])) != ("last", L)]
         return records
 
     _rewrite_store(rep, drop_one)
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep)]) == 0
     printed = capsys.readouterr().out
-    assert printed.count("training (") == 1 and f"{cell['run']}: training" in printed
-    assert [p.relative_to(out).as_posix() for p in out.glob("*/*")] == [cell["run"]]
+    assert printed.count("training (") == 1 and f"{cell.run}: training" in printed
+    assert [p.relative_to(out).as_posix() for p in out.glob("*/*")] == [cell.run]
     rebuilt = json.loads((rep / "results.json").read_text())
-    sd, sd0 = rebuilt["studies"][study["name"]], data["studies"][study["name"]]
+    sd, sd0 = rebuilt["studies"][study.name], data["studies"][study.name]
     assert sd["series"] == sd0["series"]
     timing = ("train_seconds", "eval_seconds")
-    assert {k: v for k, v in sd["runs"][cell["run"]].items() if k not in timing} == {
-        k: v for k, v in sd0["runs"][cell["run"]].items() if k not in timing
+    assert {k: v for k, v in sd["runs"][cell.run].items() if k not in timing} == {
+        k: v for k, v in sd0["runs"][cell.run].items() if k not in timing
     }
 
     # a stored cell recorded under another config is left out, with a message, not mixed in
@@ -141,7 +141,7 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
 
     def stale(records):
         for r in records:
-            if r["run"] == cells(study)[0]["run"]:
+            if r["run"] == study.cells()[0].run:
                 r["config_hash"] = "0" * 16
         return records
 
@@ -149,14 +149,14 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
     shutil.rmtree(out)
     assert main(["reproduce", "synthetic", "--quick", "--out", str(out), "--report", str(rep), "--report-only"]) == 0
     assert "stored results left out: recorded for config 0000" in capsys.readouterr().out
-    series = json.loads((rep / "results.json").read_text())["studies"][study["name"]]["series"]
-    c0 = cells(study)[0]
-    assert str(c0["seed"]) not in series[f"{c0['method']}/{c0['positions']}"]["last"][L]["per_seed"]
+    series = json.loads((rep / "results.json").read_text())["studies"][study.name]["series"]
+    c0 = study.cells()[0]
+    assert str(c0.seed) not in series[f"{c0.method}/{c0.positions}"]["last"][L]["per_seed"]
 
     # so are stored results at a sample count the study file no longer asks for
     (rep / "records.jsonl").write_text(good)
     toml = tmp_path / "quick.toml"
-    text = Path(spec["path"]).read_text()
+    text = Path(spec.path).read_text()
     assert "long_samples = 2\n" in text
     toml.write_text(text.replace("long_samples = 2\n", "long_samples = 3\n", 1))
     assert (
@@ -169,7 +169,7 @@ def test_report_keeps_archived_results_when_run_folders_are_gone(quick_study, tm
         "stored results are at checkpoints, lengths or sample counts the study does not ask for"
         in capsys.readouterr().out
     )
-    series = json.loads((rep / "results.json").read_text())["studies"][study["name"]]["series"]
+    series = json.loads((rep / "results.json").read_text())["studies"][study.name]["series"]
     assert L not in series[key]["last"]
 
     # a results.json that is not a report is refused before anything is written over it
@@ -203,46 +203,46 @@ def test_archive_is_updated_after_every_cell(tmp_path, monkeypatch, capsys):
     )
     printed = capsys.readouterr()
     assert printed.out.count("store updated") == 1 and "interrupted" in printed.err
-    study = next(s for s in load_study("synthetic", quick=True)["studies"] if s["name"] == "flip_flop-quick")
-    first = cells(study)[0]
+    study = next(s for s in load_study("synthetic", quick=True).studies if s.name == "flip_flop-quick")
+    first = study.cells()[0]
     series = json.loads((rep / "results.json").read_text())["studies"]["flip_flop-quick"]["series"]
-    key = f"{first['method']}/{first['positions']}"
+    key = f"{first.method}/{first.positions}"
     assert set(series) == {key}  # the finished cell only; the interrupted one has nothing yet
     for ck in ("best", "last"):
-        assert sorted(int(L) for L in series[key][ck]) == study["lengths"]
+        assert sorted(int(L) for L in series[key][ck]) == list(study.lengths)
     assert not list(rep.glob("*.tmp"))
 
 
 def test_long_lengths_use_their_own_sample_count():
-    s = load_study("synthetic", quick=True)["studies"][0]
-    assert samples_for(s, s["long_from"]) == s["long_samples"] != samples_for(s, s["lengths"][1]) == s["samples"]
-    assert samples_for(s, s["lengths"][0]) == s["id_samples"] != s["samples"]  # the in-distribution length
+    s = load_study("synthetic", quick=True).studies[0]
+    assert s.samples_for(s.long_from) == s.long_samples != s.samples_for(s.lengths[1]) == s.samples
+    assert s.samples_for(s.lengths[0]) == s.id_samples != s.samples  # the in-distribution length
 
 
 def test_committed_study_file_is_valid():
     spec = load_study("synthetic")
-    for study in spec["studies"]:
-        assert cells(study) and all(L >= 64 for L in study["lengths"])
-    by = {s["name"]: s for s in spec["studies"]}
+    for study in spec.studies:
+        assert study.cells() and all(L >= 64 for L in study.lengths)
+    by = {s.name: s for s in spec.studies}
     rope = by["mqmtar_inline_rope"]  # `like` copies the recipe, the study's own keys override
-    assert rope["overrides"] == by["mqmtar_inline"]["overrides"] and rope["positions"] == ["rope"]
-    assert "description" not in rope
+    assert rope.overrides == by["mqmtar_inline"].overrides and rope.positions == ("rope",)
+    assert rope.description == ""  # not inherited
     fast = by["mqmtar_inline_3l_lr4e-3_4k"]  # `more_overrides` merges over the inherited table; the later wins
-    base = by["mqmtar_inline_3l"]["overrides"]
-    assert fast["overrides"] == {**base, "train": {**base["train"], "lr": 4e-3, "steps": 4000}}
+    base = by["mqmtar_inline_3l"].overrides
+    assert fast.overrides == {**base, "train": {**base["train"], "lr": 4e-3, "steps": 4000}}
     cfg = build_config(
-        fast["task"], preset=fast["preset"], method="softmax", positions="nape", seed=0, overrides=fast["overrides"]
+        fast.task, preset=fast.preset, method="softmax", positions="nape", seed=0, overrides=fast.overrides
     )
     assert cfg["train"]["lr"] == 4e-3 and cfg["train"]["steps"] == 4000 and cfg["model"]["n_layers"] == 3
 
 
 def test_only_picks_a_study_by_name_before_its_task():
     spec = load_study("synthetic")
-    pick = lambda only: [s["name"] for s in spec["studies"] if selected(s, only, spec)]  # noqa: E731
+    pick = lambda only: [s.name for s in spec.select(only).studies]  # noqa: E731
     assert pick(["mqmtar_inline"]) == ["mqmtar_inline"]  # a study name, not every mqmtar_inline study
     assert pick(["mqmtar_inline_3l", "flip_flop"]) == ["flip_flop", "mqmtar_inline_3l"]
     quick = load_study("synthetic", quick=True)
-    assert [s["name"] for s in quick["studies"] if selected(s, ["flip_flop"], quick)] == ["flip_flop-quick"]
+    assert [s.name for s in quick.select(["flip_flop"]).studies] == ["flip_flop-quick"]
 
 
 def test_bad_study_files(tmp_path):
@@ -312,16 +312,15 @@ def test_study_checkpoints_and_test_seed(tmp_path):
 def test_preregistered_study_is_the_headline_recipe():
     """The pre-registered study trains exactly the headline cell of synthetic.toml, seed aside."""
     from longsparse_experiments.presets import presets_dir
-    from longsparse_experiments.reproduce import cell_config
 
-    pre = load_study(path=str(presets_dir() / "reproduce" / "prereg_mqmtar.toml"))["studies"]
-    head = next(s for s in load_study("synthetic")["studies"] if s["name"] == "mqmtar_inline_3l_lr4e-3_4k")
-    assert [m for s in pre for m in s["methods"]] == ["softmax", "asentmax", "adatemp", "entmax"]
+    pre = load_study(path=str(presets_dir() / "reproduce" / "prereg_mqmtar.toml")).studies
+    head = next(s for s in load_study("synthetic").studies if s.name == "mqmtar_inline_3l_lr4e-3_4k")
+    assert [m for s in pre for m in s.methods] == ["softmax", "asentmax", "adatemp", "entmax"]
     for s in pre:
-        assert s["checkpoints"] == ["last"] and s["seeds"] == [100, 101, 102, 103, 104, 105]
-        for c in cells(s):
-            ref = next(x for x in cells(head) if x["method"] == c["method"])
-            a, b = cell_config(s, c), cell_config(head, ref)
+        assert s.checkpoints == ("last",) and s.seeds == (100, 101, 102, 103, 104, 105)
+        for c in s.cells():
+            ref = next(x for x in head.cells() if x.method == c.method)
+            a, b = s.cell_config(c), head.cell_config(ref)
             a["train"]["seed"] = b["train"]["seed"]
             assert a == b
 
@@ -333,17 +332,15 @@ def test_archived_cells_keep_their_identity():
 
     from longsparse.report.store import read_records
     from longsparse.train.config import config_hash
-    from longsparse_experiments.reproduce import cell_config, cell_hash
+    from longsparse_experiments.reproduce import cell_hash
 
     records = read_records(Path(__file__).parents[1] / "results" / "synthetic")
     stale = []
-    for study in load_study("synthetic")["studies"]:
+    for study in load_study("synthetic").studies:
         recorded = {
-            (r["run"], r["config_hash"])
-            for r in records
-            if r["study"] == study["name"] and r["config_hash"] is not None
+            (r["run"], r["config_hash"]) for r in records if r["study"] == study.name and r["config_hash"] is not None
         }
-        hashes = {c["run"]: cell_hash(cell_config(study, c)) for c in cells(study)}
+        hashes = {c.run: cell_hash(study.cell_config(c)) for c in study.cells()}
         stale += [run for run, h in recorded if h != hashes[run]]
     assert recorded and not stale
     cfg = build_config("copy", preset="cpu", method="softmax", positions="nape", seed=0)

@@ -14,15 +14,13 @@ from longsparse.report import store
 from longsparse.train.config import ConfigError
 from longsparse_experiments.cli import main
 from longsparse_experiments.reproduce import (
-    cell_config,
     cell_hash,
-    cells,
-    load_study,
     run_study,
     tables_markdown,
     update_archive,
     view,
 )
+from longsparse_experiments.study import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIAL_STUDIES = ROOT / "results" / "synthetic_trials"  # the trial study files
@@ -156,7 +154,7 @@ def test_archive_written_before_the_store_is_read_then_imported(tmp_path, capsys
     spec = _spec(study_file)
     full = view(spec, store.read_records(ROOT / "results" / name), printer=None)
     legacy = json.loads(json.dumps(full))
-    legacy["studies"][spec["studies"][0]["name"]]["series"]["extra/nape"] = {
+    legacy["studies"][spec.studies[0].name]["series"]["extra/nape"] = {
         "last": {"99": {"per_seed": {"0": {"exact_match": 1.0, "n": 1}}}}
     }  # a result the study file does not ask for: kept in the store
     (tmp_path / "results.json").write_text(json.dumps(legacy))
@@ -187,7 +185,7 @@ def test_running_preregistered_study_snapshot_is_readable():
     spec = load_study(path=str(presets_dir() / "reproduce" / "prereg_mqmtar.toml"))
     before = sorted(p.name for p in folder.iterdir())
     records = store.read_records(folder)
-    hashes = {c["run"]: cell_hash(cell_config(s, c)) for s in spec["studies"] for c in cells(s)}
+    hashes = {c.run: cell_hash(s.cell_config(c)) for s in spec.studies for c in s.cells()}
     assert records and all(r["config_hash"] == hashes[r["run"]] for r in records)
     assert all(r["test_seed"] == 20261126 for r in records)
     messages = []
@@ -210,13 +208,13 @@ def test_run_folder_record_carries_identity_config_commit_and_date(tmp_path):
         '"model.d_model=32", "model.d_ff=64"]\n'
     )
     spec = load_study(path=str(p))
-    study, cell = spec["studies"][0], cells(spec["studies"][0])[0]
+    study, cell = spec.studies[0], spec.studies[0].cells()[0]
     [run] = run_study(spec, tmp_path / "runs", printer=lambda s: None)
     st = tmp_path / "store"
     update_archive(spec, tmp_path / "runs", tmp_path / "report", printer=lambda s: None, store=st)
     [rec] = store.read_records(st)
     evals = [json.loads(f.read_text()) for f in sorted((run / "eval").glob("*.json"))]
-    assert rec["run"] == cell["run"] and rec["config_hash"] == cell_hash(cell_config(study, cell))
+    assert rec["run"] == cell.run and rec["config_hash"] == cell_hash(study.cell_config(cell))
     assert rec["code_commit"] == git_revision()["commit"] and rec["date"] == max(d["created"] for d in evals)
     assert rec["train"]["steps"] == 4 and rec["test_seed"] == 0
     assert {(r["length"], r["exact_match"]) for r in rec["results"]} == {

@@ -14,7 +14,8 @@ import pytest
 
 from longsparse.train import ConfigError, build_config
 from longsparse.train.config import config_hash
-from longsparse_experiments.reproduce import cell_config, cell_hash, cells, load_study
+from longsparse_experiments.reproduce import cell_hash
+from longsparse_experiments.study import load_study
 
 RECORDED = Path(__file__).parent / "data" / "study_cell_hashes.json"
 
@@ -28,7 +29,7 @@ def current_hashes() -> dict:
     out: dict = {"studies": {}, "demo": {}, "figures": {}}
     for f in sorted((presets_dir() / "reproduce").glob("*.toml")):
         spec = load_study(path=str(f))
-        out["studies"][f.name] = {c["run"]: cell_hash(cell_config(s, c)) for s in spec["studies"] for c in cells(s)}
+        out["studies"][f.name] = {c.run: cell_hash(s.cell_config(c)) for s in spec.studies for c in s.cells()}
     for quick in (False, True):
         scale = "quick" if quick else "full"
         for seed in (0, 1):
@@ -158,7 +159,7 @@ OLD = STUDY.format(
 
 
 def _configs(path: Path) -> dict:
-    return {c["run"]: cell_config(s, c) for s in load_study(path=str(path))["studies"] for c in cells(s)}
+    return {c.run: s.cell_config(c) for s in load_study(path=str(path)).studies for c in s.cells()}
 
 
 def test_study_tables_and_the_older_sets_form_give_the_same_cells(tmp_path):

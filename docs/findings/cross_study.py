@@ -21,7 +21,8 @@ from pathlib import Path
 
 from longsparse.report import paired, store
 from longsparse_experiments import lm_study
-from longsparse_experiments.reproduce import load_study, view
+from longsparse_experiments.reproduce import view
+from longsparse_experiments.study import load_study
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "findings"

@@ -2,8 +2,8 @@
 
     longsparse reproduce synthetic [--quick] [--out runs/reproduce] [--report docs/results] [--only sort,copy]
 
-The study is ``configs/reproduce/synthetic.toml`` of this package (``--quick``: ``synthetic-quick.toml``): a list
-of cells (task × method × positions × seed), each trained with ``longsparse train``'s loop from the task's preset
+The study is ``configs/reproduce/synthetic.toml`` of this package (``--quick``: ``synthetic-quick.toml``), read
+by ``longsparse_experiments.study.load_study`` into typed ``Study`` objects: a list of cells (task × method × positions × seed), each trained with ``longsparse train``'s loop from the task's preset
 (the library's) plus the cell's ``overrides``, then evaluated at every length with the best and the last checkpoint.
 Everything is resumable: a finished training is not redone (an interrupted one resumes from its last checkpoint),
 an evaluation whose (checkpoint, length, samples, seed) already has a result file is skipped. The report
@@ -32,202 +32,10 @@ from typing import Callable, Optional, Sequence
 
 from longsparse.io import atomic_savefig, atomic_write_text, read_jsonl
 from longsparse.report import store as result_store
-from longsparse.train.config import (
-    ConfigError,
-    apply_overrides,
-    apply_sets,
-    build_config,
-    config_hash,
-    deep_merge,
-    load_toml,
-    resolve,
-)
-from longsparse_experiments.presets import presets_dir
+from longsparse.train.config import ConfigError, config_hash, resolve
+from longsparse_experiments.study import CHECKPOINTS, Cell, Study, StudyFile, load_study
 
 FORMAT = "longsparse-reproduce"
-CHECKPOINTS = ("best", "last")
-# The older study-file form gave overrides as ``--set`` strings; such a file (the pre-registered study's is one)
-# is read by parsing them as ``--set`` does into the tables of the current form, so it trains the same configs.
-LEGACY_KEYS = {"sets": "overrides", "more_sets": "more_overrides", "method_sets": "method_overrides"}
-
-
-def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str] = None) -> dict:
-    """The study file, validated and with defaults filled in: ``{"path": ..., "studies": [study, ...]}``.
-
-    A study's ``[study.overrides]`` table (dotted keys: ``model.d_model = 64``, ``train.steps = 2500``) is merged
-    over the task's preset for every cell (``build_config``'s ``overrides``), and ``[study.method_overrides.<method>]``
-    over that for the cells of one method. A ``[[study]]`` may say ``like = "<earlier study>"`` to take that
-    study's settings (not its name or description) and override some of them; ``more_overrides`` is merged over
-    the ``overrides`` it has (the later of two settings of one key wins), so a variant names only what it changes.
-    A file in the older form (``sets``, ``more_sets``, ``method_sets``: lists of ``--set`` strings) is read as the
-    same tables (``LEGACY_KEYS``)."""
-    p = Path(path) if path else presets_dir() / "reproduce" / f"{name}{'-quick' if quick else ''}.toml"
-    if not p.is_file():
-        raise ConfigError(f"no study file {p}")
-    raw = load_toml(p)
-    studies = raw.get("study")
-    if not isinstance(studies, list) or not studies:
-        raise ConfigError(f"{p}: needs at least one [[study]] table")
-    defaults = _current_form(p, "[defaults]", raw.get("defaults", {}))
-    out = []
-    for i, s in enumerate(studies):
-        s = _current_form(p, f"study #{i + 1}", s)
-        if "like" in s:  # inherit an earlier study's settings (not its name/description), then override
-            base = next((dict(b) for b in out if b["name"] == s["like"]), None)
-            if base is None:
-                raise ConfigError(f"{p}: study #{i + 1}: like = {s['like']!r} names no earlier study")
-            for k in ("name", "description"):
-                base.pop(k, None)
-            s = {**base, **{k: v for k, v in s.items() if k != "like"}}
-        s = {**defaults, **s}
-        if "more_overrides" in s:
-            s["overrides"] = deep_merge(s.get("overrides", {}), s.pop("more_overrides"))
-        missing = [k for k in ("name", "task", "methods", "positions", "seeds", "lengths", "samples") if k not in s]
-        if missing:
-            raise ConfigError(f"{p}: study #{i + 1} lacks {missing}")
-        unknown = sorted(
-            set(s)
-            - {
-                "name",
-                "task",
-                "preset",
-                "methods",
-                "positions",
-                "seeds",
-                "lengths",
-                "samples",
-                "long_samples",
-                "long_from",
-                "id_samples",
-                "overrides",
-                "method_overrides",
-                "description",
-                "checkpoints",
-                "test_seed",
-            }
-        )
-        if unknown:
-            raise ConfigError(f"{p}: study {s['name']!r} has unknown key(s) {unknown}")
-        _check_study(p, s)
-        s.setdefault("preset", "cpu")
-        s.setdefault("overrides", {})
-        s.setdefault("method_overrides", {})
-        s.setdefault("long_samples", s["samples"])
-        s.setdefault("long_from", max(s["lengths"]) + 1)
-        s.setdefault("id_samples", s["samples"])
-        s.setdefault("checkpoints", list(CHECKPOINTS))
-        s.setdefault("test_seed", 0)
-        out.append(s)
-    names = [s["name"] for s in out]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{p}: study names must be unique, got {names}")
-    return {"path": str(p), "studies": out}
-
-
-def _current_form(path: Path, where: str, table: dict) -> dict:
-    """A ``[defaults]`` or ``[[study]]`` table with its overrides checked (sections task/model/train, tables
-    where the config has tables) and its older ``--set``-string keys (``LEGACY_KEYS``) turned into those tables,
-    parsed as ``--set`` parses them."""
-    table = dict(table)
-    for old, new in LEGACY_KEYS.items():
-        if old not in table:
-            continue
-        if new in table:
-            raise ConfigError(f"{path}: {where} gives both {old} and {new}; give {new} alone")
-        value = table.pop(old)
-        lists = value if old == "method_sets" else {None: value}
-        if not isinstance(lists, dict) or not all(
-            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in lists.values()
-        ):
-            shape = "a table of lists" if old == "method_sets" else "a list"
-            raise ConfigError(
-                f"{path}: {where}: {old} must be {shape} of section.key=value strings (the current "
-                f"form: a {new} table, e.g. model.d_model = 64)"
-            )
-        try:
-            converted = {m: apply_sets({}, sets) for m, sets in lists.items()}
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {where}: {e}") from None
-        table[new] = converted if old == "method_sets" else converted[None]
-    for key in ("overrides", "more_overrides"):
-        if key in table:
-            _check_overrides(path, f"{where}: {key}", table[key])
-    if "method_overrides" in table:
-        if not isinstance(table["method_overrides"], dict):
-            raise ConfigError(
-                f"{path}: {where}: method_overrides must be a table of per-method override tables, "
-                f"got {table['method_overrides']!r}"
-            )
-        for m, over in table["method_overrides"].items():
-            _check_overrides(path, f"{where}: method_overrides.{m}", over)
-    return table
-
-
-def _check_overrides(path: Path, where: str, overrides) -> None:
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"{path}: {where} must be a table (e.g. model.d_model = 64), got {overrides!r}")
-    try:
-        apply_overrides({}, overrides)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {where}: {e}") from None
-
-
-def _check_study(path: Path, s: dict) -> None:
-    """Fail before any training on what would fail later (unknown task/method/positions, impossible length)."""
-    from longsparse.nn.config import METHODS
-    from longsparse.nn.positions import POSITIONS
-    from longsparse.tasks import get_task
-
-    where = f"{path}: study {s['name']!r}"
-    try:
-        task = get_task(s["task"], s.get("preset", "cpu"))
-        for L in s["lengths"]:
-            task.check_length(L)
-    except ValueError as e:
-        raise ConfigError(f"{where}: {e}") from None
-    if list(s["lengths"]) != sorted(set(s["lengths"])):
-        raise ConfigError(
-            f"{where}: lengths must be increasing (the first is the in-distribution one), got {s['lengths']}"
-        )
-    for key in ("samples", "long_samples", "id_samples"):
-        v = s.get(key, 1)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{where}: {key} must be an integer >= 1, got {v!r}")
-    ts = s.get("test_seed", 0)
-    if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
-        raise ConfigError(f"{where}: test_seed must be an integer >= 0, got {ts!r}")
-    for key, known in (("methods", METHODS), ("positions", POSITIONS), ("checkpoints", CHECKPOINTS)):
-        bad = [x for x in s.get(key, known) if x not in known]
-        if bad:
-            raise ConfigError(f"{where}: unknown {key} {bad}; known: {', '.join(known)}")
-
-
-def samples_for(study: dict, length: int) -> int:
-    """Examples evaluated at ``length``: ``id_samples`` at the first (in-distribution) length, where the
-    ≥ 99 % bar is checked, ``long_samples`` from ``long_from`` on, ``samples`` in between."""
-    if length == study["lengths"][0]:
-        return study["id_samples"]
-    return study["long_samples"] if length >= study["long_from"] else study["samples"]
-
-
-def cells(study: dict) -> list[dict]:
-    """Every (method, positions, seed) of a study with its run sub-folder and config overrides (the study's,
-    then its method's merged over them); seed-major, so that a partial run has every method at the first seed
-    before any at the second."""
-    out = []
-    for seed in study["seeds"]:
-        for m in study["methods"]:
-            for pos in study["positions"]:
-                out.append(
-                    {
-                        "method": m,
-                        "positions": pos,
-                        "seed": seed,
-                        "run": f"{study['name']}/{m}-{pos}-s{seed}",
-                        "overrides": deep_merge(study["overrides"], study["method_overrides"].get(m, {})),
-                    }
-                )
-    return out
 
 
 def parse_shard(text: Optional[str]) -> tuple[int, int]:
@@ -272,30 +80,18 @@ def check_report_folder(report: str | Path, store: str | Path) -> None:
         )
 
 
-def cell_config(study: dict, cell: dict) -> dict:
-    """The training config of a cell: the task's preset plus the study's and the method's overrides."""
-    return build_config(
-        study["task"],
-        preset=study["preset"],
-        method=cell["method"],
-        positions=cell["positions"],
-        seed=cell["seed"],
-        overrides=cell["overrides"],
-    )
-
-
 def cell_hash(cfg: dict) -> str:
     """The config hash a cell's run folder gets (the identity that training resumes under)."""
     return config_hash(resolve(cfg))
 
 
-def _records_of(index: dict, study: dict, cell: dict) -> list[dict]:
+def _records_of(index: dict, study: Study, cell: Cell) -> list[dict]:
     """The store's records of a cell on the study's test stream (records that name no test stream, written
     before it was kept, are taken as they are)."""
-    return [r for r in index.get((study["name"], cell["run"]), []) if r.get("test_seed") in (None, study["test_seed"])]
+    return [r for r in index.get((study.name, cell.run), []) if r.get("test_seed") in (None, study.test_seed)]
 
 
-def archived(index: dict, study: dict, cell: dict, chash: str) -> dict:
+def archived(index: dict, study: Study, cell: Cell, chash: str) -> dict:
     """A cell's results in the store (``index``: ``longsparse.report.store.by_run`` of its records), the later
     record winning: ``{"kept": {(checkpoint, length): per-seed entry} at the checkpoints, lengths and sample counts
     the study asks for now, "all": every such entry of a matching config, "off_spec": how many of those "kept"
@@ -309,7 +105,7 @@ def archived(index: dict, study: dict, cell: dict, chash: str) -> dict:
     kept = {
         (ck, L): r
         for (ck, L), r in every.items()
-        if ck in study["checkpoints"] and L in study["lengths"] and r.get("n") == samples_for(study, L)
+        if ck in study.checkpoints and L in study.lengths and r.get("n") == study.samples_for(L)
     }
     stale: dict[str, int] = {}
     for r in recs:
@@ -340,29 +136,22 @@ def _evaluated(run: Path, seed: int = 0) -> set[tuple[str, int, int]]:
     return done
 
 
-def _to_evaluate(study: dict, run: Path) -> list[tuple[str, int, list[int]]]:
+def _to_evaluate(study: Study, run: Path) -> list[tuple[str, int, list[int]]]:
     """(checkpoint, samples, lengths) still to evaluate in ``run`` on the study's test stream: one entry per
     evaluation call."""
-    done, out = _evaluated(run, study["test_seed"]), []
-    for ck in study["checkpoints"]:
+    done, out = _evaluated(run, study.test_seed), []
+    for ck in study.checkpoints:
         by_n: dict[int, list[int]] = {}
-        for L in study["lengths"]:
-            n = samples_for(study, L)
+        for L in study.lengths:
+            n = study.samples_for(L)
             if (ck, L, n) not in done:
                 by_n.setdefault(n, []).append(L)
         out += [(ck, n, lengths) for n, lengths in by_n.items()]
     return out
 
 
-def selected(study: dict, only: Sequence[str], spec: dict) -> bool:
-    """Whether ``--only`` picks ``study``: an entry that is a study's name picks that study alone; any other
-    entry picks every study of that task (so ``--only mqmtar_inline`` is not also its _3l/_rope variants)."""
-    names = {s["name"] for s in spec["studies"]}
-    return study["name"] in only or any(x not in names and x == study["task"] for x in only)
-
-
 def run_study(
-    spec: dict,
+    spec: StudyFile,
     out: str | Path,
     *,
     only: Optional[Sequence[str]] = None,
@@ -386,18 +175,16 @@ def run_study(
     out = Path(out)
     stored = result_store.by_run(archive or [])
     runs, index = [], -1
-    for study in spec["studies"]:
-        if only and not selected(study, only, spec):
-            continue
-        for c in cells(study):
+    for study in spec.select(only).studies:
+        for c in study.cells():
             index += 1
             if index % shard[1] != shard[0]:
                 continue
-            run = out / c["run"]
-            cfg = cell_config(study, c)
+            run = out / c.run
+            cfg = study.cell_config(c)
             old = archived(stored, study, c, cell_hash(cfg))["kept"]
-            if not run.exists() and len(old) == len(study["checkpoints"]) * len(study["lengths"]):
-                printer(f"{c['run']}: every result is in the archive (run elsewhere); skipped")
+            if not run.exists() and len(old) == len(study.checkpoints) * len(study.lengths):
+                printer(f"{c.run}: every result is in the archive (run elsewhere); skipped")
                 continue
             if dry_run:
                 pairs = sum(len(lengths) for _, _, lengths in _to_evaluate(study, run))
@@ -412,19 +199,19 @@ def run_study(
                     )
                 else:
                     plan = f"would train ({steps} steps; new)"
-                printer(f"{c['run']}: {plan} and would evaluate {pairs} (checkpoint, length) pairs")
+                printer(f"{c.run}: {plan} and would evaluate {pairs} (checkpoint, length) pairs")
                 continue
             t0 = time.perf_counter()
-            printer(f"{c['run']}: training ({cfg['train']['steps']} steps; log in {run / 'train.log'})")
+            printer(f"{c.run}: training ({cfg['train']['steps']} steps; log in {run / 'train.log'})")
             res = train(cfg, str(run), progress=False, printer=lambda s: None)
             if res["trained_steps"]:
                 printer(
-                    f"{c['run']}: trained to step {res['step']} in {time.perf_counter() - t0:.0f} s, "
+                    f"{c.run}: trained to step {res['step']} in {time.perf_counter() - t0:.0f} s, "
                     f"loss {res['first_loss']:.3f} -> {res['last_loss']:.3f}"
                 )
             pending = _to_evaluate(study, run)
             for ck, n, lengths in pending:
-                evaluate_run(run, lengths, samples=n, checkpoint=ck, seed=study["test_seed"], printer=printer)
+                evaluate_run(run, lengths, samples=n, checkpoint=ck, seed=study.test_seed, printer=printer)
             runs.append(run)
             if after_cell is not None and (res["trained_steps"] or pending):  # only when something new is saved
                 after_cell()
@@ -457,7 +244,7 @@ def _train_record(run: Path) -> dict:
     return rec
 
 
-def _run_results(run: Path, study: dict) -> dict:
+def _run_results(run: Path, study: Study) -> dict:
     """A run folder's evaluations on the study's test stream: ``{"results": {(checkpoint, length): per-seed entry}``
     at the study's checkpoints, lengths and sample counts (a later file wins), ``"train_hi"``: the longest training
     length the model saw, ``"eval_seconds"``: the evaluation wall clock of those entries (summed; None without
@@ -470,11 +257,11 @@ def _run_results(run: Path, study: dict) -> dict:
             d = json.loads(f.read_text())
         except (OSError, json.JSONDecodeError):  # an evaluation killed before its first length
             continue
-        if d.get("checkpoint") not in study["checkpoints"] or d.get("seed", 0) != study["test_seed"]:
+        if d.get("checkpoint") not in study.checkpoints or d.get("seed", 0) != study.test_seed:
             continue
         train_hi = d["train_lengths"][1]
         for L, r in collect_runs([f])[0]["results"].items():
-            if L in study["lengths"] and r["n"] == samples_for(study, L):
+            if L in study.lengths and r["n"] == study.samples_for(L):
                 res[(d["checkpoint"], L)] = {
                     "exact_match": r["exact_match"],
                     "ci": r["exact_match_ci"],
@@ -495,7 +282,7 @@ def _run_results(run: Path, study: dict) -> dict:
     }
 
 
-def run_record(study: dict, cell: dict, run: Path) -> Optional[dict]:
+def run_record(study: Study, cell: Cell, run: Path) -> Optional[dict]:
     """The store record of what the run folder of ``cell`` holds for the study now (None: no result yet)."""
     got = _run_results(run, study)
     if not got["results"]:
@@ -503,45 +290,45 @@ def run_record(study: dict, cell: dict, run: Path) -> Optional[dict]:
     train = _train_record(run)
     chash = train.pop("config_hash")
     return result_store.new_record(
-        study=study["name"],
-        run=cell["run"],
-        task=study["task"],
-        preset=study["preset"],
-        method=cell["method"],
-        positions=cell["positions"],
-        seed=cell["seed"],
+        study=study.name,
+        run=cell.run,
+        task=study.task,
+        preset=study.preset,
+        method=cell.method,
+        positions=cell.positions,
+        seed=cell.seed,
         config_hash=chash,
         code_commit=got["code_commit"],
         date=got["date"],
-        test_seed=study["test_seed"],
+        test_seed=study.test_seed,
         train_hi=got["train_hi"],
         train=train if (run / "metrics.jsonl").is_file() else None,
         eval_seconds=got["eval_seconds"],
         results=[{"checkpoint": ck, "length": L, **r} for (ck, L), r in sorted(got["results"].items())],
-        source=f"run folder {cell['run']}",
+        source=f"run folder {cell.run}",
     )
 
 
 def new_records(
-    spec: dict, out: str | Path, archive: Sequence[dict] = (), printer: Callable[[str], None] = print
+    spec: StudyFile, out: str | Path, archive: Sequence[dict] = (), printer: Callable[[str], None] = print
 ) -> list[dict]:
     """The records of the run folders under ``out`` that add to or change what ``archive`` (the store's
     records) holds for their cells; an unchanged run folder gives none, so recording twice appends nothing.
     Prints each stored exact match that a run folder's result replaces."""
     out, stored, new = Path(out), result_store.by_run(archive), []
-    for study in spec["studies"]:
-        for c in cells(study):
-            run = out / c["run"]
+    for study in spec.studies:
+        for c in study.cells():
+            run = out / c.run
             rec = run_record(study, c, run) if run.is_dir() else None
             if rec is None:
                 continue
-            have = archived(stored, study, c, rec["config_hash"] or cell_hash(cell_config(study, c)))
+            have = archived(stored, study, c, rec["config_hash"] or cell_hash(study.cell_config(c)))
             old, prev = have["all"], have["record"]
             fresh = {(r["checkpoint"], r["length"]): result_store.result_entry(r) for r in rec["results"]}
             for k in old.keys() & fresh.keys():
                 if old[k]["exact_match"] != fresh[k]["exact_match"]:
                     printer(
-                        f"{c['run']}: {k[0]} checkpoint at {k[1]}: stored exact match "
+                        f"{c.run}: {k[0]} checkpoint at {k[1]}: stored exact match "
                         f"{old[k]['exact_match']:.4f} replaced by this run folder's {fresh[k]['exact_match']:.4f}"
                     )
             same_run = (
@@ -565,7 +352,7 @@ def _run_info(rec: dict) -> dict:
 
 
 def view(
-    spec: dict, records: Sequence[dict], printer: Optional[Callable[[str], None]] = print, *, strict: bool = True
+    spec: StudyFile, records: Sequence[dict], printer: Optional[Callable[[str], None]] = print, *, strict: bool = True
 ) -> dict:
     """The study view of ``records``: per study, per (method/positions, checkpoint, length) the seeds' results
     (exact match, n, CI, ...) with their mean, min, max, std, and per run its training record. ``strict``: only
@@ -574,40 +361,37 @@ def view(
     with a message."""
     say = printer or (lambda s: None)
     index = result_store.by_run(records)
-    data = {"format": FORMAT, "study_file": spec["path"], "studies": {}}
-    for study in spec["studies"]:
+    data = {"format": FORMAT, "study_file": spec.path, "studies": {}}
+    for study in spec.studies:
         sd = {
-            "task": study["task"],
-            "preset": study["preset"],
-            "lengths": study["lengths"],
+            "task": study.task,
+            "preset": study.preset,
+            "lengths": list(study.lengths),
             "series": {},
             "runs": {},
-            "test_seed": study["test_seed"],
+            "test_seed": study.test_seed,
         }
         off_spec = 0
-        for c in cells(study):
-            chash = cell_hash(cell_config(study, c))
+        for c in study.cells():
+            chash = cell_hash(study.cell_config(c))
             got = archived(index, study, c, chash)
             for h, n in got["stale"].items():
-                say(
-                    f"{c['run']}: {n} stored results left out: recorded for config {h}, the study file now gives "
-                    f"{chash}"
-                )
+                say(f"{c.run}: {n} stored results left out: recorded for config {h}, the study file now gives {chash}")
             off_spec += got["off_spec"] if strict else 0
             results = got["kept"] if strict else got["all"]
             if not results:
                 continue
             if got["train_hi"] is not None:
                 sd["train_hi"] = got["train_hi"]
-            sd["runs"][c["run"]] = _run_info(got["record"]) if got["record"] is not None else None
-            by_ck = sd["series"].setdefault(f"{c['method']}/{c['positions']}", {})
-            keys = [(ck, L) for ck in study["checkpoints"] for L in study["lengths"]] if strict else sorted(results)
+            sd["runs"][c.run] = _run_info(got["record"]) if got["record"] is not None else None
+            by_ck = sd["series"].setdefault(f"{c.method}/{c.positions}", {})
+            keys = [(ck, L) for ck in study.checkpoints for L in study.lengths] if strict else sorted(results)
             for ck, L in keys:
                 if (ck, L) in results:
-                    by_ck.setdefault(ck, {}).setdefault(str(L), {})[str(c["seed"])] = results[(ck, L)]
+                    by_ck.setdefault(ck, {}).setdefault(str(L), {})[str(c.seed)] = results[(ck, L)]
         if off_spec:
             say(
-                f"{study['name']}: {off_spec} stored results are at checkpoints, lengths or sample counts the study "
+                f"{study.name}: {off_spec} stored results are at checkpoints, lengths or sample counts the study "
                 "does not ask for; they stay in the store, not in the tables"
             )
         for by_ck in sd["series"].values():
@@ -622,11 +406,13 @@ def view(
                         "seeds": len(ems),
                     }
                     by_L[L] = {"per_seed": per, **per_summary}
-        data["studies"][study["name"]] = sd
+        data["studies"][study.name] = sd
     return data
 
 
-def collect(spec: dict, out: str | Path, archive: Sequence[dict] = (), printer: Callable[[str], None] = print) -> dict:
+def collect(
+    spec: StudyFile, out: str | Path, archive: Sequence[dict] = (), printer: Callable[[str], None] = print
+) -> dict:
     """The study view (``view``) of ``archive`` (store records) and what the run folders under ``out`` add to it,
     without writing anything."""
     records = list(archive)
@@ -749,7 +535,7 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
 
 
 def update_archive(
-    spec: dict,
+    spec: StudyFile,
     out: str | Path,
     report_dir: str | Path,
     printer: Callable[[str], None] = print,
@@ -788,7 +574,7 @@ def tables_markdown(data: dict) -> str:
 
 
 def build_report(
-    spec: dict,
+    spec: StudyFile,
     out: str | Path,
     report_dir: str | Path,
     printer: Callable[[str], None] = print,
@@ -873,17 +659,13 @@ def _cli(args) -> int:
     spec = load_study(args.study, quick=args.quick, path=args.config)
     out = Path(args.out or ("runs/reproduce-quick" if args.quick else "runs/reproduce"))
     only = [s for s in args.only.split(",") if s] if args.only else None
-    if only:
-        known = {s["name"] for s in spec["studies"]} | {s["task"] for s in spec["studies"]}
-        if set(only) - known:
-            raise ConfigError(f"--only: unknown {sorted(set(only) - known)}; the study file has {sorted(known)}")
+    spec.select(only)  # an unknown --only entry fails here, before anything runs
     shard = parse_shard(args.shard)
     report = Path(args.report or out / "report")
     store = Path(args.store) if args.store else report
     if args.analyse:
-        studies = [s for s in spec["studies"] if not only or selected(s, only, spec)]
         return _analyse(
-            {**spec, "studies": studies},
+            spec.select(only),
             store,
             Path(args.analysis_out or report),
             args.analyse,
@@ -905,7 +687,7 @@ def _cli(args) -> int:
     return 0
 
 
-def _analyse(spec: dict, store: Path, out: Path, pairs_text: str, endpoint: Optional[int], margin: float) -> int:
+def _analyse(spec: StudyFile, store: Path, out: Path, pairs_text: str, endpoint: Optional[int], margin: float) -> int:
     """``--analyse``: the paired analysis (longsparse.report.paired) of the studies of ``spec`` from the records in
     ``store`` (lengths, checkpoint and in-distribution length from the first study), written to ``out``."""
     from longsparse.report import paired
@@ -914,7 +696,7 @@ def _analyse(spec: dict, store: Path, out: Path, pairs_text: str, endpoint: Opti
     if not records:
         raise ConfigError(f"{store}: no stored results to analyse (run the study first)")
     archive = view(spec, records, strict=False)
-    studies = spec["studies"]
+    studies = spec.studies
     pairs = []
     for item in pairs_text.split(","):
         a, sep, b = item.strip().partition("-")
@@ -922,19 +704,19 @@ def _analyse(spec: dict, store: Path, out: Path, pairs_text: str, endpoint: Opti
             raise ConfigError(f"--analyse: each pair must look like A-B (method names), got {item!r}")
         pairs.append((a, b))
     first = studies[0]
-    lengths = first["lengths"][1:]
+    lengths = list(first.lengths[1:])
     endpoint = endpoint if endpoint is not None else lengths[min(1, len(lengths) - 1)]
-    if endpoint not in first["lengths"]:
-        raise ConfigError(f"--endpoint {endpoint} is not a length of the study ({first['lengths']})")
-    ck = first["checkpoints"][-1]
+    if endpoint not in first.lengths:
+        raise ConfigError(f"--endpoint {endpoint} is not a length of the study ({list(first.lengths)})")
+    ck = first.checkpoints[-1]
     result = paired.analyse(
-        archive, pairs, endpoint=endpoint, lengths=lengths, id_length=first["lengths"][0], margin=margin, checkpoint=ck
+        archive, pairs, endpoint=endpoint, lengths=lengths, id_length=first.lengths[0], margin=margin, checkpoint=ck
     )
-    text = paired.markdown(result, train_length=first["lengths"][0])
+    text = paired.markdown(result, train_length=first.lengths[0])
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "analysis.json", json.dumps(result, indent=1) + "\n")
     atomic_write_text(out / "analysis.md", text)
-    png = paired.forest_plot(result, out / "forest.png", train_length=first["lengths"][0])
+    png = paired.forest_plot(result, out / "forest.png", train_length=first.lengths[0])
     print(text)
     print(f"wrote {out / 'analysis.json'}, {out / 'analysis.md'}" + (f", {png}" if png else ""))
     return 0
