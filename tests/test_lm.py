@@ -7,6 +7,7 @@ import json
 import math
 import random
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -235,7 +236,7 @@ def test_killed_training_resumes_to_identical_weights(tmp_path):
     from longsparse_experiments.lm_study import run_config
 
     cfg = load_study_config("quick")
-    cfg["train"].update(steps=10, ckpt_every=5, log_every=1)
+    cfg = replace(cfg, train=replace(cfg.train, steps=10, ckpt_every=5, log_every=1))
     rc = run_config(cfg, "asentmax", "nape", 0, cache_dir=str(tmp_path / "data"))
     train(rc, str(tmp_path / "a"), printer=lambda *_: None, progress=False)
 
@@ -267,8 +268,8 @@ def test_quick_pipeline_end_to_end(tmp_path, capsys):
     out = tmp_path / "lmq"
     assert main(["lm", "run", "--quick", "--out", str(out)]) == 0
     cfg = load_study_config("quick")
-    T = cfg["train"]["seq_len"]
-    for m in cfg["study"]["methods"]:
+    T = cfg.train.seq_len
+    for m in cfg.study.methods:
         ev = json.loads((out / f"{m}-nape-s0" / "eval.json").read_text())
         ppl = {int(L): v["ppl"] for L, v in ev["perplexity"].items()}
         assert sorted(ppl) == [T // 4, T // 2, T, 2 * T, 4 * T, 8 * T, 16 * T]
@@ -280,7 +281,7 @@ def test_quick_pipeline_end_to_end(tmp_path, capsys):
         losses = [r["loss"] for r in records if "loss" in r]
         assert losses[-1] < losses[0]
         val = [r for r in records if "val" in r]  # the trainer's perplexity objective, at the end
-        assert [r["step"] for r in val] == [cfg["train"]["steps"]] and list(val[0]["val"]) == [str(T)]
+        assert [r["step"] for r in val] == [cfg.train.steps] and list(val[0]["val"]) == [str(T)]
         assert val[0]["val_mean_nll"] == pytest.approx(math.log(val[0]["val"][str(T)]["ppl"]))
     rep = out / "report"
     assert (rep / "lm_results.md").read_text().count("| softmax/nape |") == 6

@@ -137,7 +137,7 @@ def test_quick_study_into_the_store_renders_its_report(tmp_path):
     assert main(["lm", "run", "--quick", "--out", str(out), "--store", str(st)]) == 0
     records = store.read_records(st)
     assert len(records) == len({r["run"] for r in records}) >= 2
-    T = load_study_config("quick")["train"]["seq_len"]
+    T = load_study_config("quick").train.seq_len
     for rec in records:
         cfg = json.loads((out / rec["run"].split("/", 1)[1] / "config.json").read_text())
         assert rec["config_hash"] == config_hash(cfg) and len(rec["lm_eval"]["per_position_nll"]) == 16 * T

@@ -195,8 +195,8 @@ def test_wheel_install_runs_presets_from_another_folder(tmp_path):
         for (method, positions), cfg in demo.run_configs().items():    # the configs run_demo trains
             assert cfg["model"]["method"] == method and cfg["task"]["name"] == demo.RECIPE["task"], cfg
         lm = lm_study.load_study_config("quick")
-        assert lm["study"]["methods"], lm
-        print(configs_dir(), presets_dir(), study.load_study("synthetic", quick=True).path, lm["data"]["dir"],
+        assert lm.study.methods, lm
+        print(configs_dir(), presets_dir(), study.load_study("synthetic", quick=True).path, lm.data.dir,
               figures.__file__)
     """),
         ],

@@ -1,5 +1,6 @@
 """The LM study pipeline: prepare (tokenizer + token streams) → train each method/positions/seed → evaluate →
-report (tables, JSON, PNG). Driven by ``configs/lm/<preset>.toml`` of this package; ``longsparse lm run [--quick]``.
+report (tables, JSON, PNG). Driven by ``configs/lm/<preset>.toml`` of this package, read into a typed
+``LMStudyConfig`` by ``load_study_config`` (``longsparse_experiments.lm_config``); ``longsparse lm run [--quick]``.
 The corpus, tokenizers, token streams, passkey rows and evaluation are the library's ``longsparse.lm``; each
 run is the library's one trainer (``longsparse.train.train``) on the task ``lm`` (``longsparse.tasks.CorpusLM``),
 so an LM run folder is an ordinary run folder (``config.json``, ``checkpoints/last.pt``, ``metrics.jsonl``).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -20,106 +22,50 @@ import torch
 
 from longsparse.io import atomic_savefig, atomic_write_text, read_json, read_json_or_none, warn_stderr
 from longsparse.lm.evaluate import bucket_positions, passkey_accuracy, perplexity_by_length
-from longsparse.lm.streams import SAMPLE_DIR, prepare
+from longsparse.lm.streams import prepare
 from longsparse.nn import load_checkpoint
-from longsparse.train import train
+from longsparse.train import ConfigError, train
 from longsparse.train.rundir import checkpoint_path
-from longsparse_experiments.presets import presets_dir
-
-TRAIN_DEFAULTS = {
-    "seq_len": 128,
-    "batch_size": 32,
-    "steps": 1000,
-    "lr": 1e-3,
-    "warmup_steps": 50,
-    "min_lr_ratio": 0.1,
-    "betas": [0.9, 0.99],
-    "grad_clip": 1.0,
-    "passkey_frac": 0.25,
-    "passkey_digits": 5,
-    "seed": 0,
-    "threads": 1,
-    "log_every": 25,
-    "ckpt_every": 50,
-    "val_windows": 8,
-}
-EVAL_DEFAULTS = {
-    "length_mults": [0.25, 0.5, 1, 2, 4, 8, 16],
-    "n_windows": 8,
-    "passkey_mults": [1, 2, 4, 8, 16],
-    "passkey_depths": [0.0, 0.25, 0.5, 0.75, 1.0],
-    "passkey_samples": 8,
-    "batch_tokens": 16384,
-}
-
-
-def configs_lm_dir() -> Path:
-    """The LM study's presets (``<preset>.toml``)."""
-    return presets_dir() / "lm"
-
-
-def load_study_config(preset: str = "cpu", path: Optional[str] = None) -> dict:
-    from longsparse.train.config import load_toml
-
-    raw = load_toml(path or configs_lm_dir() / f"{preset}.toml")
-    cfg = {
-        "description": raw.get("description", ""),
-        "data": dict(raw.get("data", {})),
-        "model": dict(raw.get("model", {})),
-        "train": {**TRAIN_DEFAULTS, **raw.get("train", {})},
-        "eval": {**EVAL_DEFAULTS, **raw.get("eval", {})},
-        "study": dict(raw.get("study", {})),
-    }
-    bad = sorted(set(cfg["train"]) - set(TRAIN_DEFAULTS)) + sorted(set(cfg["eval"]) - set(EVAL_DEFAULTS))
-    if bad:
-        raise ValueError(f"unknown lm config key(s): {bad}")
-    d = cfg["data"]
-    d.setdefault("dir", "data/shakespeare")
-    d.setdefault("tokenizer", "bpe")
-    d.setdefault("vocab_size", 2048)
-    if d["dir"] == "sample":
-        d["dir"] = str(SAMPLE_DIR)
-    return cfg
+from longsparse_experiments.lm_config import LMEval, LMStudyConfig, load_study_config
 
 
 # ---- one run ----------------------------------------------------------------------------------------------
-def run_config(cfg: dict, method: str, positions: str, seed: int, cache_dir: Optional[str] = None) -> dict:
+def run_config(cfg: LMStudyConfig, method: str, positions: str, seed: int, cache_dir: Optional[str] = None) -> dict:
     """The library run config of one LM run: the task ``lm`` on the study's corpus, the study's model with
     ``method`` / ``positions``, and its training budget at the fixed length ``seq_len`` (validation: perplexity on
     ``val_windows`` validation windows of that length, at the end only; the last checkpoint is evaluated).
     ``cache_dir``: where the tokenizer and token streams are cached (not part of the run's identity)."""
-    d, t = cfg["data"], cfg["train"]
-    corpus = "sample" if d["dir"] == str(SAMPLE_DIR) else d["dir"]
-    T = t["seq_len"]
+    d, t = cfg.data, cfg.train
+    T = t.seq_len
     return {
         "task": {
             "name": "lm",
             "params": {
-                "corpus": corpus,
-                "tokenizer": d["tokenizer"],
-                "tokenizer_vocab": d["vocab_size"],
-                "passkey_frac": t["passkey_frac"],
-                "passkey_digits": t["passkey_digits"],
+                "corpus": d.corpus,
+                "tokenizer": d.tokenizer,
+                "tokenizer_vocab": d.vocab_size,
+                "passkey_frac": t.passkey_frac,
+                "passkey_digits": t.passkey_digits,
                 "cache_dir": cache_dir,
             },
         },
-        "model": {**cfg["model"], "method": method, "positions": positions},
+        "model": {**cfg.model, "method": method, "positions": positions},
         "train": {
-            "steps": t["steps"],
-            "batch_size": t["batch_size"],
-            "lr": t["lr"],
-            "warmup_steps": t["warmup_steps"],
-            "min_lr_ratio": t["min_lr_ratio"],
-            "betas": t["betas"],
-            "grad_clip": t["grad_clip"],
+            "steps": t.steps,
+            "batch_size": t.batch_size,
+            "lr": t.lr,
+            "warmup_steps": t.warmup_steps,
+            "min_lr_ratio": t.min_lr_ratio,
+            "betas": list(t.betas),
+            "grad_clip": t.grad_clip,
             "seed": seed,
-            "threads": t["threads"],
-            "log_every": t["log_every"],
-            "ckpt_every": t["ckpt_every"],
+            "threads": t.threads,
+            "log_every": t.log_every,
+            "ckpt_every": t.ckpt_every,
             "train_lengths": [T, T],
             "val_every": 0,
             "val_lengths": [T],
-            "val_samples": t["val_windows"],
+            "val_samples": t.val_windows,
         },
     }
 
@@ -139,15 +85,21 @@ def _run_facts(run_dir: Path) -> dict:
     }
 
 
-def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, split: str = "test") -> dict:
+def evaluate_lm_run(run_dir, ev: LMEval, tok, tokens, printer: Callable = print, split: str = "test") -> dict:
+    """Evaluate the last checkpoint of the LM run folder ``run_dir`` on the token stream ``tokens[split]``
+    (``tokenizer``: the study's): perplexity by length and per position, passkey exact match by length and depth,
+    as ``ev`` says; written to ``run_dir/eval.json`` (with ``ev`` in its JSON form, ``eval_config``) and returned.
+    An ``eval.json`` of the same eval config and split is returned as it is (an older one without the per-position
+    delta gets it added)."""
     run_dir = Path(run_dir)
+    eval_config = ev.as_dict()  # what eval.json stores and compares: JSON lists, never tuples
     facts = _run_facts(run_dir)
     T = facts["T"]
     out_path = run_dir / "eval.json"
     old = None
     if out_path.exists():
         old = read_json_or_none(out_path, lambda m: printer(f"warning: {m}; evaluating again"))
-        if not isinstance(old, dict) or old.get("eval_config") != ev or old.get("split") != split:
+        if not isinstance(old, dict) or old.get("eval_config") != eval_config or old.get("split") != split:
             old = None
         elif "per_position_delta_nll" in old:
             return old
@@ -157,9 +109,9 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
     model.eval()
     stream = tokens[split]
     t0 = time.perf_counter()
-    lengths = sorted({max(1, int(round(m * T))) for m in ev["length_mults"]})
+    lengths = sorted({max(1, int(round(m * T))) for m in ev.length_mults})
     ppl = perplexity_by_length(
-        model, stream, lengths, ev["n_windows"], ev["batch_tokens"], ref_length=T if T in lengths else None
+        model, stream, lengths, ev.n_windows, ev.batch_tokens, ref_length=T if T in lengths else None
     )
     t_ppl = time.perf_counter() - t0
     per_pos = ppl[max(lengths)].pop("per_position")
@@ -175,16 +127,16 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
         )
         atomic_write_text(out_path, json.dumps(old, indent=1) + "\n")
         return old
-    pk_lengths = [int(m * T) for m in ev["passkey_mults"]]
+    pk_lengths = [int(m * T) for m in ev.passkey_mults]
     pk = passkey_accuracy(
         model,
         tok,
         stream,
         pk_lengths,
-        ev["passkey_depths"],
-        ev["passkey_samples"],
+        ev.passkey_depths,
+        ev.passkey_samples,
         n_digits=facts["digits"],
-        batch_tokens=ev["batch_tokens"],
+        batch_tokens=ev.batch_tokens,
     )
     res = {
         "run": run_dir.name,
@@ -193,7 +145,7 @@ def evaluate_lm_run(run_dir, ev: dict, tok, tokens, printer: Callable = print, s
         "seed": facts["seed"],
         "seq_len": T,
         "split": split,
-        "eval_config": ev,
+        "eval_config": eval_config,
         "train_wall_s": round(float(extra.get("train_seconds", 0.0)), 1),
         "params": model.num_parameters(),
         "steps": extra.get("step"),
@@ -223,7 +175,7 @@ def _delta_buckets(delta, T: int):
 
 
 def run_study(
-    cfg: dict,
+    cfg: LMStudyConfig,
     out,
     *,
     methods: Optional[Sequence[str]] = None,
@@ -232,24 +184,34 @@ def run_study(
     report_dir: Optional[str] = None,
     printer: Callable = print,
 ) -> dict:
+    """Prepare the corpus, then train and evaluate every run of ``cfg.study`` (``methods`` / ``positions`` /
+    ``seeds``, when given, replace the config's; checked before anything runs) into ``out/<method>-<positions>-
+    s<seed>``, seed-major; a report of the whole folder into ``report_dir`` when given. Returns {"results": the
+    evaluations, "report": build_lm_report's answer or None}."""
+    grid = cfg.study
+    cfg = replace(
+        cfg,
+        study=replace(
+            grid,
+            methods=tuple(methods or grid.methods),
+            positions=tuple(positions or grid.positions),
+            seeds=grid.seeds if seeds is None else tuple(seeds),
+        ),
+    )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    st = cfg["study"]
-    methods = list(methods or st.get("methods", ["softmax", "ssmax", "entmax", "asentmax"]))
-    positions = list(positions or st.get("positions", ["nape"]))
-    seeds = list(seeds if seeds is not None else st.get("seeds", [0]))
-    cache_dir = str(out / "data") if cfg["data"]["dir"] == str(SAMPLE_DIR) else None
-    tok, tokens = prepare(cfg["data"], cache_dir=cache_dir, printer=printer)
+    cache_dir = str(out / "data") if cfg.data.is_sample else None
+    tok, tokens = prepare(cfg.data.as_dict(), cache_dir=cache_dir, printer=printer)
     results = []
     t0 = time.perf_counter()
-    for seed in seeds:  # seed-major: a cut study still has every method at seed 0
-        for pos in positions:
-            for method in methods:
+    for seed in cfg.study.seeds:  # seed-major: a cut study still has every method at seed 0
+        for pos in cfg.study.positions:
+            for method in cfg.study.methods:
                 rc = run_config(cfg, method, pos, seed, cache_dir)
                 run_dir = out / f"{method}-{pos}-s{seed}"
                 printer(f"== {run_dir.name}")
                 train(rc, str(run_dir), printer=printer, progress=False)
-                results.append(evaluate_lm_run(run_dir, cfg["eval"], tok, tokens, printer=printer))
+                results.append(evaluate_lm_run(run_dir, cfg.eval, tok, tokens, printer=printer))
     printer(f"study: {len(results)} run(s) in {time.perf_counter() - t0:.0f} s")
     rep = None
     if report_dir is not None:
@@ -758,7 +720,10 @@ def _csv(s, typ=str):
 def _cli_lm_run(args) -> int:
     cfg = load_study_config("quick" if args.quick else args.preset, args.config)
     if args.steps is not None:
-        cfg["train"]["steps"] = args.steps
+        try:
+            cfg = replace(cfg, train=replace(cfg.train, steps=args.steps))
+        except ConfigError as e:
+            raise ConfigError(f"--steps: {e}") from None
     out = args.out or ("runs/lm-quick" if args.quick else "runs/lm")
     run_study(
         cfg,
