@@ -90,8 +90,27 @@ def test_compare_and_analyse():
     res = paired.analyse(arch, [("asentmax", "softmax")], endpoint=4096, lengths=[4096], id_length=64, margin=5)
     assert res["pairs"][0]["verdict"] == "inconclusive"  # p = 0.25 with 3 seeds
     assert res["pairs"][0]["converged"]["seeds"] == [100, 102]  # seed 101: softmax 98 % at 1x
+    assert res["pairs"][0]["converged"]["at_bar"] == {"a": 3, "b": 2}
+    assert [round(x["d_id"], 6) for x in r["per_seed"]] == [0.0, 1.0, 1.0]  # the 1x difference per seed
     md = paired.markdown(res)
-    assert "+20.3 points" in md and "inconclusive" in md and "| 100 | 90.0 | 50.0 | +40.0* |" in md
+    assert "+20.3 points" in md and "inconclusive" in md and "| 100 | 90.0 | 50.0 | +40.0* | +0.0 |" in md
+    assert "Seeds where both reach ≥ 99 % at 1× (2)" in md
+
+
+def test_markdown_says_when_no_seed_has_both_runs_converged():
+    """An empty converged subset is a result (the secondary endpoint), not a line to leave out."""
+    arch = _archive(
+        {
+            "asentmax": {64: [0.995, 0.99, 1.0], 4096: [0.9, 0.8, 0.7]},
+            "softmax": {64: [0.985, 0.98, 0.97], 4096: [0.5, 0.6, 0.4]},
+        }
+    )
+    res = paired.analyse(arch, [("asentmax", "softmax")], endpoint=4096, lengths=[4096], id_length=64, margin=5)
+    conv = res["pairs"][0]["converged"]
+    assert conv["seeds"] == [] and conv["at_bar"] == {"a": 3, "b": 0} and conv["of_seeds"] == 3
+    md = paired.markdown(res)
+    assert "No seed has both runs at ≥ 99 % at 1× (asentmax reaches it in 3 of 3 seeds, softmax in 0)." in md
+    assert "| 102 | 70.0 | 40.0 | +30.0* | +3.0 |" in md
 
 
 def test_cli_analyse(tmp_path, capsys):

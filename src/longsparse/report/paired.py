@@ -162,6 +162,8 @@ def compare(
         ia, ib = records(a, id_length), records(b, id_length)
         both = [r for r in per_seed if str(r["seed"]) in ia and str(r["seed"]) in ib]
         delta = [100 * (ia[str(r["seed"])]["exact_match"] - ib[str(r["seed"])]["exact_match"]) for r in both]
+        for r, x in zip(both, delta):
+            r["d_id"] = x
         out["id_difference"] = delta
         out["regression"] = intercept_interval([r["d"] for r in both], delta) if len(both) >= 3 else None
     return out
@@ -180,6 +182,9 @@ def converged_subset(
         "bar": bar,
         "seeds": [r["seed"] for r in kept],
         "per_seed": kept,
+        # how many seeds of each method reach the bar at all: says why the subset is small or empty
+        "at_bar": {"a": sum(r["a"] >= 100 * bar for r in at_id), "b": sum(r["b"] >= 100 * bar for r in at_id)},
+        "of_seeds": len(at_id),
     }
     if kept:
         d = [r["d"] for r in kept]
@@ -256,10 +261,16 @@ def markdown(result: dict, train_length: int = 64) -> str:
                 f"{_fmt_ci(reg['a_ci'])}, b = {reg['b']:+.2f} {_fmt_ci(reg['b_ci'])}."
             )
         c = prim["converged"]
+        bar = f"{100 * c['bar']:g} %"
         if c["seeds"]:
             lines.append(
-                f"Seeds where both reach ≥ 99 % at 1× ({len(c['seeds'])}): {c['mean']:+.1f} "
+                f"Seeds where both reach ≥ {bar} at 1× ({len(c['seeds'])}): {c['mean']:+.1f} "
                 f"{_fmt_ci(c['ci'])}, p = {c['p']:.3f}."
+            )
+        elif n and "at_bar" in c:
+            lines.append(
+                f"No seed has both runs at ≥ {bar} at 1× ({prim['a']} reaches it in {c['at_bar']['a']} of "
+                f"{c['of_seeds']} seeds, {prim['b']} in {c['at_bar']['b']})."
             )
         lines.append("")
     lines += [
@@ -276,13 +287,19 @@ def markdown(result: dict, train_length: int = 64) -> str:
                 f"{r['negative']} | {'yes' if r['robust'] else 'no'} |"
             )
     if prim is not None and prim["primary"]["seeds"]:
+        rows = prim["primary"]["per_seed"]
+        with_id = all("d_id" in r for r in rows)  # the in-distribution difference, when both runs have it
         caption = (
             f"Per seed at {result['endpoint']} tokens ({prim['a']} / {prim['b']} exact match %, "
-            "difference; * = Wilson intervals disjoint):"
+            "difference; * = Wilson intervals disjoint" + ("; the same difference at 1×" if with_id else "") + "):"
         )
-        lines += ["", caption, "", f"| seed | {prim['a']} | {prim['b']} | difference |", "|---|---|---|---|"]
-        for r in prim["primary"]["per_seed"]:
-            lines.append(f"| {r['seed']} | {r['a']:.1f} | {r['b']:.1f} | {r['d']:+.1f}{'*' if r['disjoint'] else ''} |")
+        head = f"| seed | {prim['a']} | {prim['b']} | difference |" + (" difference at 1× |" if with_id else "")
+        lines += ["", caption, "", head, "|---|---|---|---|" + ("---|" if with_id else "")]
+        for r in rows:
+            lines.append(
+                f"| {r['seed']} | {r['a']:.1f} | {r['b']:.1f} | {r['d']:+.1f}{'*' if r['disjoint'] else ''} |"
+                + (f" {r['d_id']:+.1f} |" if with_id else "")
+            )
     return "\n".join(lines) + "\n"
 
 
