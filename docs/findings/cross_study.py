@@ -391,10 +391,14 @@ def combined_forest(extra: dict):
         return next(p for p in res["pairs"] if (p["a"], p["b"]) == (a, b))["by_length"][str(L)]
 
     rows = [  # (label A, label B, ratio, record); lengths are re-keyed to ratio x 64 so the labels read as "N x"
-        ("MQMTAR: ASEntmax", "softmax", 64, from_cli("mqmtar_headline", "asentmax", "softmax", 4096)),
-        ("MQMTAR: α-entmax", "softmax", 64, from_cli("mqmtar_headline", "entmax", "softmax", 4096)),
-        ("MQMTAR: ASEntmax", "adaptive temp.", 64, from_cli("mqmtar_headline", "asentmax", "adatemp", 4096)),
-        ("MQMTAR: ASEntmax", "softmax", 256, from_res(extra["m256"], "asentmax", "softmax", 16384)),
+        *(
+            ("MQMTAR pre-registered: ASEntmax", "softmax", ratio, from_cli("prereg_mqmtar", "asentmax", "softmax", L))
+            for ratio, L in ((16, 1024), (64, 4096), (256, 16384))
+        ),
+        ("MQMTAR (3 seeds): ASEntmax", "softmax", 64, from_cli("mqmtar_headline", "asentmax", "softmax", 4096)),
+        ("MQMTAR (3 seeds): α-entmax", "softmax", 64, from_cli("mqmtar_headline", "entmax", "softmax", 4096)),
+        ("MQMTAR (3 seeds): ASEntmax", "adaptive temp.", 64, from_cli("mqmtar_headline", "asentmax", "adatemp", 4096)),
+        ("MQMTAR (3 seeds): ASEntmax", "softmax", 256, from_res(extra["m256"], "asentmax", "softmax", 16384)),
         ("max retrieval: ASEntmax", "softmax", 64, from_cli("max_retrieval_nape", "asentmax", "softmax", 4096)),
         (
             "max retrieval: ASEntmax NAPE",
