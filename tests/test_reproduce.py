@@ -278,7 +278,7 @@ def test_study_checkpoints_and_test_seed(tmp_path):
     """A study may evaluate only some checkpoints, on its own test stream: only those are evaluated, read back
     and archived (an evaluation of the same run on another test seed is never mixed in)."""
     from longsparse.evaluate import evaluate_run
-    from longsparse_experiments.reproduce import collect, run_study
+    from longsparse_experiments.reproduce import collect, plot, run_study, tables_markdown
 
     p = tmp_path / "s.toml"
     p.write_text(
@@ -293,8 +293,12 @@ def test_study_checkpoints_and_test_seed(tmp_path):
     evals = [json.loads(f.read_text()) for f in (run / "eval").glob("*.json")]
     assert {(d["checkpoint"], d["seed"]) for d in evals} == {("last", 7)}
     evaluate_run(run, [64], samples=3, checkpoint="last", seed=0, printer=lambda s: None)  # another test stream
-    data = collect(spec, tmp_path / "runs", printer=lambda s: None)["studies"]["t"]
+    view = collect(spec, tmp_path / "runs", printer=lambda s: None)
+    data = view["studies"]["t"]
     assert data["test_seed"] == 7 and set(data["series"]["softmax/nape"]) == {"last"}
+    tables = tables_markdown(view)  # no empty table for the checkpoint the study does not evaluate
+    assert "(last checkpoint;" in tables and "(best checkpoint;" not in tables
+    assert [p.name for p in plot(view, tmp_path)] == ["t.png"]
     [mine] = [d for d in evals if d["results"][0]["length"] == 64]
     assert (
         data["series"]["softmax/nape"]["last"]["64"]["per_seed"]["0"]["exact_match"]

@@ -428,7 +428,7 @@ def markdown(data: dict, checkpoint: str) -> str:
     [min–max] over seeds (and "(s=k)" where fewer seeds than the column's are evaluated at that length)."""
     parts = []
     for name, sd in data["studies"].items():
-        keys = list(sd["series"])
+        keys = [k for k in sd["series"] if sd["series"][k].get(checkpoint)]  # a study may not evaluate it
         if not keys:
             continue
         train_hi = sd.get("train_hi", 64)
@@ -464,7 +464,7 @@ def markdown_per_seed(data: dict, checkpoint: str) -> str:
     """The same tables with every seed's value ("s0 / s1 / s2", "–" where that seed is not evaluated yet)."""
     parts = []
     for name, sd in data["studies"].items():
-        keys = list(sd["series"])
+        keys = [k for k in sd["series"] if sd["series"][k].get(checkpoint)]  # a study may not evaluate it
         if not keys:
             continue
         seeds = sorted(
@@ -492,7 +492,8 @@ def markdown_per_seed(data: dict, checkpoint: str) -> str:
 
 
 def plot(data: dict, out_dir: Path) -> list[Path]:
-    """Per study: exact match vs length (log x), mean over seeds with the min–max band; best and last panels."""
+    """Per study: exact match vs length (log x), mean over seeds with the min–max band; a panel per checkpoint
+    the study evaluates (best, last)."""
     try:
         import matplotlib
 
@@ -504,8 +505,10 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
     for name, sd in data["studies"].items():
         if not sd["series"]:
             continue
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-        for ax, ck in zip(axes, CHECKPOINTS):
+        cks = [ck for ck in CHECKPOINTS if any(by_ck.get(ck) for by_ck in sd["series"].values())]
+        fig, axes = plt.subplots(1, len(cks), figsize=(5.5 * len(cks), 4), sharey=True, squeeze=False)
+        axes = axes[0]
+        for ax, ck in zip(axes, cks):
             for key, by_ck in sd["series"].items():
                 pts = sorted((int(L), r) for L, r in by_ck.get(ck, {}).items())
                 if not pts:
@@ -525,7 +528,7 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
             ax.set_title(f"{name}: {ck} checkpoint")
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("exact match %: seed mean, band min–max")
-        axes[1].legend(fontsize=8)
+        axes[-1].legend(fontsize=8)
         fig.tight_layout()
         p = out_dir / f"{name}.png"
         atomic_savefig(fig, p, dpi=90)
