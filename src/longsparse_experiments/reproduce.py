@@ -3,8 +3,9 @@
     longsparse reproduce synthetic [--quick] [--out runs/reproduce] [--report docs/results] [--only sort,copy]
 
 The study is ``configs/reproduce/synthetic.toml`` of this package (``--quick``: ``synthetic-quick.toml``), read
-by ``longsparse_experiments.study.load_study`` into typed ``Study`` objects: a list of cells (task × method × positions × seed), each trained with ``longsparse train``'s loop from the task's preset
-(the library's) plus the cell's ``overrides``, then evaluated at every length with the best and the last checkpoint.
+by ``longsparse_experiments.study.load_study`` into typed ``Study`` objects: a list of cells (task × method ×
+positions × seed), each trained with ``longsparse train``'s loop from the task's preset (the library's) plus the
+cell's ``overrides``, then evaluated at every length with the study's checkpoints (best and last by default).
 Everything is resumable: a finished training is not redone (an interrupted one resumes from its last checkpoint),
 an evaluation whose (checkpoint, length, samples, seed) already has a result file is skipped. The report
 (markdown tables, JSON, PNG per study) is rendered from the study's results store, never from anything else.

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from longsparse.nn.config import METHODS
+from longsparse.nn.positions import POSITIONS
+from longsparse.tasks import get_task
 from longsparse.train.config import ConfigError, apply_overrides, apply_sets, build_config, deep_merge, load_toml
 from longsparse_experiments.presets import presets_dir
 
@@ -185,10 +188,6 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
 
 def _study(path: Path, s: dict) -> Study:
     """The typed study of a resolved table, after checking every value."""
-    from longsparse.nn.config import METHODS
-    from longsparse.nn.positions import POSITIONS
-    from longsparse.tasks import get_task
-
     where = f"{path}: study {s['name']!r}"
     if not isinstance(s["name"], str) or not s["name"] or "/" in s["name"]:
         raise ConfigError(f"{where}: name must be a non-empty string without '/'")
@@ -196,9 +195,8 @@ def _study(path: Path, s: dict) -> Study:
         if not isinstance(s.get(key, ""), str):
             raise ConfigError(f"{where}: {key} must be a string, got {s[key]!r}")
     for key in ("methods", "positions", "seeds", "lengths", "checkpoints"):
-        v = s.get(key, [None])
-        if not isinstance(v, list) or not v:
-            raise ConfigError(f"{where}: {key} must be a non-empty list, got {v!r}")
+        if key in s and (not isinstance(s[key], list) or not s[key]):
+            raise ConfigError(f"{where}: {key} must be a non-empty list, got {s[key]!r}")
     for key in ("seeds", "lengths"):
         if any(isinstance(x, bool) or not isinstance(x, int) for x in s[key]):
             raise ConfigError(f"{where}: {key} must be integers, got {s[key]!r}")
