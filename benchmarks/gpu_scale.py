@@ -140,13 +140,6 @@ def toml_table(name: str, table: dict) -> list[str]:
     return lines
 
 
-# The study settings a dry-run study file gives, in its order (the overrides follow as tables).
-STUDY_KEYS = (
-    *("name", "task", "preset", "description", "methods", "positions", "seeds", "checkpoints", "test_seed"),
-    *("lengths", "id_samples", "samples", "long_from", "long_samples"),
-)
-
-
 def dry_study(src: Path, dest: Path) -> Path:
     """``src`` (a study file) with the dry run's tiny settings, written to ``dest``: the same cells (methods,
     positions, seeds, task, test stream), DRY_OVERRIDES merged over each study's overrides (the dry run's
@@ -162,8 +155,9 @@ def dry_study(src: Path, dest: Path) -> Path:
             description=f"CPU dry run of {s.name} (tiny model and lengths; tests the script, not the task)",
         )
         lines.append("\n[[study]]")
-        for k in STUDY_KEYS:
-            lines.append(f"{k} = {_toml_value(getattr(s, k))}")
+        for f in dataclasses.fields(s):  # the settings, then the overrides as tables
+            if f.name not in ("overrides", "method_overrides"):
+                lines.append(f"{f.name} = {_toml_value(getattr(s, f.name))}")
         lines += toml_table("study.overrides", s.overrides)
         for m, over in s.method_overrides.items():
             lines += toml_table(f"study.method_overrides.{m}", over)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from longsparse.lm.streams import SAMPLE_DIR
-from longsparse.lm.tokenizer import KINDS
+from longsparse.lm.tokenizer import KINDS, MIN_BPE_VOCAB
 from longsparse.models import model_config
 from longsparse.nn.config import METHODS
 from longsparse.nn.positions import POSITIONS
@@ -28,8 +28,6 @@ from longsparse.tasks.lm import SAMPLE_CORPUS
 from longsparse.train.config import ConfigError, load_toml
 from longsparse_experiments.presets import presets_dir
 
-# The task lm's lower bound on the BPE vocabulary (longsparse.tasks.lm): 256 byte symbols, the specials, merges.
-MIN_VOCAB = 260
 # Set per run (method, positions from [study]) or from the tokenizer (vocab_size), never by [model].
 MODEL_KEYS_SET_PER_RUN = ("method", "positions", "vocab_size")
 
@@ -79,7 +77,7 @@ class LMData:
             object.__setattr__(self, "dir", str(SAMPLE_DIR))
         if self.tokenizer not in KINDS:
             raise ConfigError(f"[data] tokenizer must be one of {', '.join(KINDS)}, got {self.tokenizer!r}")
-        _check_int("data", "vocab_size", self.vocab_size, MIN_VOCAB)
+        _check_int("data", "vocab_size", self.vocab_size, MIN_BPE_VOCAB)
 
     @property
     def is_sample(self) -> bool:

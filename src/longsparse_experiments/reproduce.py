@@ -155,16 +155,16 @@ def run_study(
     spec: StudyFile,
     out: str | Path,
     *,
-    only: Optional[Sequence[str]] = None,
     shard: tuple[int, int] = (0, 1),
     archive: Optional[list[dict]] = None,
     dry_run: bool = False,
     after_cell: Optional[Callable[[], None]] = None,
     printer: Callable[[str], None] = print,
 ) -> list[Path]:
-    """Train and evaluate every cell (resumable); returns the run folders. ``shard=(K, N)`` takes every N-th
-    of the selected cells (after ``only``) from the K-th, so N processes (one per core) can share a study;
-    the same run is never trained by two processes at once (run directories are locked). A cell whose every
+    """Train and evaluate every cell of ``spec`` (resumable; ``StudyFile.select`` narrows it to some studies);
+    returns the run folders. ``shard=(K, N)`` takes every N-th of its cells from the K-th, so N processes (one per
+    core) can share a study; the same run is never trained by two processes at once (run directories are locked).
+    A cell whose every
     evaluation is in ``archive`` (the store's records, see ``load_store``) and that has no run folder here is
     skipped: it was run on another machine. A cell that is trained again is evaluated again at every length, so
     each seed's numbers come from one model (recording prints any stored number that changes).
@@ -176,7 +176,7 @@ def run_study(
     out = Path(out)
     stored = result_store.by_run(archive or [])
     runs, index = [], -1
-    for study in spec.select(only).studies:
+    for study in spec.studies:
         for c in study.cells():
             index += 1
             if index % shard[1] != shard[0]:
@@ -663,13 +663,13 @@ def _cli(args) -> int:
     spec = load_study(args.study, quick=args.quick, path=args.config)
     out = Path(args.out or ("runs/reproduce-quick" if args.quick else "runs/reproduce"))
     only = [s for s in args.only.split(",") if s] if args.only else None
-    spec.select(only)  # an unknown --only entry fails here, before anything runs
+    picked = spec.select(only)  # the studies to run or analyse; reports cover the whole file
     shard = parse_shard(args.shard)
     report = Path(args.report or out / "report")
     store = Path(args.store) if args.store else report
     if args.analyse:
         return _analyse(
-            spec.select(only),
+            picked,
             store,
             Path(args.analysis_out or report),
             args.analyse,
@@ -678,7 +678,7 @@ def _cli(args) -> int:
         )
     check_report_folder(report, store)
     if args.dry_run:
-        run_study(spec, out, only=only, shard=shard, archive=load_store(store), dry_run=True)
+        run_study(picked, out, shard=shard, archive=load_store(store), dry_run=True)
         return 0
     if not args.report_only:
 
@@ -686,7 +686,7 @@ def _cli(args) -> int:
             update_archive(spec, out, report, printer=lambda s: None, store=store)
             print(f"store updated: {result_store.records_path(store)}")
 
-        run_study(spec, out, only=only, shard=shard, archive=load_store(store), after_cell=after_cell)
+        run_study(picked, out, shard=shard, archive=load_store(store), after_cell=after_cell)
     build_report(spec, out, report, store=store)
     return 0
 

@@ -22,6 +22,8 @@ from longsparse.io import atomic_write_text, read_json
 EOT = "<|endoftext|>"
 PAD = "<pad>"
 KINDS = ("bpe", "bytes")
+# The smallest BPE vocabulary accepted: the 256 byte symbols, the two specials and room for merges.
+MIN_BPE_VOCAB = 260
 
 
 class ByteTokenizer:

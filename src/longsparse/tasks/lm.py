@@ -35,6 +35,7 @@ import torch
 from longsparse.lm.evaluate import perplexity_by_length
 from longsparse.lm.passkey import PasskeyMaker
 from longsparse.lm.streams import SAMPLE_DIR, prepare
+from longsparse.lm.tokenizer import MIN_BPE_VOCAB
 from longsparse.tasks.base import Batch, Example, Task, sample_length
 
 SAMPLE_CORPUS = "sample"
@@ -76,9 +77,9 @@ class CorpusLM(Task):
         if (
             isinstance(self.tokenizer_vocab, bool)
             or not isinstance(self.tokenizer_vocab, int)
-            or self.tokenizer_vocab < 260
+            or self.tokenizer_vocab < MIN_BPE_VOCAB
         ):
-            raise ValueError(f"lm: tokenizer_vocab must be an integer >= 260, got {self.tokenizer_vocab!r}")
+            raise ValueError(f"lm: tokenizer_vocab must be an integer >= {MIN_BPE_VOCAB}, got {self.tokenizer_vocab!r}")
         if (
             isinstance(self.passkey_frac, bool)
             or not isinstance(self.passkey_frac, (int, float))
