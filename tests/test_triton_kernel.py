@@ -176,6 +176,25 @@ def test_key_ranges_left_and_right_padding(is_causal, decode):
     assert out[3].abs().max() == 0
 
 
+@pytest.mark.parametrize("start", [20, 40])
+def test_decode_splits_with_unaligned_left_padding(start, monkeypatch):
+    """The split-K decode path when a row's first key is not a multiple of the key tile: 77 keys in three
+    splits ([0, 32), [32, 64), [64, 77)) of 32-key tiles, so the split holding the first key starts its
+    tiles there and its last tile reaches into the next split, whose keys it must leave to that split
+    (each key counted once, in Σp as in Σp·v). Row 0 is left-padded, row 1 is not."""
+    monkeypatch.setattr(te, "_n_sm", lambda device: 8)  # as many splits as a GPU would make (CPU: 2 SMs)
+    leaves, up = _inputs(B=2, H=2, Nq=1, Nk=77, q_scale=True, seed=11)
+    _compare(
+        leaves,
+        up,
+        alpha=1.5,
+        is_causal=True,
+        slopes=NAPE2,
+        decode=True,
+        key_start=torch.tensor([start, 0]),
+    )
+
+
 def test_left_padded_batch_equals_each_row_alone():
     """A batch whose rows are left-padded by different amounts gives, at every real position, what each
     row gives alone without padding (ALiBi distances and causality are key-index differences, which pads

@@ -859,7 +859,9 @@ def _dec_scores_kernel(
     for t in range((j1 - j0 + BN - 1) // BN):
         kpos = j0 + t * BN + tl.arange(0, BN)
         kT = _load_tile_t(k_base, kpos, kpos < j1, skn, skd, D)
-        z = _logits(q, kT, i + (Nk - Nq), kpos, start, row_lim, scale, slope, DOT_PREC)
+        # the split's keys only, [j0, j1): j0 = start need not be tile-aligned, so the last tile can
+        # reach past j1 into the next split, which owns (and counts) those keys
+        z = _logits(q, kT, i + (Nk - Nq), kpos, start, tl.minimum(row_lim, j1), scale, slope, DOT_PREC)
         tl.store(Z + srow[:, None] * Nk + kpos[None, :], z, mask=rvalid[:, None] & (kpos[None, :] < j1))
         m = tl.maximum(m, tl.max(z, 1))
     tl.store(Mpart + srow * n_split + s, m, mask=rvalid)
@@ -965,7 +967,9 @@ def _dec_out_kernel(
     lsum = tl.zeros([BM], tl.float32)
     for t in range((j1 - j0 + BN - 1) // BN):
         kpos = j0 + t * BN + tl.arange(0, BN)
-        z = tl.load(Z + srow[:, None] * Nk + kpos[None, :], mask=kpos[None, :] < row_lim[:, None], other=float("-inf"))
+        # keys past j1 belong to the next split (see _dec_scores_kernel): each key is counted once
+        seen = (kpos[None, :] < row_lim[:, None]) & (kpos[None, :] < j1)
+        z = tl.load(Z + srow[:, None] * Nk + kpos[None, :], mask=seen, other=float("-inf"))
         p, _ = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
         if tl.max(tl.max(p, 1), 0) > 0:
             v = _load_tile(v_base, kpos, kpos < j1, svn, svd, D)
