@@ -9,6 +9,7 @@ kernels for sm_90 (H100) through Triton's full pipeline, which the interpreter d
 
 import inspect
 import json
+import math
 import os
 import subprocess
 import sys
@@ -416,6 +417,46 @@ def test_gpu_check_script_dry_run(tmp_path):
     training = data["training"]
     assert [r["method"] for r in training] == ["softmax", "asentmax"]
     assert all("error" not in r and r["steps"] >= 1 and r["steps_per_s"] > 0 for r in training), training
+    # --rescore: float32 rows carry the float32 reference's own error; a stored file without it (as the
+    # first GPU call wrote) has it recomputed on the CPU, and an error far beyond it fails
+    fp32_rows = [c for c in checks if "ref32_errors" in c]
+    assert {c["case"] for c in fp32_rows} == {
+        "alpha1.25_causal_nape_qscale",
+        "gqa_lengths_masked_rows",
+        "decode_left_padding",
+    }
+    row = fp32_rows[0]
+    del row["ref32_errors"]
+    row["errors"]["dk"] = 1e-2  # far beyond both the fixed bound and 2x the float32 reference's error
+    out.write_text(json.dumps(data))
+    table = _rescore(out)
+    assert len(table) == len(cases) and table["model_generate_left_padded"][-1] == "passes"
+    assert table[row["case"]][-1] == "FAILS" and table[row["case"]][0] == "1.0e-02 (dk)"
+    assert all(cells[-1] == "passes" for name, cells in table.items() if name != row["case"])
+
+
+def _rescore(path) -> dict:
+    """`gpu_check.py --rescore` on a stored file: its markdown table as {check: [cells after the name]}."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--rescore", str(path)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    rows = [line.strip("|").split("|") for line in proc.stdout.splitlines()[2:]]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
+
+
+def test_fp32_verdict_bounds_by_float32_arithmetic():
+    """A float32 error passes within max(1e-4, 2x the float32 reference's own error), per quantity."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import fp32_verdict
+
+    assert fp32_verdict({"out": 3e-4, "dk": 5e-5}, {"out": 2e-4, "dk": 1e-6})
+    assert not fp32_verdict({"out": 5e-4}, {"out": 2e-4})
+    assert not fp32_verdict({"out": 2e-4}, {"out": 1e-6})  # the fixed bound still holds for small errors
+    assert not fp32_verdict({"out": math.inf}, {"out": 1e-3})
 
 
 _COMPILE_SCRIPT = textwrap.dedent("""
