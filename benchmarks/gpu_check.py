@@ -5,7 +5,7 @@ One call on a lent GPU (≤ 5 minutes in all; docs/gpu.md, "The GPU check of the
 
     python benchmarks/gpu_check.py --out $OUT/gpu_check.json
 
-On CPU, a stored call judged by the float32 rule (a markdown table; about two minutes):
+On CPU, a stored call as markdown tables, its checks judged by the float32 rule (about two minutes):
 
     python benchmarks/gpu_check.py --rescore benchmarks/results/gpu_check_h200.json
 
@@ -31,11 +31,12 @@ mean nothing):
     land in Triton's on-disk cache.
 (b) timings: a decode step (one query, causal) at 32K and 128K keys, ours against SDPA; then causal
     bf16, B = 1, H = 16, D = 64 and 128, N = 1K, 4K, 16K, 32K, forward and forward + backward: our kernel
-    without and with ALiBi (NAPE slopes), SDPA (flash backend), adasplash (α = 1.5; skipped when not
-    installed) and the chunked backend (not timed at longer N once a call takes over 1.5 s). Methods of
-    one (N, D, direction) are timed interleaved (each round calls every method once), medians of
-    CUDA-event times, ratios to SDPA; peak memory above the inputs from torch.cuda.max_memory_allocated
-    in the first (warm-up) call. No timing group starts after --budget-s − --train-reserve-s seconds.
+    without and with ALiBi (NAPE slopes), SDPA (flash backend), adasplash (α = 1.5, forward + backward
+    only, as its first call at a shape autotunes for 10-58 s; skipped when not installed) and the chunked
+    backend (not timed at longer N once a call takes over 1.5 s). Methods of one (N, D, direction) are
+    timed interleaved (each round calls every method once), medians of CUDA-event times, ratios to SDPA;
+    peak memory above the inputs from torch.cuda.max_memory_allocated in the first (warm-up) call. No
+    timing group starts after --budget-s − --train-reserve-s seconds.
 (c) training: steps/s of the training loop (`longsparse.train.train`, in memory, data stream included) on
     the MQMTAR `paper` preset (4 layers, d 512, 16 heads × 32, batch 128, bf16 autocast) for softmax and
     ASEntmax: 200 steps after warm-up (fewer if the time left at --budget-s would not hold them), and which
@@ -338,6 +339,48 @@ def rescore(path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def timing_tables(path: str) -> str:
+    """The stored timings as markdown: per (direction, N, D) each method's median time with its ratio to
+    SDPA flash and to adasplash, and its peak memory above the inputs; the decode steps; the training rates."""
+    data = json.loads(Path(path).read_text())
+    lines = [
+        "| direction | N | D | method | median ms | vs SDPA | vs adasplash | peak extra MiB |",
+        "|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    groups = collections.defaultdict(list)
+    for r in data["timings"]:
+        groups[(r["direction"], r["N"], r["D"])].append(r)
+    for (direction, N, D), rows in groups.items():
+        ada = next((r.get("median_s") for r in rows if r.get("method", "").startswith("adasplash")), None)
+        for r in rows:
+            t = r.get("median_s")
+            if t is None:
+                lines.append(f"| {direction} | {N} | {D} | {r.get('method')} | not timed | | | |")
+                continue
+            vs_ada = f"{t / ada:.2f}" if ada else "-"
+            peak = r.get("peak_extra_bytes")
+            mib = f"{peak / 2**20:.1f}" if peak is not None else "-"
+            lines.append(
+                f"| {direction} | {N} | {D} | {r['method']} | {1e3 * t:.3f} | {r['vs_sdpa']:.2f} | {vs_ada} | {mib} |"
+            )
+    lines += ["", "| decode: keys | method | median ms | vs SDPA |", "|---:|---|---:|---:|"]
+    for r in data["decode"]:
+        if r.get("median_s") is not None:
+            lines.append(f"| {r['Nk']} | {r['method']} | {1e3 * r['median_s']:.3f} | {r['vs_sdpa']:.2f} |")
+    lines += [
+        "",
+        "| training (MQMTAR paper preset) | steps/s | steps timed | attention backends |",
+        "|---|---:|---:|---|",
+    ]
+    for r in data["training"]:
+        if "steps_per_s" in r:
+            lines.append(f"| {r['method']} | {r['steps_per_s']:.1f} | {r['steps']} | {r.get('attention_backends')} |")
+        else:
+            lines.append(f"| {r['method']} | {r.get('skipped', r.get('error', 'not run'))} | | |")
+    lines += ["", *(f"* {n}" for n in data.get("notes", []))]
+    return "\n".join(lines) + "\n"
+
+
 @contextlib.contextmanager
 def backends_used():
     """Counts the attention calls each backend runs inside the block (a Counter by backend name)."""
@@ -532,8 +575,9 @@ def _sdpa_context(device: str, decode: bool = False):
     )
 
 
-def _methods(N: int, H: int, device: str, chunked_max_n: int) -> dict:
-    """name → callable(q, k, v) giving the causal output."""
+def _methods(N: int, H: int, device: str, chunked_max_n: int, backward: bool = True) -> dict:
+    """name → callable(q, k, v) giving the causal output. adasplash only with `backward` (its targets are
+    forward + backward, and its first call at each shape autotunes: 10-58 s per shape on an H200)."""
     import torch.nn.functional as F
 
     import longsparse as ls
@@ -553,6 +597,8 @@ def _methods(N: int, H: int, device: str, chunked_max_n: int) -> dict:
         ),
     }
     try:
+        if not backward:
+            raise ImportError
         import adasplash
 
         methods["adasplash_entmax15"] = lambda q, k, v: adasplash.adasplash(q, k, v, alpha=1.5, is_causal=True)
@@ -579,14 +625,14 @@ def _time_interleaved(
     """Times the warmed-up ``calls`` (name -> no-argument function) interleaved: each of ``rounds`` rounds times
     every method once, in turn (``_time_call`` of ``calls_per_timing`` back-to-back calls), so that load changes
     hit all of them alike. No call starts after ``deadline`` (perf_counter seconds); a method stops once its timed
-    seconds plus half its first call reach ``method_cap_s``. Writes ``median_s``, ``repeats`` and ``vs_sdpa`` (the
+    seconds reach ``method_cap_s``. Writes ``median_s``, ``repeats`` and ``vs_sdpa`` (the
     ratio to ``calls[base]``'s median, when that ran) into ``rows[name]``, which holds ``first_call_s``."""
     times = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
             if time.perf_counter() > deadline:
                 break
-            if not times[name] or sum(times[name]) + rows[name]["first_call_s"] / 2 < method_cap_s:
+            if sum(times[name]) < method_cap_s:  # timed calls only: a first call may be compiling or autotuning
                 times[name].append(_time_call(call, calls_per_timing, device))
     base_s = statistics.median(times[base]) if times.get(base) else None
     for name, ts in times.items():
@@ -619,7 +665,7 @@ def time_group(
     q, k, v = (torch.randn(1, H, N, D, device=device, dtype=torch.bfloat16, generator=g) for _ in range(3))
     up = torch.randn(q.shape, device=device, dtype=q.dtype, generator=g)
     calls, rows = {}, {}
-    for name, f in _methods(N, H, device, chunked_max_n).items():
+    for name, f in _methods(N, H, device, chunked_max_n, backward).items():
         row = {
             "N": N,
             "D": D,
@@ -813,11 +859,12 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--rescore",
         metavar="JSON",
-        help="judge a stored check file by the float32 rule (fp32_verdict) and print a markdown table; runs on CPU",
+        help="a stored check file as markdown tables: its checks judged by the float32 rule (fp32_verdict, on the "
+        "CPU), its timings as ratios to SDPA and adasplash, its training rates",
     )
     args = ap.parse_args(argv)
     if args.rescore:
-        print(rescore(args.rescore), end="")
+        print(rescore(args.rescore) + "\n" + timing_tables(args.rescore), end="")
         return 0
     if not args.out:
         ap.error("--out is required (the JSON file to write)")
