@@ -828,6 +828,19 @@ def table(cells_: list[dict], lengths: list[int]) -> str:
     return "\n".join(rows)
 
 
+def eval_time_table(cells_: list[dict], lengths: list[int]) -> str:
+    """One row per cell: seconds per evaluated example at each length (this call's, or the stored result's)."""
+    head = "| cell | " + " | ".join(f"{L / lengths[0]:g}x" for L in lengths) + " |"
+    rows = [head, "|---" * (1 + len(lengths)) + "|"]
+    for r in cells_:
+        parts = [r["run"].split("/")[-1]]
+        for L in lengths:
+            x = r["lengths"].get(str(L), {})
+            parts.append(f"{x['s_per_example']:.4g}" if x.get("s_per_example") is not None else "-")
+        rows.append("| " + " | ".join(parts) + " |")
+    return "\n".join(rows)
+
+
 # ---- driver -------------------------------------------------------------------------------------------------
 def _env_info(dest: Path, device: str) -> None:
     lines = [time.strftime("%Y-%m-%d %H:%M:%S %Z"), f"python {sys.version.split()[0]}", f"cpus {os.cpu_count()}"]
@@ -1084,6 +1097,15 @@ def cmd_restore(args) -> int:
     return 0
 
 
+def cmd_summary(args) -> int:
+    data = json.loads(Path(args.summary).read_text())
+    lengths = sorted({int(L) for c in data["cells"] for L in c["lengths"]})
+    print(table(data["cells"], lengths))
+    print("\nSeconds per evaluated example:\n")
+    print(eval_time_table(data["cells"], lengths))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -1107,6 +1129,9 @@ def main(argv=None) -> int:
     s.add_argument("--resume", required=True)
     s.add_argument("--runs", default=None)
     s.set_defaults(func=cmd_restore)
+    m = sub.add_parser("summary", help="a call's summary.json as markdown tables (results, seconds per example)")
+    m.add_argument("summary", help="the summary.json of a call (records.tar.gz: driver/summary.json)")
+    m.set_defaults(func=cmd_summary)
     args = p.parse_args(argv)
     return args.func(args)
 

@@ -75,6 +75,21 @@ def test_study_file_is_the_gpu_scale_design():
     assert len(s.cells()) == 6
 
 
+def test_first_call_is_frozen_and_summarised(capsys):
+    """The first GPU call's study is kept frozen beside its records (the study file has moved on), and
+    `gpu_scale.py summary` renders its summary.json: one row per cell, results and seconds per example."""
+    store = REPO / "results" / "gpu_scale"
+    (frozen,) = load_study(path=str(store / "gpu_scale-2026-11-27.toml")).studies
+    (now,) = load_study(path=str(presets_dir() / "reproduce" / "gpu_scale.toml")).studies
+    assert frozen.name == now.name and [c.run for c in frozen.cells()] == [c.run for c in now.cells()]
+    assert frozen.cell_config(frozen.cells()[0])["train"]["steps"] == 1200
+    assert now.cell_config(now.cells()[0])["train"]["steps"] > 1200
+    assert gs.main(["summary", str(store / "call-2026-11-27" / "summary.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| softmax-nape-s2") == 6 and out.count("| asentmax-nape-s2") == 6
+    assert "| asentmax-nape-s200 | 1200/1200 | 12.89 |" in out and "Seconds per evaluated example" in out
+
+
 def test_dry_study_keeps_the_cells_and_shrinks_the_rest(tmp_path):
     p = gs.dry_study(gs.study_path(), tmp_path / "dry.toml")
     (d,) = load_study(path=str(p)).studies
