@@ -436,7 +436,7 @@ def test_gpu_check_script_dry_run(tmp_path):
 
 
 def _rescore(path) -> dict:
-    """`gpu_check.py --rescore` on a stored file: its markdown table as {check: [cells after the name]}."""
+    """`gpu_check.py --rescore` on a stored file: its checks table as {check: [cells after the name]}."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--rescore", str(path)],
         check=True,
@@ -444,7 +444,9 @@ def _rescore(path) -> dict:
         text=True,
         timeout=300,
     )
-    rows = [line.strip("|").split("|") for line in proc.stdout.splitlines()[2:]]
+    checks = proc.stdout.split("\n\n")[0]  # the checks table; the timing tables follow
+    rows = [line.strip("|").split("|") for line in checks.splitlines()[2:]]
+    assert "| decode: keys |" in proc.stdout and "| training (MQMTAR paper preset) |" in proc.stdout
     return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
 
 
