@@ -596,14 +596,13 @@ def _methods(N: int, H: int, device: str, chunked_max_n: int, backward: bool = T
             q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes
         ),
     }
-    try:
-        if not backward:
-            raise ImportError
-        import adasplash
+    if backward:
+        try:
+            import adasplash
 
-        methods["adasplash_entmax15"] = lambda q, k, v: adasplash.adasplash(q, k, v, alpha=1.5, is_causal=True)
-    except ImportError:
-        pass
+            methods["adasplash_entmax15"] = lambda q, k, v: adasplash.adasplash(q, k, v, alpha=1.5, is_causal=True)
+        except ImportError:
+            pass
     if N <= chunked_max_n:
         chunked = _named_path(ls, "chunked")
         methods["ls_chunked_entmax15"] = lambda q, k, v: ls.attention(

@@ -4,6 +4,7 @@ with a time guard per length, and hand back the result records and the checkpoin
 
     python3 benchmarks/gpu_scale.py run --out OUTDIR [--seconds 420] [--resume DIR] [--device cuda|cpu]
     python3 benchmarks/gpu_scale.py restore --resume DIR [--runs RUNS]
+    python3 benchmarks/gpu_scale.py summary SUMMARY.json     # a call's results and evaluation times as tables
 
 Usually through ``bash benchmarks/gpu_scale.sh OUTDIR [SECONDS] [RESUME_DIR]``. ``run`` starts one ``worker``
 process per shard (``--shard K/N`` over the study's cells in `longsparse reproduce`'s order), each of which
@@ -1098,7 +1099,14 @@ def cmd_restore(args) -> int:
 
 
 def cmd_summary(args) -> int:
-    data = json.loads(Path(args.summary).read_text())
+    path = Path(args.summary)
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != "longsparse-gpu-scale-summary":
+            raise ValueError("not a gpu_scale summary.json (its format field differs)")
+    except (OSError, ValueError) as e:
+        print(f"gpu_scale summary: cannot read {path}: {e}", file=sys.stderr)
+        return 2
     lengths = sorted({int(L) for c in data["cells"] for L in c["lengths"]})
     print(table(data["cells"], lengths))
     print("\nSeconds per evaluated example:\n")

@@ -88,6 +88,8 @@ def test_first_call_is_frozen_and_summarised(capsys):
     out = capsys.readouterr().out
     assert out.count("| softmax-nape-s2") == 6 and out.count("| asentmax-nape-s2") == 6
     assert "| asentmax-nape-s200 | 1200/1200 | 12.89 |" in out and "Seconds per evaluated example" in out
+    assert gs.main(["summary", str(store / "results.json")]) == 2  # not a summary: one line, no traceback
+    assert "not a gpu_scale summary.json" in capsys.readouterr().err
 
 
 def test_dry_study_keeps_the_cells_and_shrinks_the_rest(tmp_path):
