@@ -31,7 +31,8 @@ mean nothing):
     land in Triton's on-disk cache.
 (b) timings: a decode step (one query, causal) at 32K and 128K keys, ours against SDPA; then causal
     bf16, B = 1, H = 16, D = 64 and 128, N = 1K, 4K, 16K, 32K, forward and forward + backward: our kernel
-    without and with ALiBi (NAPE slopes), SDPA (flash backend), adasplash (α = 1.5, forward + backward
+    without and with ALiBi (NAPE slopes), SDPA (flash backend), softmax with ALiBi through the sdpa
+    backend (forward only: query blocks, one bias each), adasplash (α = 1.5, forward + backward
     only, as its first call at a shape autotunes for 10-58 s; skipped when not installed) and the chunked
     backend (not timed at longer N once a call takes over 1.5 s). Methods of one (N, D, direction) are
     timed interleaved (each round calls every method once), medians of CUDA-event times, ratios to SDPA;
@@ -596,6 +597,10 @@ def _methods(N: int, H: int, device: str, chunked_max_n: int, backward: bool = T
             q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes
         ),
     }
+    if not backward:  # softmax with ALiBi as a bias, in query blocks (no gradient): the evaluation path on CUDA
+        methods["sdpa_softmax_alibi_blocks"] = lambda q, k, v: ls.attention(
+            q, k, v, mapping="softmax", is_causal=True, alibi_slopes=slopes, backend="sdpa"
+        )
     if backward:
         try:
             import adasplash

@@ -137,6 +137,34 @@ def test_backend_equals_reference(name, case):
         assert (got[0][:, :, 3] == 0).all() and (got[1][:, :, 3] == 0).all()
 
 
+SOFTMAX_GRID = [c for c in GRID if c[0] == "softmax"]
+
+
+@pytest.mark.parametrize("case", SOFTMAX_GRID, ids=["-".join(c) for c in SOFTMAX_GRID])
+def test_sdpa_in_query_blocks_equals_the_reference(case, monkeypatch):
+    """Softmax without gradient whose bias exceeds auto's SDPA limit runs in blocks of query rows, each with
+    its own bias (a limit of one single-head row here: one query row per block). Every case that needs a
+    bias (ALiBi, a mask, decoding offsets) takes the blocks and gives the reference's output, with the bool
+    mask's fully masked query 3 at zero; the others stay one SDPA call."""
+    q, k, v, kw = _case(*case)
+    blocks = []
+    real = backends._sdpa_query_blocks
+
+    def counted(call, *args):
+        blocks.append(args[-1])
+        return real(call, *args)
+
+    monkeypatch.setattr(backends, "_sdpa_query_blocks", counted)
+    monkeypatch.setattr(policy, "SDPA_MAX_ELEMENTS", N)
+    with torch.no_grad():
+        got = ls.attention(q, k, v, **kw, backend="sdpa")
+    torch.testing.assert_close(got, _reference(case)[0], atol=1e-5, rtol=1e-5)
+    needs_bias = case[1] == "alibi" or case[2] != "none" or case[3] == "decode"
+    assert blocks == ([1] if needs_bias else [])
+    if case[2] == "bool":
+        assert (got[:, :, 3] == 0).all()
+
+
 @pytest.mark.parametrize("case", GRID, ids=["-".join(c) for c in GRID])
 @pytest.mark.parametrize("grad", [True, False])
 def test_explain_answers_for_every_call_and_auto_runs_its_choice(case, grad):
@@ -211,6 +239,18 @@ def test_policy_softmax_forms_go_to_sdpa_within_its_size_limit(monkeypatch):
     ):
         choice = select_backend(_call(**kw), supports=_all_support)
         assert choice.backend == "fused_cpu" and "limit" in choice.passed_over["sdpa"]
+
+
+def test_policy_on_cuda_takes_long_softmax_without_gradient_to_sdpa_in_blocks(monkeypatch):
+    """Beyond the SDPA limit, softmax with ALiBi goes to sdpa (in query blocks) on CUDA when no gradient is
+    needed; with a gradient, and on the CPU (where fused_cpu takes long rows), the limit still applies."""
+    monkeypatch.setattr(policy, "SDPA_MAX_ELEMENTS", N * N - 1)
+    kw = dict(mapping="softmax", alibi_slopes=torch.ones(H))
+    not_triton = _only("sdpa", "chunked")
+    assert select_backend(_call(device_type="cuda", **kw), supports=not_triton).backend == "sdpa"
+    for call in (_call(device_type="cuda", grad=True, **kw), _call(**kw)):
+        choice = select_backend(call, supports=_only("sdpa", "fused_cpu", "chunked"))
+        assert choice.backend != "sdpa" and "limit" in choice.passed_over["sdpa"]
 
 
 def test_policy_chunk_size_keeps_to_the_chunked_backends():

@@ -36,7 +36,7 @@ from longsparse.attention import cuda
 from longsparse.attention.call import AttentionCall
 from longsparse.attention.chunked import chunked_attention, fused_attention
 from longsparse.attention.fused_dense import fused_dense_attention
-from longsparse.attention.logits import additive_bias, dense_logits
+from longsparse.attention.logits import additive_bias, bias_shape, dense_logits
 from longsparse.mappings import _kernel
 
 
@@ -191,7 +191,8 @@ def _sdpa_run(call: AttentionCall) -> Tensor:
     queries top-left, so decoding (Nq < Nk) and ALiBi need an explicit bias; so does a scale ≤ 0, since the
     flag's −inf is multiplied by the scale (0 · −inf = NaN). Top-k and adaptive temperature: one pass over the
     logits without autograd picks the kept set / θ (no gradient through either), which then enter as −inf in
-    the bias / as a factor of q and the bias: one differentiated attention."""
+    the bias / as a factor of q and the bias: one differentiated attention. Softmax without gradient whose
+    bias would exceed auto's SDPA limit runs in query blocks (`_sdpa_query_blocks`), each bias within it."""
     q = call.q
     k, v = call.kv_heads_repeated()
     B, H, Nq, Nk, _ = call.shape
@@ -201,6 +202,10 @@ def _sdpa_run(call: AttentionCall) -> Tensor:
     simple = call.alibi_slopes is None and call.attn_mask is None
     if not m.adjusts_logits and simple and (not call.is_causal or (Nq == Nk and call.scale > 0)):
         return F.scaled_dot_product_attention(q, k, v, is_causal=call.is_causal, scale=call.scale)
+    if not m.adjusts_logits and not call.wants_grad:
+        rows = _sdpa_rows_per_block(call)
+        if rows < Nq:
+            return _sdpa_query_blocks(call, q, k, v, rows)
     theta = None
     with torch.no_grad():
         bias = additive_bias(
@@ -234,6 +239,47 @@ def _sdpa_run(call: AttentionCall) -> Tensor:
     if theta is not None:
         q = q * theta
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=call.scale)
+
+
+def _sdpa_rows_per_block(call: AttentionCall) -> int:
+    """Query rows whose bias stays within auto's SDPA limit (policy.SDPA_MAX_ELEMENTS); at least 1."""
+    from longsparse.attention import policy  # policy imports this module
+
+    B, H, Nq, Nk, _ = call.shape
+    shape = bias_shape(B, H, Nq, Nk, alibi_slopes=call.alibi_slopes, attn_mask=call.attn_mask)
+    per_row = shape[0] * shape[1] * shape[3]
+    return max(1, policy.SDPA_MAX_ELEMENTS // per_row)
+
+
+def _sdpa_query_blocks(call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, rows: int) -> Tensor:
+    """Softmax without gradient as SDPA over blocks of `rows` query rows, each with its own bias (its rows'
+    ALiBi distances and masks, against the keys it can see: under causal masking up to its last row's
+    position), so no bias larger than a block's is ever built. Equal to one SDPA call with the whole bias.
+    q (B, H, Nq, D) already scaled by q_scale; k, v (B, H, Nk, D) with the kv heads repeated."""
+    B, H, Nq, Nk, _ = call.shape
+    first = call.first_pos
+    out = q.new_empty((B, H, Nq, v.shape[-1]))
+    mask = call.attn_mask
+    for s in range(0, Nq, rows):
+        e = min(Nq, s + rows)
+        kend = min(Nk, first + e) if call.is_causal else Nk
+        block_mask = None if mask is None else mask[..., slice(s, e) if mask.shape[-2] != 1 else slice(None), :kend]
+        bias = additive_bias(
+            B,
+            H,
+            e - s,
+            kend,
+            dtype=q.dtype,
+            device=q.device,
+            alibi_slopes=call.alibi_slopes,
+            attn_mask=block_mask,
+            is_causal=call.is_causal,
+            first_pos=first + s,
+        )
+        out[:, :, s:e] = F.scaled_dot_product_attention(
+            q[:, :, s:e], k[:, :, :kend], v[:, :, :kend], attn_mask=bias.expand(B, H, e - s, kend), scale=call.scale
+        )
+    return out
 
 
 register(

@@ -128,10 +128,12 @@ def additive_bias(
     alibi_slopes: Optional[Tensor] = None,
     attn_mask: Optional[Tensor] = None,
     is_causal: bool = True,
+    first_pos: Optional[int] = None,
 ) -> Optional[Tensor]:
     """ALiBi, attn_mask and the causal mask as one additive bias of shape `bias_shape` (broadcastable to
     (B, H, Nq, Nk)) in ``dtype``, −inf where masked; None when there is nothing to add. Built in the
-    compute dtype, without gradient."""
+    compute dtype, without gradient. first_pos: the first query row's absolute position (default Nk − Nq,
+    the queries at the last positions; a block of query rows passes its own)."""
     if alibi_slopes is None and attn_mask is None and not is_causal:
         return None
     shape = bias_shape(B, H, Nq, Nk, alibi_slopes=alibi_slopes, attn_mask=attn_mask)
@@ -139,7 +141,7 @@ def additive_bias(
         z = torch.zeros(shape, dtype=compute_dtype(dtype), device=device)
         z = add_bias_and_masks(
             z,
-            Nk - Nq,
+            Nk - Nq if first_pos is None else first_pos,
             alibi_slopes=None if alibi_slopes is None else alibi_slopes.detach(),
             attn_mask=None if attn_mask is None else attn_mask.detach(),
             is_causal=is_causal,

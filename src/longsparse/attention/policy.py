@@ -93,6 +93,10 @@ def _sdpa_gate(call: AttentionCall) -> Optional[str]:
     )
     n = (H if call.alibi_slopes is not None else 1) * Nq * Nk
     if needs_bias and n > SDPA_MAX_ELEMENTS:
+        if call.device_type == "cuda" and not call.wants_grad:
+            # sdpa runs such a call in query blocks, each bias within the limit; on the CPU fused_cpu is
+            # there for long rows, on CUDA the alternative is the chunked path (unfused PyTorch ops)
+            return None
         return f"its bias would hold {n:,} elements per batch row (auto's limit: {SDPA_MAX_ELEMENTS:,})"
     return None
 
@@ -137,7 +141,8 @@ def select_backend(
     1. CUDA tensors: ``triton`` when it supports the call.
     2. α, ALiBi slopes or a float mask that needs a gradient: ``reference`` (no other backend gives those).
     3. A softmax-form mapping (softmax, top-k, adaptive temperature), no chunk_size, and what SDPA must
-       materialise within `SDPA_MAX_ELEMENTS`: ``sdpa``.
+       materialise within `SDPA_MAX_ELEMENTS`: ``sdpa``; on CUDA also plain softmax without gradient beyond
+       it (sdpa then runs in query blocks, each bias within the limit).
     4. A gradient through short rows, no chunk_size: ``fused_dense`` when it takes the call (≤
        `FUSED_DENSE_MAX_KEYS` keys, ≤ `FUSED_DENSE_MAX_ELEMENTS` logits); else ``reference`` (≤
        `REFERENCE_MAX_KEYS` keys, ≤ `REFERENCE_MAX_ELEMENTS` logits, no autocast).
