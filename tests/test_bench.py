@@ -134,3 +134,27 @@ def test_eval_benchmark_scores_the_same_examples_with_each_model(tmp_path):
     assert {r["backend"] for r in rows} == {"sdpa", "fused_cpu"}
     path = bench.write_result("eval", rows, str(tmp_path / "e.json"), {})
     assert bench.markdown(str(path)).count("| 64 (") == 2
+
+
+def test_sdpa_blocks_benchmark_writes_its_table_and_never_overwrites(tmp_path, monkeypatch):
+    """benchmarks/sdpa_blocks.py at a tiny size, with auto's SDPA limit lowered so that the sdpa backend
+    really runs in query blocks: every backend timed, outputs equal, the table renders, no overwrite."""
+    import importlib.util
+    from pathlib import Path
+
+    from longsparse.attention import policy
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sdpa_blocks.py"
+    spec = importlib.util.spec_from_file_location("sdpa_blocks", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(policy, "SDPA_MAX_ELEMENTS", 4 * 48)  # one bias row of 4 heads × 48 keys per block
+    out = tmp_path / "b.json"
+    args = ["--out", str(out), "--n", "48", "--heads", "4", "--dim", "8", "--repeats", "1"]
+    assert mod.main(args) == 0
+    data = json.loads(out.read_text())
+    assert [r["backend"] for r in data["rows"]] == ["sdpa", "chunked", "fused_cpu"]
+    assert all(r["median_s"] > 0 and r["max_abs_diff"] < 1e-5 for r in data["rows"])
+    assert bench.markdown(str(out)).count("| 48 |") == 3
+    with pytest.raises(SystemExit):
+        mod.main(args)

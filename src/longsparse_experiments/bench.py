@@ -790,6 +790,13 @@ def markdown(path: str) -> str:
                 f"| {r['n']} | {r['mapping']} | {r['auto_s'] * 1e3:.1f} | {r['chunked_s'] * 1e3:.1f} | "
                 f"{r['auto_vs_chunked']:.2f} |"
             )
+    elif data["benchmark"] == "sdpa_blocks":  # benchmarks/sdpa_blocks.py
+        out = ["| N | backend | median (s) | / sdpa blocks | max abs difference |", "|---:|---|---:|---:|---|"]
+        for r in rows:
+            out.append(
+                f"| {r['n']} | {r['backend']} | {r['median_s']:.3f} | {r['vs_sdpa_blocks']:.2f} | "
+                f"{r['max_abs_diff']:.1e} (vs {r['diff_against']}) |"
+            )
     elif data["benchmark"] == "mapping":
         out = [
             "| n | mapping | fwd / softmax | fwd+bwd / softmax | entmax pkg / ours (fwd) | entmax pkg / ours (fwd+bwd) |",
