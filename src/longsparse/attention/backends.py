@@ -241,14 +241,19 @@ def _sdpa_run(call: AttentionCall) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=call.scale)
 
 
+def sdpa_bias_row_elements(call: AttentionCall) -> int:
+    """Elements of the bias sdpa builds per batch row and query row: heads × keys (the heads of the ALiBi
+    slopes or of the mask, else 1). Auto's SDPA limit and the query blocks both count with it."""
+    _, H, _, Nk, _ = call.shape
+    shape = bias_shape(1, H, 1, Nk, alibi_slopes=call.alibi_slopes, attn_mask=call.attn_mask)
+    return shape[1] * shape[3]
+
+
 def _sdpa_rows_per_block(call: AttentionCall) -> int:
     """Query rows whose bias stays within auto's SDPA limit (policy.SDPA_MAX_ELEMENTS); at least 1."""
     from longsparse.attention import policy  # policy imports this module
 
-    B, H, Nq, Nk, _ = call.shape
-    shape = bias_shape(B, H, Nq, Nk, alibi_slopes=call.alibi_slopes, attn_mask=call.attn_mask)
-    per_row = shape[0] * shape[1] * shape[3]
-    return max(1, policy.SDPA_MAX_ELEMENTS // per_row)
+    return max(1, policy.SDPA_MAX_ELEMENTS // sdpa_bias_row_elements(call))
 
 
 def _sdpa_query_blocks(call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, rows: int) -> Tensor:

@@ -9,7 +9,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from longsparse.attention.backends import BACKENDS
+from longsparse.attention.backends import BACKENDS, sdpa_bias_row_elements
 from longsparse.attention.call import AttentionCall
 
 # Largest bias (softmax: per batch row, H·Nq·Nk with ALiBi, else Nq·Nk) or logits tensor (top-k, adaptive
@@ -91,7 +91,7 @@ def _sdpa_gate(call: AttentionCall) -> Optional[str]:
         or call.has_key_ranges
         or (call.is_causal and (Nq != Nk or call.scale <= 0))
     )
-    n = (H if call.alibi_slopes is not None else 1) * Nq * Nk
+    n = sdpa_bias_row_elements(call) * Nq
     if needs_bias and n > SDPA_MAX_ELEMENTS:
         if call.device_type == "cuda" and not call.wants_grad:
             # sdpa runs such a call in query blocks, each bias within the limit; on the CPU fused_cpu is
