@@ -84,6 +84,30 @@ def test_findings_headline_is_rebuilt_from_the_store(tmp_path):
         assert (tmp_path / f).read_text() == (ROOT / "docs" / "findings" / "mqmtar_headline" / f).read_text()
 
 
+def test_findings_preregistered_analysis_is_rebuilt_from_the_archive(tmp_path):
+    """Command C12 of docs/findings.md (the pre-registered study, on a copy of its archive) gives the committed
+    analysis byte for byte."""
+    report = tmp_path / "report"
+    shutil.copytree(ROOT / "results" / "prereg_mqmtar", report)
+    argv = [
+        "reproduce",
+        "synthetic",
+        "--config",
+        str(ROOT / "src" / "longsparse_experiments" / "configs" / "reproduce" / "prereg_mqmtar.toml"),
+        "--report",
+        str(report),
+        "--analyse",
+        "asentmax-softmax,adatemp-softmax,entmax-softmax,asentmax-adatemp",
+        "--endpoint",
+        "4096",
+        "--analysis-out",
+        str(tmp_path / "out"),
+    ]
+    assert main(argv) == 0
+    for f in ("analysis.json", "analysis.md"):
+        assert (tmp_path / "out" / f).read_text() == (ROOT / "docs" / "findings" / "prereg_mqmtar" / f).read_text()
+
+
 def test_rebuild_appends_nothing_and_writes_only_the_report(tmp_path):
     name, study_file, tables = MIGRATED[2]
     st = tmp_path / "store"
