@@ -340,6 +340,11 @@ def rescore(path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ratio(x) -> str:
+    """A stored ratio for a table; '-' where the base was not timed (the call's time ran out before it)."""
+    return "-" if x is None else f"{x:.2f}"
+
+
 def timing_tables(path: str) -> str:
     """The stored timings as markdown: per (direction, N, D) each method's median time with its ratio to
     SDPA flash and to adasplash, and its peak memory above the inputs; the decode steps; the training rates."""
@@ -358,16 +363,17 @@ def timing_tables(path: str) -> str:
             if t is None:
                 lines.append(f"| {direction} | {N} | {D} | {r.get('method')} | not timed | | | |")
                 continue
-            vs_ada = f"{t / ada:.2f}" if ada else "-"
+            vs_ada = _ratio(t / ada if ada else None)
             peak = r.get("peak_extra_bytes")
             mib = f"{peak / 2**20:.1f}" if peak is not None else "-"
             lines.append(
-                f"| {direction} | {N} | {D} | {r['method']} | {1e3 * t:.3f} | {r['vs_sdpa']:.2f} | {vs_ada} | {mib} |"
+                f"| {direction} | {N} | {D} | {r['method']} | {1e3 * t:.3f} | {_ratio(r.get('vs_sdpa'))} | {vs_ada} "
+                f"| {mib} |"
             )
     lines += ["", "| decode: keys | method | median ms | vs SDPA |", "|---:|---|---:|---:|"]
     for r in data["decode"]:
         if r.get("median_s") is not None:
-            lines.append(f"| {r['Nk']} | {r['method']} | {1e3 * r['median_s']:.3f} | {r['vs_sdpa']:.2f} |")
+            lines.append(f"| {r['Nk']} | {r['method']} | {1e3 * r['median_s']:.3f} | {_ratio(r.get('vs_sdpa'))} |")
     lines += [
         "",
         "| training (MQMTAR paper preset) | steps/s | steps timed | attention backends |",

@@ -461,6 +461,27 @@ def test_fp32_verdict_bounds_by_float32_arithmetic():
     assert not fp32_verdict({"out": math.inf}, {"out": 1e-3})
 
 
+def test_gpu_check_timing_tables_of_a_call_cut_short(tmp_path):
+    """A call whose time ran out before SDPA was timed stores no ratio: its tables show '-' there."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import timing_tables
+
+    data = {
+        "timings": [
+            {"direction": "fwd", "N": 1024, "D": 64, "method": "ls_triton_entmax15", "median_s": 2e-3, "vs_sdpa": None},
+            {"direction": "fwd", "N": 1024, "D": 64, "method": "sdpa_flash", "median_s": None},
+        ],
+        "decode": [{"Nk": 32768, "method": "ls_triton_entmax15", "median_s": 1e-4, "vs_sdpa": None}],
+        "training": [{"method": "softmax", "skipped": "time budget"}],
+    }
+    path = tmp_path / "call.json"
+    path.write_text(json.dumps(data))
+    text = timing_tables(str(path))
+    assert "| fwd | 1024 | 64 | ls_triton_entmax15 | 2.000 | - | - | - |" in text
+    assert "| fwd | 1024 | 64 | sdpa_flash | not timed |" in text
+    assert "| 32768 | ls_triton_entmax15 | 0.100 | - |" in text and "| softmax | time budget |" in text
+
+
 _COMPILE_SCRIPT = textwrap.dedent("""
     import inspect, json, os, re, subprocess, sys, tempfile
     import torch, triton

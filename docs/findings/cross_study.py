@@ -7,7 +7,7 @@ archived cells) and it does not read the evaluations beyond a study's own length
 records. This script relabels the stored per-seed records (nothing is recomputed from models) and runs the
 library's analysis on them. Inputs: the results stores results/synthetic, results/mqmtar256x_26,
 results/flipflop256x_27, results/maxret256x_26 and results/prereg_mqmtar, and the HSA and LM studies' stores
-results/hsa and results/lm. Run from the repository root (reads only committed files; ~1 min on one core):
+results/hsa and results/lm. Run from the repository root (reads only committed files; about 10 s):
 
     python docs/findings/cross_study.py            # writes docs/findings/<name>/analysis.{json,md}, forest.png
                                                    # and docs/findings/forest.png (the combined forest plot)

@@ -164,8 +164,8 @@ def run_study(
     """Train and evaluate every cell of ``spec`` (resumable; ``StudyFile.select`` narrows it to some studies);
     returns the run folders. ``shard=(K, N)`` takes every N-th of its cells from the K-th, so N processes (one per
     core) can share a study; the same run is never trained by two processes at once (run directories are locked).
-    A cell whose every evaluation is in ``archive`` (the store's records, see ``load_store``) and that has no run folder here is
-    skipped: it was run on another machine. A cell that is trained again is evaluated again at every length, so
+    A cell whose every evaluation is in ``archive`` (the store's records, see ``load_store``) and that has no run
+    folder here is skipped: it was run on another machine. A cell that is trained again is evaluated again at every length, so
     each seed's numbers come from one model (recording prints any stored number that changes).
     ``dry_run``: only print what would be done. ``after_cell`` is called after each cell that trained or evaluated
     anything (the CLI appends to the store there, so a session that ends mid-study keeps its finished cells)."""
