@@ -1,0 +1,186 @@
+"""Which keys an ALiBi head can still attend to: a provable band [first, last) of keys per query row, outside
+which α-entmax gives probability exactly 0, so that attention kernels skip the key tiles outside it.
+
+With M_i the largest logit of row i, α-entmax gives p_ij = [(α−1)(z_ij − M_i) − τ_i]₊^{1/(α−1)} with τ_i ≥ −1
+(the row's largest entry has p ≤ 1), so p_ij > 0 needs z_ij > M_i − 1/(α−1). Two bounds decide that:
+
+    z_ij ≤ scale·‖q_i‖·‖k_j‖ − m·dist(i, j)           (Cauchy–Schwarz; dist = P_i − j causal, |P_i − j| not)
+    M_i ≥ LB_i = max of z_ij over a few visible keys nearest to P_i (`NEAREST_KEYS` of them)
+
+so every key with scale·‖q_i‖·Kmax − m·dist ≤ LB_i − 1/(α−1) is dead, Kmax being the largest ‖k_j‖ on that
+side of P_i among the row's visible keys: the keys at distance ≥ R_i = (scale·‖q_i‖·Kmax − LB_i + 1/(α−1))/m.
+The keys on which LB_i is measured, and the row's largest logit, are never dead, so a kernel that visits the
+band finds the same max and the same support as one that visits every key.
+
+Kernels compute the logits in finite precision; `ROUNDING_MARGIN` widens the band for that (see its comment).
+Cost: O(B·H·Nq·D·NEAREST_KEYS) arithmetic, no host synchronisation, shapes independent of the data (it runs
+inside CUDA-graph-captured decode steps).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+# Keys nearest to each query's position whose logits give the lower bound LB_i of the row max. The row max of
+# an ALiBi row sits next to the diagonal; more keys raise LB_i only on heads with tiny slopes. Measured at
+# N = 4096, D = 64, q, k ~ N(0, 1), scale 1/8, causal α = 1.5, one thread: live fraction of the keys on heads
+# with slopes 1/h (h = 1…4) 0.0158 with 1 key, 0.0150 with 4, 16 or 64; slopes 2^-h 0.0464 / 0.0434 / 0.0423 /
+# 0.0422; each key costs about as much as computing ‖q‖ (~6 ms for 8 heads there).
+NEAREST_KEYS = 4
+
+# Relative error allowed, on each side, between the logits this function computes (float32, or float64 for
+# float64 inputs) and the ones a kernel computes: every logit bound is widened by ROUNDING_MARGIN·(scale·‖q‖·‖k‖
+# + m·dist), and 1/(α−1) by the same fraction plus as much in absolute terms. That covers, with a factor ≥ 2 to
+# spare: q and k rounded to bfloat16 by the kernel (2^-9 relative per element, so ≤ 2^-9·‖q‖·‖k‖ on the dot
+# product by Cauchy–Schwarz, for each of q and k), float32 accumulation of the dot product (≤ D·2^-24 relative
+# to ‖q‖·‖k‖: 2^-16 at D = 256), the bias m·dist rounded to float32 (2^-23 relative, dist exact below 2^24) and
+# the kernel's (α−1)(z − M) test taken in float32 (a few 2^-24 relative). The kernel's own τ ≥ −1 needs nothing.
+ROUNDING_MARGIN = 2.0**-7
+
+
+def alibi_live_keys(
+    q: Tensor,
+    k: Tensor,
+    *,
+    alibi_slopes: Optional[Tensor],
+    alpha: Union[float, Tensor],
+    scale: float,
+    is_causal: bool,
+    key_start: Optional[Tensor] = None,
+    key_end: Optional[Tensor] = None,
+) -> Optional[Tuple[Tensor, Tensor]]:
+    """The band of keys each query row can attend to under α-entmax with ALiBi.
+
+    q (B, H, Nq, D), already multiplied by any per-query q-scale; k (B, Hkv, Nk, D), head h reading kv head
+    h // (H // Hkv). Query row i sits at position P_i = i + Nk − Nq; batch row b sees the keys
+    key_start[b] ≤ j < key_end[b] ((B,) integers; None: 0 and Nk), and under is_causal only j ≤ P_i.
+    Logits: z_ij = scale·q_i·k_j − m_h·dist, dist = P_i − j (causal) or |P_i − j| (not causal).
+    alibi_slopes (H,): m_h (0: a head without ALiBi); None returns None. alpha: a float or (H,); heads with
+    α ≤ 1 (softmax) and heads whose slope is not positive get their whole visible range.
+
+    Returns (first, last), each (B, H, Nq) int32 on q's device: every visible key j of row i outside
+    first ≤ j < last has probability exactly 0 (and first ≤ last, within the visible range); rows that see
+    no key get first = last = their clamped key_start.
+    """
+    if alibi_slopes is None:
+        return None
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"alibi_live_keys: q and k must be (B, H, N, D); got {tuple(q.shape)} and {tuple(k.shape)}")
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    if k.shape[0] != B or k.shape[3] != D or Hkv == 0 or H % Hkv:
+        raise ValueError(
+            f"alibi_live_keys: k {tuple(k.shape)} must be (B, Hkv, Nk, D) with q's B, D and H a multiple of Hkv "
+            f"(q {tuple(q.shape)})"
+        )
+    if alibi_slopes.shape != (H,):
+        raise ValueError(f"alibi_live_keys: alibi_slopes must have shape ({H},); got {tuple(alibi_slopes.shape)}")
+    dev = q.device
+    if Nq == 0 or Nk == 0:
+        empty = torch.zeros((B, H, Nq), dtype=torch.int32, device=dev)
+        return empty, empty.clone()
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    G = H // Hkv
+    eps = ROUNDING_MARGIN
+
+    # per head: slope m (H,), c = 1/(α−1) (inf for α ≤ 1), whether the head gets a band
+    m = alibi_slopes.detach().to(device=dev, dtype=cdt)
+    al = torch.as_tensor(alpha.detach() if isinstance(alpha, Tensor) else alpha, dtype=cdt, device=dev)
+    if al.numel() not in (1, H):
+        raise ValueError(f"alibi_live_keys: alpha must be a float or have {H} elements; got shape {tuple(al.shape)}")
+    al = al.reshape(-1).expand(H)
+    c = torch.where(al > 1, 1.0 / (al - 1).clamp_min(torch.finfo(cdt).tiny), torch.full_like(al, float("inf")))
+    banded = (m > 0) & (al > 1)  # (H,)
+
+    # visible keys of each row: [lo, hi) per batch row, hi cut at P_i + 1 when causal
+    lo = _key_bound(key_start, B, 0, Nk, dev)  # (B,)
+    hi = torch.maximum(_key_bound(key_end, B, Nk, Nk, dev), lo)
+    pos = torch.arange(Nk - Nq, Nk, device=dev)  # P_i (Nq,)
+    vis_hi = torch.minimum(hi[:, None], pos + 1).clamp_min(lo[:, None]) if is_causal else hi[:, None].expand(B, Nq)
+    vis_lo = lo[:, None].expand(B, Nq)  # (B, Nq)
+    sees = vis_hi > vis_lo
+
+    qc, kc = q.detach().to(cdt), k.detach().to(cdt)
+    a_q = abs(scale) * torch.linalg.vector_norm(qc, dim=-1)  # scale·‖q_i‖ (B, H, Nq)
+    kn = torch.linalg.vector_norm(kc, dim=-1)  # ‖k_j‖ (B, Hkv, Nk)
+    j = torch.arange(Nk, device=dev)
+    kn_vis = kn.masked_fill(~((j >= lo[:, None]) & (j < hi[:, None]))[:, None, :], 0.0)
+
+    lb = _nearest_logit_bound(qc, kc, kn, a_q, m, scale, is_causal, pos, vis_lo, vis_hi, sees)
+
+    # Kmax on each side of P_i among the row's visible keys: a prefix max for the keys before, a suffix max after
+    kpre = kn_vis.cummax(-1).values
+    ksuf = kn_vis.flip(-1).cummax(-1).values.flip(-1)
+    left_idx = torch.minimum(pos[None, :], vis_hi - 1).clamp(0, Nk - 1)  # (B, Nq)
+    kmax_left = kpre.gather(2, left_idx[:, None, :].expand(B, Hkv, Nq))
+    kmax_left = kmax_left.repeat_interleave(G, dim=1)  # (B, H, Nq)
+
+    mh = m.view(1, H, 1)
+    ch = c.view(1, H, 1)
+
+    def reach(kmax: Tensor) -> Tensor:
+        """The largest distance at which a key may be live, as an exact integer-valued float in [0, Nk]."""
+        num = (1 + eps) * a_q * kmax - lb + ch * (1 + eps) + eps
+        r = num / ((1 - eps) * mh)  # keys at dist ≥ r are dead
+        return torch.nan_to_num(r, nan=float(Nk), posinf=float(Nk)).clamp(0, Nk).floor()
+
+    first = pos.view(1, 1, Nq) - reach(kmax_left).to(torch.int64)
+    if is_causal:
+        last = vis_hi[:, None, :].expand(B, H, Nq)
+    else:
+        right_idx = torch.maximum(pos[None, :], vis_lo).clamp(0, Nk - 1)
+        kmax_right = ksuf.gather(2, right_idx[:, None, :].expand(B, Hkv, Nq)).repeat_interleave(G, dim=1)
+        last = pos.view(1, 1, Nq) + reach(kmax_right).to(torch.int64) + 1
+    full = ~banded.view(1, H, 1)
+    v_lo, v_hi = vis_lo[:, None, :], vis_hi[:, None, :]
+    first = torch.where(full, v_lo, torch.maximum(first, v_lo))
+    last = torch.where(full, v_hi, torch.minimum(last, v_hi))
+    empty = ~sees[:, None, :] | (last <= first)
+    first = torch.where(empty, v_lo, first)
+    last = torch.where(empty, v_lo, last)
+    return first.to(torch.int32), last.to(torch.int32)
+
+
+def _nearest_logit_bound(qc, kc, kn, a_q, m, scale, is_causal, pos, vis_lo, vis_hi, sees) -> Tensor:
+    """LB_i (B, H, Nq): the largest logit, each lowered by its kernel-rounding allowance, among the
+    `NEAREST_KEYS` visible keys nearest to P_i (a window anchored at the visible key nearest P_i, so that a row
+    whose keys end before its position, as a right-padded row while decoding, still gets a bound); −inf for
+    rows that see no key."""
+    B, H, Nq, D = qc.shape
+    Hkv, Nk = kc.shape[1], kc.shape[2]
+    G = H // Hkv
+    W = min(NEAREST_KEYS, Nk)
+    anchor = torch.minimum(torch.maximum(pos[None, :], vis_lo), vis_hi - 1)
+    start = torch.minimum(anchor - (W - 1 if is_causal else W // 2), vis_hi - W).clamp_min(vis_lo)  # (B, Nq)
+    # rows of keys gathered with index_select (contiguous copies): k as (B·Nk, Hkv, D), q as (B, Nq, Hkv, G, D)
+    k_rows = kc.permute(0, 2, 1, 3).reshape(B * Nk, Hkv, D)
+    kn_rows = kn.permute(0, 2, 1).reshape(B * Nk, Hkv)
+    q_rows = qc.permute(0, 2, 1, 3).reshape(B, Nq, Hkv, G, D)
+    a_rows = a_q.permute(0, 2, 1).reshape(B, Nq, Hkv, G)
+    slope = m.view(1, 1, Hkv, G)
+    row0 = (torch.arange(B, device=qc.device) * Nk)[:, None]
+    lb = torch.full((B, Nq, Hkv, G), float("-inf"), dtype=qc.dtype, device=qc.device)
+    for t in range(W):
+        jt = start + t  # (B, Nq)
+        valid = (jt < vis_hi) & sees
+        rows = (row0 + jt.clamp(0, Nk - 1)).reshape(-1)
+        k_t = k_rows.index_select(0, rows).view(B, Nq, Hkv, D, 1)
+        z = torch.matmul(q_rows, k_t).squeeze(-1) * scale  # (B, Nq, Hkv, G)
+        kn_t = kn_rows.index_select(0, rows).view(B, Nq, Hkv, 1)
+        dist = (pos[None, :] - jt).to(qc.dtype)
+        dist = (dist if is_causal else dist.abs())[:, :, None, None]
+        low = z - slope * dist - ROUNDING_MARGIN * (a_rows * kn_t + slope * dist)
+        lb = torch.maximum(lb, low.masked_fill(~valid[:, :, None, None], float("-inf")))
+    return lb.reshape(B, Nq, H).permute(0, 2, 1)
+
+
+def _key_bound(t: Optional[Tensor], B: int, default: int, Nk: int, device: torch.device) -> Tensor:
+    """key_start / key_end as (B,) int64 on device, clamped to [0, Nk] (None: `default`)."""
+    if t is None:
+        return torch.full((B,), default, dtype=torch.int64, device=device)
+    if t.shape != (B,):
+        raise ValueError(f"alibi_live_keys: key_start / key_end must have shape ({B},); got {tuple(t.shape)}")
+    return t.to(device=device, dtype=torch.int64).clamp(0, Nk)
