@@ -2,12 +2,13 @@
 """The GPU-scale run (docs/gpu.md): train every cell of a study as parallel processes on one GPU, evaluate each
 with a time guard per length, and hand back the result records and the checkpoints that a later call resumes from.
 
-    python3 benchmarks/gpu_scale.py run --out OUTDIR [--seconds 420] [--resume DIR] [--device cuda|cpu]
+    python3 benchmarks/gpu_scale.py run --out OUTDIR [--seconds 420] [--resume DIR] [--device cuda|cpu] [--study FILE]
     python3 benchmarks/gpu_scale.py restore --resume DIR [--runs RUNS]
     python3 benchmarks/gpu_scale.py summary SUMMARY.json     # a call's results and evaluation times as tables
 
-Usually through ``bash benchmarks/gpu_scale.sh OUTDIR [SECONDS] [RESUME_DIR]``. ``run`` starts one ``worker``
-process per shard (``--shard K/N`` over the study's cells in `longsparse reproduce`'s order), each of which
+Usually through ``[STUDY=FILE] bash benchmarks/gpu_scale.sh OUTDIR [SECONDS] [RESUME_DIR]``. The study file
+(``--study``) defaults to the preset ``gpu_scale.toml``; run folders go to ``runs/<study file name>``. ``run``
+starts one ``worker`` process per shard (``--shard K/N`` over the study's cells in `longsparse reproduce`'s order), each of which
 
 * trains its cells with `longsparse.train.train` into the run folders `longsparse reproduce` uses (same config,
   same path), stopped by a training time guard (the last checkpoint then holds what was reached);
@@ -69,8 +70,9 @@ CHECKPOINT = "last"
 # Tokens per evaluation batch. Long lengths go one to three examples at a time: small batches keep the time
 # guard's granularity fine, and at those lengths the attention's cost per example does not shrink with the batch.
 EVAL_BATCH_TOKENS = 1 << 16
-# A length that is not the last one a worker evaluates may use at most this share of the time left when it starts,
-# so that 1,024x gets time even when 256x cannot finish.
+# A long length (from the study's long_from) that is not the last one a worker evaluates may use at most this share
+# of the time left when it starts, so that 1,024x gets time even when 256x cannot finish. Shorter lengths have no
+# such cap: they are the ones a study evaluates in full, before any long length.
 LENGTH_SHARE = 0.5
 # The device tool's limits on what comes back from one call.
 MAX_FILES, MAX_FILE_BYTES, MAX_BYTES = 8, 16 << 20, 64 << 20
@@ -260,6 +262,12 @@ def _counts(st: dict) -> dict:
 
 
 # ---- worker -------------------------------------------------------------------------------------------------
+def length_budget(left: float, *, last: bool, long: bool) -> float:
+    """Seconds one length may use of the ``left`` seconds before the evaluation deadline: all of them for a
+    worker's last length and for a length below the study's ``long_from``, else LENGTH_SHARE of them."""
+    return left if last or not long else LENGTH_SHARE * left
+
+
 class TimeUp(BaseException):
     """Raised by the training time guard. A BaseException, so that no `except Exception` on the way swallows it;
     the checkpoint writer removes its temporary on any exception, so the last complete checkpoint stays."""
@@ -342,7 +350,7 @@ class Worker:
             if left <= 1:
                 self.event({"phase": "eval", "run": c.run, "length": L, "stop": "no evaluation time left"})
                 continue
-            share = left if i == len(items) - 1 else LENGTH_SHARE * left
+            share = length_budget(left, last=i == len(items) - 1, long=L >= study.long_from)
             try:
                 self.eval_item(study, c, L, time.time() + share)
             except Exception as e:  # one length's failure (e.g. out of memory) must not stop the others
@@ -878,12 +886,15 @@ def cmd_run(args) -> int:
 
         if not torch.cuda.is_available():
             raise SystemExit("gpu_scale: CUDA is not available (DEVICE=cpu runs the dry run)")
+    study = Path(args.study).resolve() if args.study else study_path()
+    if not study.is_file():
+        raise SystemExit(f"gpu_scale: --study {args.study}: no such file")
+    # one run root per study file (runs/gpu_scale for the default one), so two studies never share an archive
     runs = Path(
-        args.runs or os.environ.get("GPU_SCALE_RUNS") or REPO / ("runs/gpu_scale_cpu_dry" if dry else "runs/gpu_scale")
+        args.runs or os.environ.get("GPU_SCALE_RUNS") or REPO / "runs" / (study.stem + ("_cpu_dry" if dry else ""))
     ).resolve()
     report, state, out = runs / "report", runs / ".driver", Path(args.out).resolve()
     resume = Path(args.resume).resolve() if args.resume else None
-    study = Path(args.study).resolve() if args.study else study_path()
     os.chdir(REPO)  # study paths are recorded relative to the repository, and workers run there
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):
@@ -1122,10 +1133,10 @@ def main(argv=None) -> int:
     r.add_argument("--seconds", type=float, default=420, help="wall-clock budget of the whole call (default 420)")
     r.add_argument("--resume", default=None, help="a folder holding the resume-*.tar.gz* bundles and results.json")
     r.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu = the dry run (tiny settings)")
-    r.add_argument("--runs", default=None, help="run folder root (default runs/gpu_scale, $GPU_SCALE_RUNS)")
+    r.add_argument("--runs", default=None, help="run folder root (default runs/<study file name>, $GPU_SCALE_RUNS)")
     r.add_argument("--jobs", type=int, default=None, help="worker processes (default: one per cell; dry run 1)")
     r.add_argument("--train-seconds", type=float, default=None, help="end training earlier than the split says")
-    r.add_argument("--study", default=None, help="another study file (default the gpu_scale study)")
+    r.add_argument("--study", default=None, help="another study file (default the gpu_scale study; $STUDY in the .sh)")
     r.set_defaults(func=cmd_run)
     w = sub.add_parser("worker", help=argparse.SUPPRESS)
     for a in ("--study", "--runs", "--state", "--shard", "--device"):
