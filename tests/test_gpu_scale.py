@@ -75,6 +75,63 @@ def test_study_file_is_the_gpu_scale_design():
     assert len(s.cells()) == 6
 
 
+def _used_seeds() -> tuple[set, set]:
+    """Training seeds and test-stream seeds of every study file and results store in the repository."""
+    from longsparse.io import read_jsonl
+
+    train_seeds, test_seeds = set(), set()
+    files = [*(presets_dir() / "reproduce").glob("*.toml"), *(REPO / "results").rglob("*.toml")]
+    for f in files:
+        if f.name == "gpu_scale_inline.toml":
+            continue
+        for s in load_study(path=str(f)).studies:
+            train_seeds |= set(s.seeds)
+            test_seeds.add(s.test_seed)
+    for f in (REPO / "results").rglob("records.jsonl"):
+        for r in read_jsonl(f):
+            train_seeds.add(r.get("seed"))
+            train_seeds.add(((r.get("config") or {}).get("train") or {}).get("seed"))
+            test_seeds.add(r.get("test_seed"))
+    for f in (REPO / "results").rglob("results.json"):
+        for study in json.loads(f.read_text()).get("studies", {}).values():
+            test_seeds.add(study.get("test_seed"))
+            for by_ck in study.get("series", {}).values():
+                for by_len in by_ck.values():
+                    for r in by_len.values():
+                        train_seeds |= {int(x) for x in r.get("per_seed", {})}
+    return train_seeds - {None}, test_seeds - {None}
+
+
+def test_inline_study_file_is_the_preregistered_gpu_design():
+    """gpu_scale_inline.toml is what its protocol (docs/reports/2026-11-27-gpu-scale-inline.md) fixes: the
+    pre-registered task, the GPU-scale model, fresh seeds and test stream, no decay to zero, 1x-256x."""
+    (s,) = load_study(path=str(presets_dir() / "reproduce" / "gpu_scale_inline.toml")).studies
+    (cpu,) = [x for x in load_study(path=str(presets_dir() / "reproduce" / "prereg_mqmtar.toml")).studies[:1]]
+    assert s.task == cpu.task == "mqmtar_inline" and s.positions == ("nape",)
+    assert s.methods == ("softmax", "asentmax") and len(s.seeds) == 3 and len(s.cells()) == 6
+    train_seeds, test_seeds = _used_seeds()
+    assert not set(s.seeds) & train_seeds and s.test_seed not in test_seeds
+    assert s.checkpoints == ("last",) and s.lengths == (64, 1024, 4096, 16384) and s.long_from == 16384
+    assert [s.samples_for(L) for L in s.lengths] == [1000, 200, 200, 100]
+    for c in s.cells():
+        m, tr = s.cell_config(c)["model"], s.cell_config(c)["train"]
+        assert (m["n_layers"], m["d_model"], m["n_heads"], m["head_dim"], m["d_ff"]) == (4, 256, 8, 32, 512)
+        assert tr["device"] == "cuda" and tr["steps"] == 2500 and tr["min_lr_ratio"] > 0
+        assert tr["train_lengths"] == cpu.cell_config(cpu.cells()[0])["train"]["train_lengths"]
+
+
+def test_length_budget_caps_only_long_lengths_that_are_not_the_last():
+    assert gs.length_budget(100.0, last=False, long=False) == 100.0  # 1x-64x: evaluated in full
+    assert gs.length_budget(100.0, last=True, long=True) == 100.0
+    assert gs.length_budget(100.0, last=False, long=True) == gs.LENGTH_SHARE * 100.0
+
+
+def test_run_refuses_a_missing_study_file(tmp_path):
+    with pytest.raises(SystemExit, match="no such file"):
+        gs.main(["run", "--out", str(tmp_path / "out"), "--device", "cpu", "--study", str(tmp_path / "no.toml")])
+    assert not (tmp_path / "out").exists()
+
+
 def test_first_call_is_frozen_and_summarised(capsys):
     """The first GPU call's study is kept frozen beside its records (the study file has moved on), and
     `gpu_scale.py summary` renders its summary.json: one row per cell, results and seconds per example."""
@@ -100,6 +157,15 @@ def test_dry_study_keeps_the_cells_and_shrinks_the_rest(tmp_path):
     assert d.test_seed == g.test_seed and d.name == "gpu_scale_cpu_dry"
     cfg = d.cell_config(d.cells()[0])
     assert cfg["train"]["device"] == "cpu" and cfg["model"]["d_model"] == 32 and cfg["train"]["steps"] == 6
+
+
+def test_dry_study_of_the_inline_study(tmp_path):
+    src = presets_dir() / "reproduce" / "gpu_scale_inline.toml"
+    (d,) = load_study(path=str(gs.dry_study(src, tmp_path / "dry.toml"))).studies
+    (g,) = load_study(path=str(src)).studies
+    assert d.name == "gpu_scale_inline_cpu_dry" and d.task == "mqmtar_inline" and d.test_seed == g.test_seed
+    assert [(c.method, c.seed) for c in d.cells()] == [(c.method, c.seed) for c in g.cells()]
+    assert d.cell_config(d.cells()[0])["train"]["device"] == "cpu"
 
 
 def test_time_guard_stops_training_at_a_resumable_checkpoint(tmp_path):
