@@ -1,9 +1,11 @@
-"""GPU check of the Triton α-entmax attention kernels: correctness against the reference path, then speed
-and memory against torch SDPA (flash), adasplash and ls.attention(backend="chunked"), and training steps/s.
+"""GPU check of the Triton α-entmax attention kernels: correctness against the reference path, the kernel's
+own pass counts, then speed and memory against torch SDPA (flash), AdaSplash-2 and an earlier version of the
+kernel, and training steps/s.
 
-One call on a lent GPU (≤ 5 minutes in all; docs/gpu.md, "The GPU check of the Triton kernels"):
+One call on any CUDA GPU (≤ 5 minutes in all; docs/gpu.md, "The GPU check of the Triton kernels"):
 
-    python benchmarks/gpu_check.py --out $OUT/gpu_check.json
+    git show 85d6dae:src/longsparse/attention/triton_entmax.py > /tmp/triton_entmax_85d6dae.py
+    python benchmarks/gpu_check.py --out OUT/gpu_check.json --baseline /tmp/triton_entmax_85d6dae.py
 
 On CPU, a stored call as markdown tables, its checks judged by the float32 rule (about two minutes):
 
@@ -29,19 +31,22 @@ mean nothing):
     in a pool of worker processes, so that Triton compiles the kernel variants on several CPU cores at once
     (compilation, not the GPU, bounds this phase); the pool also compiles the timing phase's kernels, which
     land in Triton's on-disk cache.
-(b) timings: a decode step (one query, causal) at 32K and 128K keys, ours against SDPA; then causal
-    bf16, B = 1, H = 16, D = 64 and 128, N = 1K, 4K, 16K, 32K, forward and forward + backward: our kernel
-    without and with ALiBi (NAPE slopes), SDPA (flash backend), softmax with ALiBi through the sdpa
-    backend (forward only: query blocks, one bias each), adasplash (α = 1.5, forward + backward
-    only, as its first call at a shape autotunes for 10-58 s; skipped when not installed) and the chunked
-    backend (not timed at longer N once a call takes over 1.5 s). Methods of one (N, D, direction) are
-    timed interleaved (each round calls every method once), medians of CUDA-event times, ratios to SDPA;
-    peak memory above the inputs from torch.cuda.max_memory_allocated in the first (warm-up) call. No
-    timing group starts after --budget-s − --train-reserve-s seconds.
-(c) training: steps/s of the training loop (`longsparse.train.train`, in memory, data stream included) on
+(b) counts: what the block forward did per query block, counted by the kernel (`solver_counts`): QKᵀ
+    passes, solver sweeps, blocks at the sweep cap, uncertified rows, key tiles per pass on ALiBi heads.
+(c) timings, side by side in one process: the current kernel (`triton_*`) and, with --baseline FILE (an
+    earlier attention/triton_entmax.py, e.g. `git show REF:src/longsparse/attention/triton_entmax.py`), the
+    earlier one (`prev_*`), at α = 1.5 without and with NAPE slopes (and α = 1.25, per-head α at two
+    shapes), against SDPA flash (the anchor), AdaSplash-2 (forward + backward; its autotuning runs in the
+    worker pool with Triton's autotuning cache) and softmax with NAPE through the flex and sdpa backends:
+    causal bf16, B = 1, H = 16, groups N:D:direction in priority order (--groups). Each group's methods are
+    timed interleaved (rounds of triton.testing.do_bench, each call after an L2 flush), medians; peak memory
+    above the inputs from the first (warm-up) call. Decoding one query at 32K and 128K keys, eagerly and
+    replayed from a CUDA graph (the difference is host time). torch.profiler's time per kernel of one
+    forward + backward at N = 4096. No group starts after --budget-s − --train-reserve-s seconds.
+(d) training: steps/s of the training loop (`longsparse.train.train`, in memory, data stream included) on
     the MQMTAR `paper` preset (4 layers, d 512, 16 heads × 32, batch 128, bf16 autocast) for softmax and
     ASEntmax: 200 steps after warm-up (fewer if the time left at --budget-s would not hold them), and which
-    attention backends ran. No training starts after --budget-s seconds (default 280).
+    attention backends ran. No training starts after --budget-s seconds (default 290).
 The JSON is rewritten after every case, so a run cut short still leaves its results.
 """
 
@@ -55,6 +60,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 import zlib
@@ -216,8 +222,17 @@ def _reference(case: dict, rdt: torch.dtype) -> list:
     """ls.attention(backend="reference") in dtype `rdt` on the case's inputs: [out, dq, dk, dv(, dq_scale)]."""
     import longsparse as ls
 
-    alpha, slopes = case["alpha"], case["slopes"]
+    alpha, slopes, mask = case["alpha"], case["slopes"], case["mask"]
     rl = [t.detach().to(rdt).requires_grad_() for t in case["leaves"]]
+    if slopes is not None and not case["causal"]:
+        # non-causal ALiBi is symmetric, −m·|i + Nk − Nq − j| (as flash-attn's): written out as an additive
+        # mask, an oracle independent of the library's own bias
+        Nq, Nk = rl[0].shape[2], rl[1].shape[2]
+        i = torch.arange(Nq, device=rl[0].device, dtype=rdt)[:, None] + (Nk - Nq)
+        j = torch.arange(Nk, device=rl[0].device, dtype=rdt)[None, :]
+        bias = -slopes.to(rdt)[None, :, None, None] * (i - j).abs()
+        mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+        slopes = None
     ref = ls.attention(
         rl[0],
         rl[1],
@@ -227,7 +242,7 @@ def _reference(case: dict, rdt: torch.dtype) -> list:
         is_causal=case["causal"],
         alibi_slopes=None if slopes is None else slopes.to(rdt),
         q_scale=rl[3].squeeze(-1) if len(rl) > 3 else None,
-        attn_mask=case["mask"],
+        attn_mask=mask,
         **_named_path(ls, "reference"),
     )
     return [ref, *torch.autograd.grad((ref * case["up"].to(rdt)).sum(), rl)]
@@ -345,35 +360,76 @@ def _ratio(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def _ratio_to(rows: list, row: dict, prefix: str):
+    """row's time over the time of the same method in another family (`prev_` for the baseline kernel), or of
+    adasplash (prefix "adasplash"), within one group; None where that was not timed."""
+    t = row.get("median_s")
+    if not t:
+        return None
+    if prefix == "adasplash":
+        other = next((r for r in rows if r.get("method", "").startswith("adasplash")), None)
+    else:
+        name = row.get("method", "")
+        if not name.startswith("triton_"):
+            return None
+        other = next((r for r in rows if r.get("method") == prefix + name[len("triton_") :]), None)
+    return t / other["median_s"] if other and other.get("median_s") else None
+
+
 def timing_tables(path: str) -> str:
-    """The stored timings as markdown: per (direction, N, D) each method's median time with its ratio to
-    SDPA flash and to adasplash, and its peak memory above the inputs; the decode steps; the training rates."""
+    """The stored timings as markdown: per (direction, N, D) each method's median time with its ratio to SDPA
+    flash, to adasplash and (current kernel rows) to the baseline kernel, and its peak memory above the
+    inputs; the decode steps eagerly and replayed from a CUDA graph; the kernel's own counts; the profile;
+    the training rates."""
     data = json.loads(Path(path).read_text())
     lines = [
-        "| direction | N | D | method | median ms | vs SDPA | vs adasplash | peak extra MiB |",
-        "|---|---:|---:|---|---:|---:|---:|---:|",
+        "| direction | N | D | method | median ms | calls | vs SDPA | vs adasplash | vs baseline | peak extra MiB |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     groups = collections.defaultdict(list)
     for r in data["timings"]:
-        groups[(r["direction"], r["N"], r["D"])].append(r)
+        groups[(r.get("direction"), r.get("N"), r.get("D"))].append(r)
     for (direction, N, D), rows in groups.items():
-        ada = next((r.get("median_s") for r in rows if r.get("method", "").startswith("adasplash")), None)
         for r in rows:
             t = r.get("median_s")
             if t is None:
-                lines.append(f"| {direction} | {N} | {D} | {r.get('method')} | not timed | | | |")
+                why = r.get("skipped") or r.get("error") or "not timed"
+                lines.append(f"| {direction} | {N} | {D} | {r.get('method')} | {why[:60]} | | | | | |")
                 continue
-            vs_ada = _ratio(t / ada if ada else None)
+            base = r.get("vs_sdpa_flash", r.get("vs_sdpa"))
             peak = r.get("peak_extra_bytes")
             mib = f"{peak / 2**20:.1f}" if peak is not None else "-"
             lines.append(
-                f"| {direction} | {N} | {D} | {r['method']} | {1e3 * t:.3f} | {_ratio(r.get('vs_sdpa'))} | {vs_ada} "
+                f"| {direction} | {N} | {D} | {r['method']} | {1e3 * t:.3f} | {r.get('calls', r.get('repeats', '-'))} "
+                f"| {_ratio(base)} | {_ratio(_ratio_to(rows, r, 'adasplash'))} | {_ratio(_ratio_to(rows, r, 'prev_'))} "
                 f"| {mib} |"
             )
-    lines += ["", "| decode: keys | method | median ms | vs SDPA |", "|---:|---|---:|---:|"]
+    lines += ["", "| decode: keys | method | replay | median ms | vs SDPA (eager) |", "|---:|---|---|---:|---:|"]
     for r in data["decode"]:
         if r.get("median_s") is not None:
-            lines.append(f"| {r['Nk']} | {r['method']} | {1e3 * r['median_s']:.3f} | {_ratio(r.get('vs_sdpa'))} |")
+            ratio = r.get("vs_sdpa_eager", r.get("vs_sdpa"))
+            lines.append(
+                f"| {r['Nk']} | {r['method']} | {r.get('replay', 'eager')} | {1e3 * r['median_s']:.3f} | {_ratio(ratio)} |"
+            )
+    counts = data.get("solver_counts") or []
+    if counts:
+        lines += [
+            "",
+            "| counts: N | heads | QKᵀ passes mean / max | sweeps mean / max | blocks at cap | uncertified rows "
+            "| tiles per pass / causal tiles |",
+            "|---:|---|---|---|---:|---:|---:|",
+        ]
+        for r in counts:
+            if "qk_passes_mean" in r:
+                lines.append(
+                    f"| {r['N']} | {r['heads']} | {r['qk_passes_mean']:.2f} / {r['qk_passes_max']:.2f} | "
+                    f"{r['sweeps_mean']:.2f} / {r['sweeps_max']:.0f} | {r['blocks_at_cap']} | {r['uncertified_rows']} "
+                    f"| {r['tiles_per_pass_fraction']:.3f} |"
+                )
+    prof = data.get("profile") or {}
+    if prof.get("ms_by_kernel"):
+        lines += ["", f"| profile (N = {prof['N']}, D = {prof['D']}, fwd+bwd, NAPE): kernel | ms |", "|---|---:|"]
+        lines += [f"| {k[:70]} | {v:.3f} |" for k, v in prof["ms_by_kernel"].items()]
     lines += [
         "",
         "| training (MQMTAR paper preset) | steps/s | steps timed | attention backends |",
@@ -474,56 +530,123 @@ def generation_check(name: str, device: str, dry: bool) -> dict:
     return row
 
 
-def tile_skip_fraction(device: str, dry: bool) -> dict:
-    """Share of causal (query block, key tile) pairs that stay live under NAPE at the longest check length."""
+def _counts_inputs(N: int, H: int, D: int, device: str, dtype: torch.dtype):
+    g = torch.Generator().manual_seed(N)
+    return [torch.randn(1, H, N, D, generator=g).to(device=device, dtype=dtype) for _ in range(3)]
+
+
+def solver_count_rows(device: str, dry: bool) -> list:
+    """What the block forward does, counted by the kernel itself (`triton_entmax.solver_counts`) on random
+    inputs (q, k, v ~ N(0, 1), 8 heads: 4 ALiBi with slopes 1/h, 4 NoPE): per length and head kind the QKᵀ
+    passes per query block (mean, max), the solver's sweeps (mean, max), blocks at the sweep cap, rows that
+    ended uncertified, and the key tiles a pass visits as a share of the causal tiles."""
     from longsparse.attention import triton_entmax as te
 
-    N, H, D = (48, 4, 16) if dry else (4096, 8, 64)
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, H, N, D, generator=g).to(device) for _ in range(3))
-    out = {}
-    for label, slopes in (("nape", _nape(H).to(device)), ("nope", None)):
-        _, _, mask = te.threshold_stats(q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes, decode=False)
-        n_qb, n_kt = mask.shape[-2:]
-        bq, bk = -(-N // n_qb), -(-N // n_kt)
-        visited = torch.tensor(
-            [[(b * bk) <= min(N - 1, a * bq + bq - 1) for b in range(n_kt)] for a in range(n_qb)], device=mask.device
-        )
-        out[label] = {
-            "live_tiles": int((mask.bool() & visited).sum()),
-            "visited_tiles": int(visited.sum()) * H,
-            "heads": H,
-        }
-        out[label]["live_fraction"] = out[label]["live_tiles"] / out[label]["visited_tiles"]
-    return out
+    lengths, D, dtype = ((48,), 16, torch.float32) if dry else ((1024, 4096, 16384), 64, torch.bfloat16)
+    H = 8
+    slopes = _nape(H).to(device)
+    cap = te._MAX_SWEEPS_EXACT
+    rows = []
+    for N in lengths:
+        q, k, v = _counts_inputs(N, H, D, device, dtype)
+        c = te.solver_counts(q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes)
+        for kind, heads in (("alibi", slice(0, H // 2)), ("nope", slice(H // 2, H))):
+            sweeps = c["sweeps"][:, heads].float()
+            passes = c["qk_passes"][:, heads]
+            per_pass = c["tiles_visited"][:, heads].float() / (sweeps + 2)
+            rows.append(
+                {
+                    "N": N,
+                    "D": D,
+                    "dtype": str(dtype).replace("torch.", ""),
+                    "heads": kind,
+                    "qk_passes_mean": passes.mean().item(),
+                    "qk_passes_max": passes.max().item(),
+                    "sweeps_mean": sweeps.mean().item(),
+                    "sweeps_max": sweeps.max().item(),
+                    "blocks_at_cap": int((c["sweeps"][:, heads] >= cap).sum()),
+                    "uncertified_rows": int(c["uncertified"][:, heads].sum()),
+                    "tiles_per_pass_fraction": (per_pass.sum() / c["causal_tiles"][:, heads].sum()).item(),
+                    "blocks": int(sweeps.numel()),
+                }
+            )
+    return rows
 
 
-def warm_kernels(spec: dict, device: str) -> dict:
-    """Runs the timing phase's kernel variants once at a small size, filling Triton's on-disk cache."""
-    from longsparse.attention import triton_entmax as te
-
+def warm_kernels(spec: dict, device: str, baseline: str | None) -> dict:
+    """Runs the timing phase's methods once at small sizes (forward, forward + backward, decode), filling
+    Triton's on-disk cache, so the timing phase compiles nothing."""
     t0 = time.perf_counter()
     D, H = spec["D"], 16
-    q, k, v = (torch.randn(1, H, 256, D, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    out = te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True)
-    out.backward(torch.ones_like(out))
-    kd, vd = (torch.randn(1, H, 2048, D, device=device, dtype=torch.bfloat16) for _ in range(2))
-    te.entmax_attention_triton(q[:, :, :1].detach(), kd, vd, alpha=1.5, is_causal=True)
+    base = load_baseline(baseline) if baseline else None
+    for backward in (False, True):
+        methods = _methods(256, D, H, device, backward, base, extras=True, adasplash=False, softmax=D == 64)
+        for name, f in methods.items():
+            leaves = [
+                torch.randn(1, H, 256, D, device=device, dtype=torch.bfloat16, requires_grad=backward) for _ in range(3)
+            ]
+            out = f(*leaves)
+            if backward:
+                out.backward(torch.ones_like(out))
+    for name, f in _decode_methods(2048, D, H, device, base).items():
+        f()
     torch.cuda.synchronize()
     return {"warm": D, "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def _pool_task(kind: str, name: str, spec: dict, device: str, dry: bool):
+def warm_adasplash(spec: dict, device: str) -> dict:
+    """adasplash's first call at a shape autotunes (10-60 s): done here, in a pool worker, with Triton's
+    autotuning cache on (TRITON_CACHE_AUTOTUNING), so the timing phase finds the tuned configuration."""
+    t0 = time.perf_counter()
+    try:
+        import adasplash
+    except ImportError:
+        return {"warm_adasplash": None, "skipped": "adasplash is not installed"}
+    N, D, H = spec["N"], spec["D"], 16
+    leaves = [torch.randn(1, H, N, D, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    out = adasplash.adasplash(*leaves, alpha=1.5, is_causal=True)
+    out.backward(torch.ones_like(out))
+    torch.cuda.synchronize()
+    return {"warm_adasplash": [N, D], "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _pool_task(kind: str, name: str, spec: dict, device: str, dry: bool, baseline: str | None = None):
     if kind == "check":
         return run_check(name, spec, device)
     if kind == "generate":
         return generation_check(name, device, dry)
-    if kind == "skip":
-        return {"tile_skip": tile_skip_fraction(device, dry)}
-    return warm_kernels(spec, device)
+    if kind == "counts":
+        return {"solver_counts": solver_count_rows(device, dry)}
+    if kind == "adasplash":
+        return warm_adasplash(spec, device)
+    return warm_kernels(spec, device, baseline)
 
 
 # ============================================================================ (b) timings
+
+
+def load_baseline(path: str):
+    """The kernel module of an earlier version (a copy of attention/triton_entmax.py, e.g. written by
+    `git show REF:src/longsparse/attention/triton_entmax.py`), loaded beside the current one: its custom
+    ops are registered under the namespace `longsparse_baseline`, so both can run in one process."""
+    import importlib.util
+
+    src = Path(path).read_text()
+    if '"longsparse::triton_entmax_attention"' not in src:
+        raise ValueError(f"{path}: not a copy of longsparse/attention/triton_entmax.py (its custom op is missing)")
+    src = src.replace('"longsparse::', '"longsparse_baseline::')
+    if "from .band import" in src:  # a later version: its relative import names the current package
+        src = src.replace("from .band import", "from longsparse.attention.band import")
+    # triton.jit reads a kernel's source from its file: the renamed copy is written next to Triton's cache
+    copy = Path(tempfile.gettempdir()) / f"longsparse_baseline_{zlib.crc32(src.encode()):08x}.py"
+    if not copy.exists():
+        tmp = copy.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(src)
+        os.replace(tmp, copy)
+    spec = importlib.util.spec_from_file_location("longsparse_baseline_triton_entmax", copy)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _sync(device: str) -> None:
@@ -531,20 +654,17 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _time_call(fn, calls: int, device: str) -> float:
-    """Seconds per call of `calls` back-to-back calls: CUDA events on the GPU, the wall clock on the CPU."""
+def _bench_ms(fn, device: str, rep_ms: float) -> list:
+    """Per-call times (ms) of `fn`: triton.testing.do_bench on CUDA (a warm-up, then as many calls as fit in
+    rep_ms, each after an L2 flush, each timed by CUDA events); one wall-clock call on the CPU."""
     if device != "cuda":
         t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - t0) / calls
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
         fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / calls
+        return [1e3 * (time.perf_counter() - t0)]
+    from triton.testing import do_bench
+
+    times = do_bench(fn, warmup=max(1.0, rep_ms / 5), rep=rep_ms, return_mode="all")
+    return list(times) if isinstance(times, (list, tuple)) else [float(times)]
 
 
 def _first_call(fn, device: str, row: dict) -> bool:
@@ -571,8 +691,6 @@ def _first_call(fn, device: str, row: dict) -> bool:
 
 def _sdpa_context(device: str, decode: bool = False):
     """SDPA restricted to the flash backend on CUDA (flash or memory-efficient for decoding); any on CPU."""
-    import contextlib
-
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if device != "cuda":
@@ -582,79 +700,90 @@ def _sdpa_context(device: str, decode: bool = False):
     )
 
 
-def _methods(N: int, H: int, device: str, chunked_max_n: int, backward: bool = True) -> dict:
-    """name → callable(q, k, v) giving the causal output. adasplash only with `backward` (its targets are
-    forward + backward, and its first call at each shape autotunes: 10-58 s per shape on an H200)."""
+PER_HEAD_ALPHAS = (1.25, 1.5, 1.75, 2.0)
+
+
+def _methods(
+    N: int,
+    D: int,
+    H: int,
+    device: str,
+    backward: bool,
+    baseline,
+    extras: bool,
+    adasplash: bool,
+    softmax: bool = False,
+) -> dict:
+    """name → callable(q, k, v) giving the causal output: SDPA flash (the anchor), the current kernel
+    (`triton_*`) and, given a baseline module, the earlier one (`prev_*`), each at α = 1.5 without and with
+    NAPE slopes; with `extras` also α = 1.25 and per-head α; with `adasplash` (forward + backward only: its
+    first call at a shape autotunes) AdaSplash-2, which takes causal α = 1.5 without bias; with `softmax`
+    softmax with NAPE through the flex backend and (forward only) the sdpa backend."""
     import torch.nn.functional as F
 
-    import longsparse as ls
     from longsparse.attention import triton_entmax as te
 
     slopes = _nape(H).to(device)
+    per_head = torch.tensor([PER_HEAD_ALPHAS[h % len(PER_HEAD_ALPHAS)] for h in range(H)], device=device)
 
     def sdpa(q, k, v):
         with _sdpa_context(device):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    methods = {
-        "sdpa_flash": sdpa,
-        "triton_entmax15": lambda q, k, v: te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True),
-        "triton_entmax15_alibi": lambda q, k, v: te.entmax_attention_triton(
-            q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes
-        ),
-    }
-    if not backward:  # softmax with ALiBi as a bias, in query blocks (no gradient): the evaluation path on CUDA
-        methods["sdpa_softmax_alibi_blocks"] = lambda q, k, v: ls.attention(
-            q, k, v, mapping="softmax", is_causal=True, alibi_slopes=slopes, backend="sdpa"
+    methods = {"sdpa_flash": sdpa}
+    for prefix, mod in (("triton", te), ("prev", baseline)):
+        if mod is None:
+            continue
+        methods[f"{prefix}_entmax15"] = lambda q, k, v, mod=mod: mod.entmax_attention_triton(
+            q, k, v, alpha=1.5, is_causal=True
         )
-    if backward:
+        methods[f"{prefix}_entmax15_nape"] = lambda q, k, v, mod=mod: mod.entmax_attention_triton(
+            q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes
+        )
+        if extras:
+            methods[f"{prefix}_entmax125_nape"] = lambda q, k, v, mod=mod: mod.entmax_attention_triton(
+                q, k, v, alpha=1.25, is_causal=True, alibi_slopes=slopes
+            )
+            methods[f"{prefix}_per_head_alpha_nape"] = lambda q, k, v, mod=mod: mod.entmax_attention_triton(
+                q, k, v, alpha=per_head, is_causal=True, alibi_slopes=slopes
+            )
+    if adasplash and backward:
         try:
-            import adasplash
+            import adasplash as ada
 
-            methods["adasplash_entmax15"] = lambda q, k, v: adasplash.adasplash(q, k, v, alpha=1.5, is_causal=True)
+            methods["adasplash_entmax15"] = lambda q, k, v: ada.adasplash(q, k, v, alpha=1.5, is_causal=True)
         except ImportError:
             pass
-    if N <= chunked_max_n:
-        chunked = _named_path(ls, "chunked")
-        methods["ls_chunked_entmax15"] = lambda q, k, v: ls.attention(
-            q, k, v, mapping="entmax", alpha=1.5, is_causal=True, **chunked
-        )
+    if softmax:  # the softmax baseline with NAPE: FlexAttention (bias in the kernel) and SDPA with a dense bias
+        import longsparse as ls
+        from longsparse.attention import BACKENDS
+
+        for backend in ("flex", "sdpa"):
+            if backend in BACKENDS and (backend == "flex" or not backward):
+                methods[f"{backend}_softmax_nape"] = lambda q, k, v, backend=backend: ls.attention(
+                    q, k, v, mapping="softmax", is_causal=True, alibi_slopes=slopes, backend=backend
+                )
     return methods
 
 
-def _time_interleaved(
-    calls: dict,
-    rows: dict,
-    base: str,
-    rounds: int,
-    deadline: float,
-    device: str,
-    calls_per_timing: int = 1,
-    method_cap_s: float = math.inf,
-) -> None:
-    """Times the warmed-up ``calls`` (name -> no-argument function) interleaved: each of ``rounds`` rounds times
-    every method once, in turn (``_time_call`` of ``calls_per_timing`` back-to-back calls), so that load changes
-    hit all of them alike. No call starts after ``deadline`` (perf_counter seconds); a method stops once its timed
-    seconds reach ``method_cap_s``. Writes ``median_s``, ``repeats`` and ``vs_sdpa`` (the
-    ratio to ``calls[base]``'s median, when that ran) into ``rows[name]``, which holds ``first_call_s``."""
+def _time_interleaved(calls: dict, rows: dict, base: str, rounds: int, deadline: float, device: str, rep_ms: float):
+    """Times the warmed-up ``calls`` (name -> no-argument function) interleaved: each of ``rounds`` rounds runs
+    `_bench_ms` on every method in turn, so that load changes hit all of them alike; the median over every
+    timed call. No method starts after ``deadline``. Writes ``median_s``, ``calls`` (timed calls in all) and
+    ``vs_<base>`` into ``rows[name]``."""
     times = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
             if time.perf_counter() > deadline:
                 break
-            if sum(times[name]) < method_cap_s:  # timed calls only: a first call may be compiling or autotuning
-                times[name].append(_time_call(call, calls_per_timing, device))
-    base_s = statistics.median(times[base]) if times.get(base) else None
+            times[name] += _bench_ms(call, device, rep_ms)
+    base_s = statistics.median(times[base]) / 1e3 if times.get(base) else None
     for name, ts in times.items():
         if ts:
-            rows[name]["median_s"] = statistics.median(ts)
-            rows[name]["repeats"] = len(ts)
+            rows[name]["median_s"] = statistics.median(ts) / 1e3
+            rows[name]["calls"] = len(ts)
             if base_s:
-                rows[name]["vs_sdpa"] = rows[name]["median_s"] / base_s
-
-
-SLOW_CALL_S = 1.5  # a method slower than this per call is not timed at longer N (same D, direction)
-METHOD_CAP_S = 4.0  # timed seconds per method and group, beyond which its rounds stop
+                rows[name][f"vs_{base}"] = rows[name]["median_s"] / base_s
 
 
 def time_group(
@@ -663,32 +792,25 @@ def time_group(
     backward: bool,
     rounds: int,
     deadline: float,
-    chunked_max_n: int,
-    too_slow: set,
-    device: str = "cuda",
-    H: int = 16,
+    device: str,
+    H: int,
+    baseline,
+    extras: bool,
+    adasplash: bool,
+    softmax: bool = False,
 ) -> list:
-    """Every method at one (N, D, direction), interleaved; rows with median seconds, ratio to SDPA, peak memory.
-    `too_slow` holds methods that took over SLOW_CALL_S per call at a shorter N: they are skipped (and the
-    set is updated)."""
+    """Every method at one (N, D, direction), interleaved; rows with median seconds, the ratio to SDPA flash
+    (and, in the tables, to adasplash and to the baseline kernel), peak memory above the inputs."""
     g = torch.Generator(device=device).manual_seed(N + D)
     q, k, v = (torch.randn(1, H, N, D, device=device, dtype=torch.bfloat16, generator=g) for _ in range(3))
     up = torch.randn(q.shape, device=device, dtype=q.dtype, generator=g)
     calls, rows = {}, {}
-    for name, f in _methods(N, H, device, chunked_max_n, backward).items():
-        row = {
-            "N": N,
-            "D": D,
-            "H": H,
-            "B": 1,
-            "dtype": "bfloat16",
-            "causal": True,
-            "direction": "fwd+bwd" if backward else "fwd",
-            "method": name,
-        }
+    for name, f in _methods(N, D, H, device, backward, baseline, extras, adasplash, softmax).items():
+        row = {"N": N, "D": D, "H": H, "B": 1, "dtype": "bfloat16", "causal": True, "method": name}
+        row["direction"] = "fwd+bwd" if backward else "fwd"
         rows[name] = row
-        if name in too_slow or time.perf_counter() > deadline:
-            row["skipped"] = f"slower than {SLOW_CALL_S} s per call at a shorter N" if name in too_slow else "budget"
+        if time.perf_counter() > deadline:
+            row["skipped"] = "budget"
             continue
         if backward:
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -703,14 +825,12 @@ def time_group(
 
         if _first_call(call, device, row):
             calls[name] = call
-    _time_interleaved(calls, rows, "sdpa_flash", rounds, deadline, device, method_cap_s=METHOD_CAP_S)
-    too_slow.update(name for name in calls if rows[name].get("median_s", 0.0) > SLOW_CALL_S)
+    _time_interleaved(calls, rows, "sdpa_flash", rounds, deadline, device, rep_ms=20.0 if device == "cuda" else 0)
     return list(rows.values())
 
 
-def time_decode(Nk: int, D: int, rounds: int, deadline: float, device: str = "cuda", H: int = 16) -> list:
-    """One query (the last position, causal) against an Nk-key bf16 cache: ours (split-K decode path)
-    without and with ALiBi against SDPA (non-causal is the same mask for the last query)."""
+def _decode_methods(Nk: int, D: int, H: int, device: str, baseline) -> dict:
+    """name → no-argument callable: one query (the last position) against an Nk-key bf16 cache."""
     import torch.nn.functional as F
 
     from longsparse.attention import triton_entmax as te
@@ -724,25 +844,90 @@ def time_decode(Nk: int, D: int, rounds: int, deadline: float, device: str = "cu
         with _sdpa_context(device, decode=True):
             return F.scaled_dot_product_attention(q, k, v)
 
-    methods = {
-        "sdpa": sdpa,
-        "triton_entmax15_decode": lambda: te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True, decode=True),
-        "triton_entmax15_alibi_decode": lambda: te.entmax_attention_triton(
-            q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes, decode=True
-        ),
-    }
+    methods = {"sdpa": sdpa}
+    for prefix, mod in (("triton", te), ("prev", baseline)):
+        if mod is not None:
+            methods[f"{prefix}_entmax15_decode"] = lambda mod=mod: mod.entmax_attention_triton(
+                q, k, v, alpha=1.5, is_causal=True, decode=True
+            )
+            methods[f"{prefix}_entmax15_nape_decode"] = lambda mod=mod: mod.entmax_attention_triton(
+                q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes, decode=True
+            )
+    return methods
+
+
+def _graphed(fn):
+    """`fn` captured in a CUDA graph after two eager warm-up calls: the returned callable replays it, so its
+    time holds no host work (launches, checks, allocations)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def time_decode(Nk: int, D: int, rounds: int, deadline: float, device: str, H: int, baseline) -> list:
+    """Decoding one query against Nk keys: each method eagerly and (CUDA) replayed from a CUDA graph; the
+    difference is the host's cost per call."""
     calls, rows = {}, {}
-    for name, f in methods.items():
-        rows[name] = {"Nk": Nk, "Nq": 1, "D": D, "H": H, "dtype": "bfloat16", "direction": "decode", "method": name}
+    for name, f in _decode_methods(Nk, D, H, device, baseline).items():
 
         def call(f=f):
             with torch.no_grad():
                 f()
 
-        if _first_call(call, device, rows[name]):
-            calls[name] = call
-    _time_interleaved(calls, rows, "sdpa", rounds, deadline, device, calls_per_timing=5)
+        variants = [("eager", call)]
+        if device == "cuda":
+            variants.append(("graph", None))
+        for mode, fn in variants:
+            key = f"{name}_{mode}"
+            rows[key] = {"Nk": Nk, "Nq": 1, "D": D, "H": H, "dtype": "bfloat16", "direction": "decode"}
+            rows[key].update(method=name, replay=mode)
+            try:
+                fn = fn if fn is not None else _graphed(call)
+            except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
+                rows[key]["error"] = f"capture: {type(exc).__name__}: {exc}"[:500]
+                continue
+            if _first_call(fn, device, rows[key]):
+                calls[key] = fn
+    _time_interleaved(calls, rows, "sdpa_eager", rounds, deadline, device, rep_ms=10.0 if device == "cuda" else 0)
     return list(rows.values())
+
+
+def profile_kernels(N: int, D: int, device: str, H: int) -> dict:
+    """GPU time per kernel (ms, summed over one call) of the current kernel's forward + backward with NAPE,
+    from torch.profiler: which stage costs what."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from longsparse.attention import triton_entmax as te
+
+    g = torch.Generator(device=device).manual_seed(7)
+    leaves = [
+        torch.randn(1, H, N, D, device=device, dtype=torch.bfloat16, generator=g).requires_grad_() for _ in range(3)
+    ]
+    slopes = _nape(H).to(device)
+
+    def call():
+        out = te.entmax_attention_triton(*leaves, alpha=1.5, is_causal=True, alibi_slopes=slopes)
+        torch.autograd.grad(out, leaves, torch.ones_like(out))
+
+    call()
+    _sync(device)
+    activities = [ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        call()
+        _sync(device)
+    out = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) if device == "cuda" else e.cpu_time_total
+        if t:
+            out[e.key] = round(t / 1e3, 4)
+    return {"N": N, "D": D, "H": H, "ms_by_kernel": dict(sorted(out.items(), key=lambda kv: -kv[1])[:25])}
 
 
 # ============================================================================ (c) training steps
@@ -846,22 +1031,55 @@ def _env(device: str) -> dict:
     return env
 
 
+DEFAULT_GROUPS = (
+    "4096:64:fwd",
+    "4096:64:fwd+bwd",
+    "16384:64:fwd",
+    "16384:64:fwd+bwd",
+    "1024:64:fwd",
+    "1024:64:fwd+bwd",
+    "32768:64:fwd",
+    "32768:64:fwd+bwd",
+    "4096:128:fwd",
+    "4096:128:fwd+bwd",
+    "16384:128:fwd",
+    "16384:128:fwd+bwd",
+    "65536:64:fwd",
+)
+EXTRA_ROWS = {(4096, 64), (16384, 64)}  # groups that also time α = 1.25 and per-head α
+ADASPLASH_SHAPES = ((4096, 64), (16384, 64), (1024, 64), (32768, 64), (4096, 128))  # its autotune runs in the pool
+
+
+def _parse_group(text: str) -> tuple:
+    try:
+        n, d, direction = text.split(":")
+        if direction not in ("fwd", "fwd+bwd"):
+            raise ValueError
+        return int(n), int(d), direction == "fwd+bwd"
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a timing group is N:D:fwd or N:D:fwd+bwd, not {text!r}") from None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="JSON file to write (required unless --rescore)")
-    ap.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes, no timing")
-    ap.add_argument("--budget-s", type=float, default=280.0, help="no new case starts after this many seconds")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes")
+    ap.add_argument("--budget-s", type=float, default=290.0, help="nothing new starts after this many seconds")
     ap.add_argument(
         "--train-reserve-s",
         type=float,
-        default=60.0,
+        default=50.0,
         help="seconds kept from the timings for the training steps at the end",
     )
+    ap.add_argument(
+        "--baseline",
+        metavar="PY",
+        help="an earlier attention/triton_entmax.py (e.g. from `git show REF:src/longsparse/attention/"
+        "triton_entmax.py`), timed beside the current kernel (rows prev_*)",
+    )
     ap.add_argument("--workers", type=int, default=None, help="processes for the checks (compilation in parallel)")
-    ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096, 16384, 32768])
-    ap.add_argument("--dims", type=int, nargs="*", default=[64, 128])
+    ap.add_argument("--groups", type=_parse_group, nargs="*", default=[_parse_group(g) for g in DEFAULT_GROUPS])
     ap.add_argument("--decode-lengths", type=int, nargs="*", default=[32768, 131072])
-    ap.add_argument("--chunked-max-n", type=int, default=16384, help="longest N timed for the chunked backend")
     ap.add_argument("--cases", nargs="*", default=None, help="run only the checks whose name contains one of these")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--skip-timing", action="store_true")
@@ -870,7 +1088,7 @@ def main(argv=None) -> int:
         "--rescore",
         metavar="JSON",
         help="a stored check file as markdown tables: its checks judged by the float32 rule (fp32_verdict, on the "
-        "CPU), its timings as ratios to SDPA and adasplash, its training rates",
+        "CPU), its timings as ratios to SDPA, adasplash and the baseline kernel, its counts and training rates",
     )
     args = ap.parse_args(argv)
     if args.rescore:
@@ -878,14 +1096,19 @@ def main(argv=None) -> int:
         return 0
     if not args.out:
         ap.error("--out is required (the JSON file to write)")
+    if args.baseline and not Path(args.baseline).is_file():
+        ap.error(f"--baseline {args.baseline}: no such file")
 
     dry = args.dry_run
     if dry:
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    else:
+        os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # adasplash's tuning, done in the pool, is reused
     device = "cpu" if dry else "cuda"
     if not dry and not torch.cuda.is_available():
         print("no CUDA device: use --dry-run on CPU", file=sys.stderr)
         return 2
+    baseline = load_baseline(args.baseline) if args.baseline else None
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     deadline = T0 + args.budget_s  # no training starts after this
@@ -894,30 +1117,42 @@ def main(argv=None) -> int:
         "benchmark": "gpu_check",
         "dry_run": dry,
         "env": _env(device),
-        "config": vars(args),
+        "config": {**vars(args), "groups": [list(g) for g in args.groups]},
         "checks": [],
-        "tile_skip": None,
+        "solver_counts": [],
         "timings": [],
         "decode": [],
+        "profile": None,
         "training": [],
         "warm": [],
         "notes": [],
     }
     _write(out_path, data)
 
-    # (a) checks, with the timing kernels compiled alongside
+    # (a) checks and the kernels' own counts, with the timing kernels compiled (and adasplash tuned) alongside
     if not args.skip_checks:
         cases = [("check", n, s) for n, s in check_cases(dry)] + [("generate", "model_generate_left_padded", {})]
-        tasks = [c for c in cases if not args.cases or any(x in c[1] for x in args.cases)] + [("skip", "tile_skip", {})]
+        tasks = [c for c in cases if not args.cases or any(x in c[1] for x in args.cases)]
+        tasks.append(("counts", "solver_counts", {}))
         if not dry:  # the timing phase's kernel variants, and the training's (head dim 32)
-            dims = ([] if args.skip_timing else list(args.dims)) + ([] if args.skip_training else [32])
+            dims = ([] if args.skip_timing else sorted({d for _, d, _ in args.groups})) + (
+                [] if args.skip_training else [32]
+            )
             tasks = [("warm", f"warm_D{d}", {"D": d}) for d in dict.fromkeys(dims)] + tasks
+            if not args.skip_timing:
+                wanted = {(n, d) for n, d, bwd in args.groups if bwd}
+                tasks = [
+                    ("adasplash", f"adasplash_{n}_{d}", {"N": n, "D": d})
+                    for n, d in ADASPLASH_SHAPES
+                    if (n, d) in wanted
+                ] + tasks
         workers = args.workers or (2 if dry else max(1, min(8, (os.cpu_count() or 2) - 1)))
         import multiprocessing as mp
 
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
             futures = {
-                pool.submit(_pool_task, kind, name, spec, device, dry): (kind, name) for kind, name, spec in tasks
+                pool.submit(_pool_task, kind, name, spec, device, dry, args.baseline): (kind, name)
+                for kind, name, spec in tasks
             }
             for fut in as_completed(futures):
                 kind, name = futures[fut]
@@ -932,10 +1167,13 @@ def main(argv=None) -> int:
                         f"{res.get('errors', res.get('error'))}",
                         flush=True,
                     )
-                elif kind == "skip":
-                    data["tile_skip"] = res.get("tile_skip", res)
+                elif kind == "counts":
+                    data["solver_counts"] = res.get("solver_counts", [res])
+                    for r in data["solver_counts"]:
+                        print(f"[{_elapsed():6.1f}s] counts {r}", flush=True)
                 else:
-                    data["warm"].append(res)
+                    data["warm"].append({"task": name, **res})
+                    print(f"[{_elapsed():6.1f}s] {name}: {res}", flush=True)
                 _write(out_path, data)
         order = {name: i for i, (_, name, _) in enumerate(tasks)}
         data["checks"].sort(key=lambda r: order.get(r["case"], 0))
@@ -945,69 +1183,63 @@ def main(argv=None) -> int:
         _write(out_path, data)
 
     # (b) timings; the dry run goes through the same code once at tiny sizes (its times mean nothing)
+    groups, decode_lengths, rounds, heads = args.groups, args.decode_lengths, 3, 16
     if dry:
-        args.lengths, args.dims, args.decode_lengths, rounds_for = [32], [16], [48], (lambda n: 1)
-    else:
-
-        def rounds_for(n):
-            return 10 if n <= 4096 else 5 if n <= 16384 else 3
-
-    heads = 2 if dry else 16
+        groups, decode_lengths, rounds, heads = [(32, 16, False), (32, 16, True)], [48], 1, 2
     if not args.skip_timing:
-        for Nk in args.decode_lengths:
+        for Nk in decode_lengths:
             if time.perf_counter() > timing_deadline:
                 data["notes"].append(f"budget reached before decode Nk={Nk}")
                 continue
             try:
-                rows = time_decode(Nk, max(args.dims), rounds_for(0), timing_deadline, device=device, H=heads)
+                rows = time_decode(Nk, 128 if not dry else 16, rounds, timing_deadline, device, heads, baseline)
             except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
                 rows = [{"Nk": Nk, "direction": "decode", "error": f"{type(exc).__name__}: {exc}"[:500]}]
             data["decode"] += rows
             for r in rows:
                 print(
-                    f"[{_elapsed():6.1f}s] decode Nk={Nk} {r.get('method')}: {r.get('median_s', r.get('error'))} "
-                    f"vs_sdpa={r.get('vs_sdpa')}",
+                    f"[{_elapsed():6.1f}s] decode Nk={Nk} {r.get('method')} {r.get('replay')}: "
+                    f"{r.get('median_s', r.get('error'))} vs_sdpa={r.get('vs_sdpa_eager')}",
                     flush=True,
                 )
             _write(out_path, data)
-        too_slow = {(b, d): set() for b in (False, True) for d in args.dims}
-        for N in args.lengths:  # all directions and dims at one N before the next N
-            for backward in (False, True):
-                for D in args.dims:
-                    if time.perf_counter() > timing_deadline:
-                        data["notes"].append(f"budget reached before N={N} D={D} {'fwd+bwd' if backward else 'fwd'}")
-                        continue
-                    try:
-                        rows = time_group(
-                            N,
-                            D,
-                            backward,
-                            rounds_for(N),
-                            timing_deadline,
-                            args.chunked_max_n,
-                            too_slow[(backward, D)],
-                            device=device,
-                            H=heads,
-                        )
-                    except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
-                        rows = [
-                            {
-                                "N": N,
-                                "D": D,
-                                "direction": "fwd+bwd" if backward else "fwd",
-                                "error": f"{type(exc).__name__}: {exc}"[:500],
-                            }
-                        ]
-                    data["timings"] += rows
-                    for r in rows:
-                        print(
-                            f"[{_elapsed():6.1f}s] {r.get('direction')} N={N} D={D} {r.get('method')}: "
-                            f"{r.get('median_s', r.get('error'))} vs_sdpa={r.get('vs_sdpa')}",
-                            flush=True,
-                        )
-                    _write(out_path, data)
-                    if device == "cuda":
-                        torch.cuda.empty_cache()
+        for N, D, backward in groups:
+            direction = "fwd+bwd" if backward else "fwd"
+            if time.perf_counter() > timing_deadline:
+                data["notes"].append(f"budget reached before N={N} D={D} {direction}")
+                continue
+            try:
+                rows = time_group(
+                    N,
+                    D,
+                    backward,
+                    rounds,
+                    timing_deadline,
+                    device,
+                    heads,
+                    baseline,
+                    extras=dry or (N, D) in EXTRA_ROWS,
+                    adasplash=not dry and (N, D) in ADASPLASH_SHAPES,
+                    softmax=D == 64 or dry,
+                )
+            except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
+                rows = [{"N": N, "D": D, "direction": direction, "error": f"{type(exc).__name__}: {exc}"[:500]}]
+            data["timings"] += rows
+            for r in rows:
+                print(
+                    f"[{_elapsed():6.1f}s] {direction} N={N} D={D} {r.get('method')}: "
+                    f"{r.get('median_s', r.get('error'))} vs_sdpa={r.get('vs_sdpa_flash')}",
+                    flush=True,
+                )
+            _write(out_path, data)
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        if time.perf_counter() < timing_deadline:
+            try:
+                data["profile"] = profile_kernels(32 if dry else 4096, 16 if dry else 64, device, heads)
+            except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
+                data["profile"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            _write(out_path, data)
 
     # (c) training steps
     if not args.skip_training:

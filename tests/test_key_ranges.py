@@ -276,7 +276,7 @@ def test_cached_generation_of_a_left_padded_batch_equals_each_row_alone(backend,
 
         op = te._attention_op
         monkeypatch.setattr(te, "DECODE_MIN_KEYS", 9)
-        monkeypatch.setattr(te, "_attention_op", lambda *args: decode_flags.append(args[-1]) or op(*args))
+        monkeypatch.setattr(te, "_attention_op", lambda *args: decode_flags.append(args[-2]) or op(*args))
     dtype = torch.float32 if backend == "triton" else torch.float64
     model = _model(backend, method, dtype=dtype)
     pads = (3, 0)

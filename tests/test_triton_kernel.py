@@ -56,6 +56,21 @@ def _range_mask(key_start, key_end, B, Nk):
     return ((j >= start[:, None]) & (j < end[:, None])).view(B, 1, 1, Nk)
 
 
+def _reference_mask(slopes, is_causal, key_start, key_end, B, Nq, Nk, dtype):
+    """The reference's mask: the key ranges as a dense bool mask, and for non-causal ALiBi the symmetric bias
+    −m·|i + Nk − Nq − j| written out as an additive float mask (an oracle independent of the library's own
+    ALiBi), with the key ranges as −inf in it."""
+    ranges = _range_mask(key_start, key_end, B, Nk)
+    if slopes is None or is_causal:
+        return ranges
+    i = torch.arange(Nq, dtype=dtype)[:, None] + (Nk - Nq)
+    j = torch.arange(Nk, dtype=dtype)[None, :]
+    bias = -slopes.to(dtype)[None, :, None, None] * (i - j).abs()  # (1, H, Nq, Nk)
+    if ranges is not None:
+        bias = bias.masked_fill(~ranges, float("-inf"))
+    return bias
+
+
 def _compare(
     leaves,
     up,
@@ -96,9 +111,9 @@ def _compare(
         mapping="entmax",
         alpha=alpha.to(ref_dtype) if isinstance(alpha, torch.Tensor) else alpha,
         is_causal=is_causal,
-        alibi_slopes=None if slopes is None else slopes.to(ref_dtype),
         q_scale=ref_leaves[3].squeeze(-1) if q_scale is not None else None,
-        attn_mask=_range_mask(key_start, key_end, q.shape[0], k.shape[2]),
+        attn_mask=_reference_mask(slopes, is_causal, key_start, key_end, q.shape[0], q.shape[2], k.shape[2], ref_dtype),
+        alibi_slopes=None if slopes is None or not is_causal else slopes.to(ref_dtype),
         **REF,
     )
     ref_grads = torch.autograd.grad((ref * up.to(ref_dtype)).sum(), ref_leaves)
@@ -153,6 +168,18 @@ def test_decode_path_gqa_lengths_per_head_alpha():
         key_end=torch.tensor([77, 31]),
         decode=True,
     )
+
+
+@pytest.mark.parametrize("divisor", [4, 10**9], ids=["candidates", "overflow"])
+def test_decode_candidates_and_their_overflow(divisor, monkeypatch):
+    """The decode solve reads each split's candidates (X > −1); a row with a split holding more than the cap
+    (split / divisor, at least 16) solves over all its logits instead. Both give the reference, for α = 1.5
+    (exact finish) and 1.25 (general), with left padding and four splits of 96 keys."""
+    monkeypatch.setattr(te, "_n_sm", lambda device: 8)
+    monkeypatch.setattr(te, "DECODE_CANDIDATE_DIVISOR", divisor)
+    leaves, up = _inputs(B=2, H=2, Nq=3, Nk=300, seed=12)
+    for alpha in (1.5, 1.25):
+        _compare(leaves, up, alpha=alpha, is_causal=True, slopes=NAPE2, decode=True, key_start=torch.tensor([0, 37]))
 
 
 @pytest.mark.parametrize("is_causal", [True, False])
@@ -332,12 +359,13 @@ def test_custom_op_registration_opcheck():
             0.25,
             True,
             False,
+            True,
         )
         torch.library.opcheck(
             te._attention_op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor")
         )
-        _, stats, mask = te._attention_op(*args)
-        backward_args = (torch.randn(q.shape), q.detach(), k.detach(), v.detach(), stats, mask, *args[3:-1])
+        _, stats, mask, uv = te._attention_op(*args)
+        backward_args = (torch.randn(q.shape), q.detach(), k.detach(), v.detach(), stats, mask, uv, *args[3:-2])
         torch.library.opcheck(te._attention_backward_op, backward_args, test_utils=("test_schema", "test_faketensor"))
 
 
@@ -376,8 +404,11 @@ def test_torch_compile_traces_a_model_that_calls_it():
 def test_gpu_check_script_dry_run(tmp_path):
     """benchmarks/gpu_check.py runs end to end on CPU: the interpreter, tiny shapes, four checks (the
     kernel tests above cover the rest; left padding on the decode path and in a model's cached generation
-    among them) through its worker pool, its timing code once (times unused) and its training steps."""
+    among them) through its worker pool, the kernel's own counts, its timing code once beside a baseline
+    kernel (times unused), the profile and its training steps."""
     out = tmp_path / "gpu_check.json"
+    baseline = tmp_path / "triton_entmax_baseline.py"
+    baseline.write_text((ROOT / "src" / "longsparse" / "attention" / "triton_entmax.py").read_text())
     env = dict(os.environ, TRITON_INTERPRET="1")
     cases = ["alpha1.25_causal", "gqa_lengths_masked_rows", "decode_left_padding", "model_generate_left_padded"]
     proc = subprocess.run(
@@ -389,6 +420,8 @@ def test_gpu_check_script_dry_run(tmp_path):
             str(out),
             "--workers",
             "1",
+            "--baseline",
+            str(baseline),
             "--cases",
             *cases,
         ],
@@ -396,22 +429,33 @@ def test_gpu_check_script_dry_run(tmp_path):
         capture_output=True,
         text=True,
         env=env,
-        timeout=600,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     checks = data["checks"]
     assert len(checks) == len(cases) and all(c["ok"] for c in checks), [c for c in checks if not c["ok"]]
-    assert data["tile_skip"]["nape"]["visited_tiles"] > 0 and data["dry_run"] is True
+    assert data["dry_run"] is True
+    counts = data["solver_counts"]
+    assert {r["heads"] for r in counts} == {"alibi", "nope"}
+    assert all(r["qk_passes_mean"] >= 2 and r["blocks_at_cap"] == 0 for r in counts), counts
     # the timing code ran once at tiny sizes: every method gave a time, none an error
     rows = data["timings"] + data["decode"]
-    assert {r["method"] for r in data["decode"]} == {"sdpa", "triton_entmax15_decode", "triton_entmax15_alibi_decode"}
-    assert {(r["direction"], r["method"]) for r in data["timings"]} >= {
-        (d, m)
-        for d in ("fwd", "fwd+bwd")
-        for m in ("sdpa_flash", "triton_entmax15", "triton_entmax15_alibi", "ls_chunked_entmax15")
+    assert {r["method"] for r in data["decode"]} == {
+        "sdpa",
+        "triton_entmax15_decode",
+        "triton_entmax15_nape_decode",
+        "prev_entmax15_decode",
+        "prev_entmax15_nape_decode",
     }
+    assert {(r["direction"], r["method"]) for r in data["timings"]} >= {
+        (d, f"{family}_{m}")
+        for d in ("fwd", "fwd+bwd")
+        for family in ("triton", "prev")
+        for m in ("entmax15", "entmax15_nape", "entmax125_nape", "per_head_alpha_nape")
+    } | {("fwd", "sdpa_flash"), ("fwd+bwd", "sdpa_flash")}
     assert all("error" not in r and r["median_s"] > 0 for r in rows), rows
+    assert data["profile"]["ms_by_kernel"]
     generation = next(c for c in checks if c["case"] == "model_generate_left_padded")
     assert generation["tokens_equal"] and set(generation["backends"]) == {"triton"}
     training = data["training"]
@@ -447,6 +491,7 @@ def _rescore(path) -> dict:
     checks = proc.stdout.split("\n\n")[0]  # the checks table; the timing tables follow
     rows = [line.strip("|").split("|") for line in checks.splitlines()[2:]]
     assert "| decode: keys |" in proc.stdout and "| training (MQMTAR paper preset) |" in proc.stdout
+    assert "| counts: N |" in proc.stdout
     return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
 
 
@@ -462,24 +507,26 @@ def test_fp32_verdict_bounds_by_float32_arithmetic():
 
 
 def test_gpu_check_timing_tables_of_a_call_cut_short(tmp_path):
-    """A call whose time ran out before SDPA was timed stores no ratio: its tables show '-' there."""
+    """A call whose time ran out before SDPA was timed stores no ratio: its tables show '-' there; the ratio
+    to the baseline kernel pairs triton_X with prev_X of the same group."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_check import timing_tables
 
     data = {
         "timings": [
-            {"direction": "fwd", "N": 1024, "D": 64, "method": "ls_triton_entmax15", "median_s": 2e-3, "vs_sdpa": None},
-            {"direction": "fwd", "N": 1024, "D": 64, "method": "sdpa_flash", "median_s": None},
+            {"direction": "fwd", "N": 1024, "D": 64, "method": "triton_entmax15", "median_s": 2e-3, "calls": 9},
+            {"direction": "fwd", "N": 1024, "D": 64, "method": "prev_entmax15", "median_s": 4e-3, "calls": 9},
+            {"direction": "fwd", "N": 1024, "D": 64, "method": "sdpa_flash", "skipped": "budget"},
         ],
-        "decode": [{"Nk": 32768, "method": "ls_triton_entmax15", "median_s": 1e-4, "vs_sdpa": None}],
+        "decode": [{"Nk": 32768, "method": "triton_entmax15_decode", "replay": "graph", "median_s": 1e-4}],
         "training": [{"method": "softmax", "skipped": "time budget"}],
     }
     path = tmp_path / "call.json"
     path.write_text(json.dumps(data))
     text = timing_tables(str(path))
-    assert "| fwd | 1024 | 64 | ls_triton_entmax15 | 2.000 | - | - | - |" in text
-    assert "| fwd | 1024 | 64 | sdpa_flash | not timed |" in text
-    assert "| 32768 | ls_triton_entmax15 | 0.100 | - |" in text and "| softmax | time budget |" in text
+    assert "| fwd | 1024 | 64 | triton_entmax15 | 2.000 | 9 | - | - | 0.50 | - |" in text
+    assert "| fwd | 1024 | 64 | sdpa_flash | budget |" in text
+    assert "| 32768 | triton_entmax15_decode | graph | 0.100 | - |" in text and "| softmax | time budget |" in text
 
 
 _COMPILE_SCRIPT = textwrap.dedent("""
@@ -492,9 +539,12 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     assert te._BUILT is False
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas-blackwell")
     POINTERS = {"Stats": "*fp32", "TileMask": "*i8", "Alpha": "*fp32", "Slopes": "*fp32", "Starts": "*i32",
-                "Ends": "*i32",
+                "Ends": "*i32", "UV": "*fp32", "Counts": "*i32", "BandLo": "*i32", "BandHi": "*i32",
+                "Blocks": "*i32", "NBlocks": "*i32", "Tiles": "*i32", "NTiles": "*i32",
                 "Delta": "*fp32", "Z": "*fp32", "Mpart": "*fp32", "Opart": "*fp32", "Lpart": "*fp32"}
     FLOATS = ("scale",)
+    UNIT_STRIDES = ("sqd", "skd", "svd", "sod")
+    STRIDES_16 = ("sqb", "sqh", "sqn", "skb", "skh", "skn", "svb", "svh", "svn", "sob", "soh", "son")
     results = []
     for D, dtype_name, mode in json.loads(sys.argv[1]):
         dtype = getattr(torch, dtype_name)
@@ -502,31 +552,46 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         cfg = te._config(D, dtype, "cuda")
         blk = dict(D=D, BM=cfg["BM"], BN=cfg["BN"], MODE=mode, DOT_PREC=cfg["prec"])
         dec = dict(D=D, BM=16, BN=cfg["dec_BN"], DOT_PREC=cfg["prec"])
-        plan = [("_fwd_kernel", dict(blk, MAX_ITER=24, TOL=1e-6), cfg["fwd"]),
-                ("_bwd_prep_kernel", dict(blk, USE_MASK=True), cfg["prep"]),
-                ("_bwd_dkdv_kernel", dict(blk, USE_MASK=True), cfg["dkdv"]),
-                ("_bwd_dq_kernel", dict(blk, USE_MASK=False), cfg["dq"]),
-                ("_dec_scores_kernel", dec, cfg["dec"]),
-                ("_dec_solve_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode, MAX_ITER=24, TOL=1e-6),
-                 cfg["dec"]),
-                ("_dec_out_kernel", dict(dec, MODE=mode), cfg["dec"])]
-        for name, consts, warps in plan:
+        p0, p1 = te.SOLVER_POINTS[mode]
+        solve = dict(P0=p0, P=p1, MAX_SWEEPS=24, TOL=1e-6)
+        stages = cfg["stages"]
+        plan = [("_fwd_kernel", dict(blk, **solve, HAS_BAND=True, STORE_UV=True, COUNT=False), cfg["fwd"], stages),
+                ("_fwd_kernel", dict(blk, **solve, HAS_BAND=False, STORE_UV=False, COUNT=False), cfg["fwd"], stages),
+                ("_bwd_prep_kernel", blk, cfg["prep"], stages),
+                ("_bwd_dkdv_kernel", blk, cfg["dkdv"], stages),
+                ("_bwd_dq_kernel", blk, cfg["dq"], stages),
+                ("_dec_scores_kernel", dec, cfg["dec"], stages),
+                ("_dec_solve_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode, **solve), cfg["dec"], stages),
+                ("_dec_out_kernel", dict(dec, MODE=mode), cfg["dec"], stages)]
+        for name, consts, warps, stages in plan:
             fn = getattr(te, name)
+            names = list(inspect.signature(fn.fn).parameters)
+            # as a launch specialises them: the head dims' strides (1: a constant), 16-byte aligned pointers
+            # and the other strides multiples of 16 (they are multiples of D)
+            consts = dict(consts, **{p: 1 for p in UNIT_STRIDES if p in names})
             sig = {}
-            for p in inspect.signature(fn.fn).parameters:
+            for p in names:
                 sig[p] = ("constexpr" if p in consts else POINTERS.get(p) or
                           (tdt if p in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else
                            "fp32" if p in FLOATS else "i32"))
-            ck = triton.compile(ASTSource(fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": warps})
+            attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in names
+                     if sig[p].startswith("*") or p in STRIDES_16}
+            ck = triton.compile(ASTSource(fn, signature=sig, constexprs=consts, attrs=attrs),
+                                target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
             with tempfile.TemporaryDirectory() as d:
                 f = os.path.join(d, "k.ptx")
                 open(f, "w").write(ck.asm["ptx"])
                 r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f, "-o", os.path.join(d, "k.cubin")],
                                    capture_output=True, text=True)
             spills = [int(x) for x in re.findall(r"(\\d+) bytes spill stores", r.stdout + r.stderr)]
+            regs = [int(x) for x in re.findall(r"Used (\\d+) registers", r.stdout + r.stderr)]
+            ptx = ck.asm["ptx"]
             results.append(dict(kernel=name, D=D, dtype=dtype_name, mode=mode, ptxas_rc=r.returncode,
-                                shared=ck.metadata.shared, spill_bytes=max(spills, default=0)))
+                                consts={k: v for k, v in consts.items() if k in ("HAS_BAND", "STORE_UV")},
+                                shared=ck.metadata.shared, spill_bytes=max(spills, default=0),
+                                registers=max(regs, default=0), warps=warps,
+                                async_copies=ptx.count("cp.async.cg") + ptx.count("cp.async.ca")
+                                + ptx.count("cp.async.bulk")))
     print(json.dumps(results))
 """)
 
@@ -547,12 +612,17 @@ def _compile_for_sm90(variants):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+PIPELINED = ("_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_prep_kernel")  # loops over K / V tiles
+
+
 def _check_compiled(results):
     for r in results:
         assert r["ptxas_rc"] == 0, r
         assert r["shared"] <= 227 * 1024, r  # H100: 227 KiB of shared memory per block
-        limit = 4096 if r["dtype"] == "float32" else 512  # 16-bit: at most a few spilled registers
+        limit = 4096 if r["dtype"] == "float32" else 64  # 16-bit: at most a few spilled registers
         assert r["spill_bytes"] <= limit, r
+        if r["kernel"] in PIPELINED and r["dtype"] != "float32":  # software-pipelined K / V loads
+            assert r["async_copies"] > 0, r
 
 
 def test_kernels_compile_for_h100():

@@ -5,61 +5,62 @@ Public entry points:
 * ``entmax_attention_triton(q, k, v, *, alpha, is_causal, alibi_slopes, q_scale, scale, key_start, key_end)``
   → (B, H, Nq, D), differentiable in q, k, v (and q_scale, through autograd);
 * ``supports(q, k, v, **kwargs) -> str | None``: None when the kernels take the call, else the reason;
-* ``threshold_stats(q, k, v, **kwargs)``: the forward's row statistics and tile mask (diagnostics).
+* ``threshold_stats(q, k, v, **kwargs)``: the forward's row statistics and tile mask (diagnostics);
+* ``solver_counts(q, k, v, **kwargs)``: what the forward did per query block, counted by the kernel.
 
 Semantics are those of ``ls.attention(..., mapping="entmax")``: logits
-    z_ij = (q_i · k_j) · scale − m_h · (i + Nk − Nq − j),
-batch row b sees only the keys key_start[b] ≤ j < key_end[b] (left / right padding), causal masking
-bottom-right aligned (query i sits at absolute position i + Nk − Nq), p_i = α-entmax(z_i),
-o_i = Σ_j p_ij v_j; a row that can attend to nothing gives zeros. The per-query q-scale (SSMax /
-ASEntmax) multiplies q before the kernel, which is exact because it does not scale the bias; its
-gradient then flows through autograd.
+    z_ij = (q_i · k_j) · scale − m_h · |i + Nk − Nq − j|
+(causal rows see only j ≤ i + Nk − Nq, where this is the usual −m_h·(i − j); non-causal ALiBi is
+symmetric, as flash-attn's), batch row b sees only the keys key_start[b] ≤ j < key_end[b] (left / right
+padding), causal masking bottom-right aligned (query i sits at absolute position i + Nk − Nq),
+p_i = α-entmax(z_i), o_i = Σ_j p_ij v_j; a row that can attend to nothing gives zeros. The per-query
+q-scale (SSMax / ASEntmax) multiplies q before the kernel, which is exact because it does not scale the
+bias; its gradient then flows through autograd.
 
-Algorithm (one program per block of BLOCK_M query rows, key tiles of BLOCK_N, fp32 arithmetic):
+Algorithm (one program per block of BLOCK_M query rows, key tiles of BLOCK_N, fp32 arithmetic; blocks
+dispatched longest first):
 
-1. max pass: the row max M over the key tiles (needed for the bracket of τ).
-2. threshold solve, in the shifted scale X = (α−1)(z − M) ∈ (−∞, 0] where τ ∈ [−1, −n^{1−α}]
-   (n = the row's unmasked keys): safeguarded Newton on f(τ) = Σ_j [X_j − τ]₊^{1/(α−1)} − 1 from
-   τ = −1. f is decreasing and convex for 1 < α ≤ 2, so Newton climbs monotonically towards the root;
-   a step leaving the bracket (only through rounding) is replaced by bisection. Every iteration is one
-   sweep over the key tiles accumulating f, Σ[X − τ]₊^{1/(α−1) − 1}, and, for α = 1.5 / 2, the support
-   size and its smallest gap. For α = 1.5 and α = 2 each sweep also proposes the exact τ of the current
-   support (the closed form) and accepts it when it keeps every support entry positive, which certifies
-   that the support is the true one: τ is then exact. Other α stop when the Newton step is below
-   ``_TOL`` and the output is renormalised (fp32 round-off). The sweeps run while some row of the block
-   is unfinished (at most ``MAX_ITER``).
-3. output pass: p = [X − τ]₊^{1/(α−1)} / Σp, O = p·V.
+1. max pass: the row max M over the key tiles.
+2. threshold solve, in the shifted scale X = (α−1)(z − M) ∈ (−∞, 0] where τ ∈ [−1, −n^{1−α}] (n = the
+   row's visible keys), f(τ) = Σ_j [X_j − τ]₊^{1/(α−1)} − 1 (decreasing, convex). Each sweep over the key
+   tiles evaluates f at several points per row at once (the first sweep at P0 points spread geometrically
+   over the bracket, later sweeps at the ends of the bracket the last one proved), and folds them into
+   the bracket with Newton steps and, for α = 1.5 / 2, the closed-form τ of each point's support, which is
+   an upper or a lower bound and is τ* exactly when that support is the true one — certified from below
+   (every support entry stays positive) or from above (every other entry stays non-positive)
+   (`_bracket_update`). Other α finish when the Newton step is below ``_TOL`` (output renormalised). A row
+   whose bracket closes to rounding ends at its lower bound, renormalised; ``solver_counts`` reports those.
+3. output pass: p = [X − τ]₊^{1/(α−1)} / Σp, O = p·V, and for training Σ u·V / Σ u (u = p^{2−α}) per row,
+   from which the backward's δ is one dot product (no extra pass over K).
 
-Skipping: key tiles before key_start, past key_end or past the causal diagonal are never visited, and
-the keys outside [key_start, key_end) of a partly visible tile enter no logit (only the dk/dv kernel
-loads them, and gives them zero gradients). A per (query block,
-key tile) byte mask records tiles with no entry above the lower end of the τ bracket; since τ only
-grows within its bracket, those tiles stay zero and later sweeps skip them (with ALiBi most of a long
-row dies in the first sweep, at τ = −1). The output pass rewrites the mask exactly (tile has some
-p > 0) and skips the V load and the P·V product of dead tiles; the backward kernels skip dead tiles
-entirely. The mask holds ⌈Nq/BLOCK_M⌉·⌈Nk/BLOCK_N⌉ bytes per head (1/4096 of the logits at 64×64
-tiles); the row statistics are 3 floats per query (M, τ, 1/Σp). No N×N buffer exists.
+The loops over key tiles are plain `for` loops (no data-dependent branch around a load), so Triton
+software-pipelines their K and V loads; tiles inside every row's visible range skip the visibility mask,
+slope-0 (NoPE) heads the bias. Skipping: key tiles outside [key_start, key_end) and past the causal
+diagonal are never visited; on ALiBi heads, the band of `attention/band.py` (a bound proving that keys
+far enough away hold no support) limits every pass to the tiles near the diagonal. The output pass records
+per (query block, key tile) whether the tile holds some p > 0 (⌈Nq/BLOCK_M⌉·⌈Nk/BLOCK_N⌉ bytes per head);
+the row statistics are 3 floats per query (M, τ, 1/Σp). No N×N buffer exists.
 
 Backward, with u = p^{2−α} (√p for α = 1.5, the support indicator for α = 2), g_ij = dO_i · v_j:
     ∂L/∂z_ij = u_ij (g_ij − δ_i),  δ_i = Σ_j u_ij g_ij / Σ_j u_ij = dO_i · (Σ_j u_ij v_j) / Σ_j u_ij.
-A first sweep per query block computes δ (one u·V product per live tile). Then dk/dv: one program per
-(key tile, batch, kv head) loops over the query heads of its GQA group and the query blocks that see
-the tile, so dk and dv are summed without atomics (deterministic); dq: one program per query block
-loops over its live key tiles. Every kernel recomputes the logits from q and k.
+δ comes from the forward's Σ u·V (a pre-pass computes it where the forward kept none: the decode path).
+The tile mask becomes lists (per query block its live key tiles, per key tile its live query blocks),
+so dk/dv — one program per (key tile, batch, kv head) over the query heads of its GQA group, summed
+without atomics (deterministic) — and dq — one program per query block — loop over plain lists.
 
 Decode (few queries against a long KV cache, ``decode=True`` or automatically for Nq ≤ 16 and
 Nk ≥ 1024): τ is global over the row, so a split over keys cannot finish its rows alone. Instead
-(a) a split-K kernel reads K once, writes the Nq×Nk fp32 logits to a scratch buffer (4 bytes per key
-and query, against 2·D·2 bytes of the bf16 KV cache per key: it stays in L2 for decoding) and a
-per-split row max; GQA query heads sharing a kv head go into one program so K is read once per group;
-(b) one program per row reduces the split maxima and runs the same Newton/exact solve over the
-scratch row (each sweep reads 4 bytes per key instead of re-reading K); (c) a split-K kernel forms p
-from the scratch logits and τ and accumulates partial P·V and Σp per split, skipping the V tiles
-where p is all zero; since τ is global, partial outputs simply add (no rescaling, unlike softmax
-flash-decoding), and a small reduction divides by Σp. The decode path also returns the row statistics,
-so its output is differentiable through the same backward kernels (without tile skipping).
+(a) a split-K kernel reads K once, writes the Nq×Nk fp32 logits to a scratch buffer and a per-split row
+max; GQA query heads sharing a kv head go into one program so K is read once per group; (b) a kernel per
+(split, row) keeps the candidates X > −1 (a superset of the support) of its split, packed; (c) one
+program per row runs the block kernel's solve over its candidates (over the whole scratch row if a split
+had more than its share); (d) a split-K kernel forms p from the scratch logits and τ and accumulates
+partial P·V and Σp per split, skipping the V tiles where p is all zero; since τ is global, partial
+outputs simply add (no rescaling, unlike softmax flash-decoding), and a small reduction divides by Σp.
+The decode path also returns the row statistics, so its output is differentiable through the same
+backward kernels.
 
-The decode scratch is B·H·Nq·Nk fp32 (with Nq ≤ 16; at Nq = 1 it is 2/D of a bf16 K cache's bytes).
+The decode scratch is B·H·Nq·Nk fp32 logits plus at most as many candidates (with Nq ≤ 16).
 
 Supported: α ∈ (1, 2] as a float (α = 1.5 and 2 with the exact finish) or a per-head (H,) tensor
 (general solver; α itself is not differentiated); causal (bottom-right) or not; ALiBi / NAPE slopes (H,)
@@ -80,6 +81,8 @@ import os
 import torch
 from torch import Tensor
 
+from .band import alibi_live_keys
+
 try:  # the kernels need Triton; without it, `supports` says so and nothing else is built
     import triton
     import triton.language as tl
@@ -96,9 +99,15 @@ HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DECODE_MAX_QUERIES = 16  # the decode path holds all of a program's query rows in one tile
 DECODE_MIN_KEYS = 1024  # below this the block kernel has enough key tiles per query block anyway
+# Decode candidates (X > −1) kept per split: at most split / DECODE_CANDIDATE_DIVISOR (random logits keep ~7 % of
+# 32K keys; trained attention far fewer); a row with a split past that solves over all its logits.
+DECODE_CANDIDATE_DIVISOR = 4
 _TOL = 1e-6  # Newton step (in τ, whose bracket has width < 1) at which general α stops
-_MAX_ITER_EXACT = 24  # α = 1.5 / 2: the exact finish certifies after a handful of sweeps
-_MAX_ITER_GENERAL = 32  # other α: quadratic convergence once the support is found
+_MAX_SWEEPS_EXACT = 24  # α = 1.5 / 2: the exact finish certifies after a few sweeps (a cap, not a budget)
+_MAX_SWEEPS_GENERAL = 32  # other α: quadratic convergence once the bracket is tight
+# Points per sweep of the threshold solve, (first sweep, later sweeps), by mode (general, 1.5, 2); powers of
+# two. More points cost element-wise work in every tile but fewer passes over K (benchmarks count both).
+SOLVER_POINTS = {0: (4, 2), 1: (8, 2), 2: (8, 2)}
 
 _MODE_GENERAL, _MODE_15, _MODE_2 = 0, 1, 2
 INTERPRETER_BLOCK = 32  # query and key tile of the interpreter (CPU tensors): see `_config`
@@ -190,56 +199,160 @@ def _bracket_hi(nkeys, am1, MODE: tl.constexpr):
     return hi
 
 
-def _tau_update(tau, lo, hi, active, fsum, wsum, cnt, mind, am1, MODE: tl.constexpr, TOL: tl.constexpr):
-    """One safeguarded Newton step on f(τ) = fsum − 1 from the sums of a sweep at τ, for the active rows.
+def _rsum(x, axis: tl.constexpr):
+    """tl.sum for float tensors, through tl.reduce: the interpreter runs this in numpy, while calling
+    tl.sum (itself a jit function) from an interpreted kernel re-patches triton.language (~6 ms a call)."""
+    return tl.reduce(x, axis, tl.standard._sum_combine)
 
-    Invariants: lo ≤ τ* ≤ hi, lo only grows; a returned inactive row has its final τ. For α = 1.5 / 2
-    the closed-form τ of the current support {X > τ} is taken when it keeps all support entries
-    positive (smallest gap `mind` > step) and f ≥ 0 (so no entry outside the support could enter):
-    that τ is then exact."""
-    f = fsum - 1.0
-    lo = tl.where(active & (f >= 0), tau, lo)
-    hi = tl.where(active & (f < 0), tau, hi)
-    has_support = wsum > 0  # False only for rows that are not active
-    step = f * am1 / tl.where(has_support, wsum, 1.0)
-    new = tau + step
-    inside = has_support & (new >= lo) & (new <= hi)
-    new = tl.where(inside, new, 0.5 * (lo + hi))
-    if MODE == 0:
-        done = inside & (tl.abs(step) <= TOL)
+
+def _rmax(x, axis: tl.constexpr):
+    """tl.max through tl.reduce (see `_rsum`)."""
+    return tl.reduce(x, axis, tl.standard._elementwise_max)
+
+
+def _rmin(x, axis: tl.constexpr):
+    """tl.min through tl.reduce (see `_rsum`)."""
+    return tl.reduce(x, axis, tl.standard._elementwise_min)
+
+
+def _point(a, b, pi: tl.constexpr, P: tl.constexpr, GEOM: tl.constexpr):
+    """Point pi of P of a sweep, per row (BM,). GEOM (the first sweep): geometric from −1 to hi, a = log2(−hi):
+    τ* lies in [−1, −n^{1−α}] and may sit at any order of magnitude there (one key dominating: −1; n equal
+    keys: hi). Otherwise evenly from a to b."""
+    if P == 1:
+        frac = 0.0
     else:
+        frac = pi / (P - 1)
+    if GEOM:
+        t = -tl.exp2(a * frac)
+    else:
+        t = a + (b - a) * frac
+    return t
+
+
+def _later_bounds(lo, hi, MODE: tl.constexpr):
+    """(a, b) of a later sweep's points: the bracket's ends [lo, hi] for α = 1.5 / 2 (both are bounds the
+    last sweep proved, each close to τ* from its side), lo and the bracket's middle for other α (Newton from
+    lo, guarded by bisection)."""
+    if MODE == 0:
+        far = 0.5 * (lo + hi)
+    else:
+        far = hi
+    return lo, far
+
+
+def _column(T, pi: tl.constexpr, P: tl.constexpr):
+    """Column pi (a compile-time index) of a (BM, P) tensor, as (BM,)."""
+    return _rsum(tl.where(tl.arange(0, P)[None, :] == pi, T, 0.0), 1)
+
+
+def _add_column(T, pi: tl.constexpr, x, P: tl.constexpr):
+    """T with x (BM,) added to column pi."""
+    return tl.where(tl.arange(0, P)[None, :] == pi, T + x[:, None], T)
+
+
+def _sweep_tile(X, a, b, cnt, sw, sp, mind, dneg, am1, P: tl.constexpr, GEOM: tl.constexpr, MODE: tl.constexpr):
+    """Adds one tile of shifted scores X (BM, BN) to the per-point sums of a sweep at the P points of
+    `_point(a, b, ·)`: support count, Σw, Σp, the smallest positive gap X − t and the largest non-positive
+    one (each (BM, P)). The last two certify a closed-form τ from either side of the root (`_bracket_update`)."""
+    cols = tl.arange(0, P)[None, :]
+    for pi in tl.static_range(P):
+        d = X - _point(a, b, pi, P, GEOM)[:, None]
+        pos = d > 0
+        p, w = _powers(d, am1, MODE)
+        cnt = _add_column(cnt, pi, _rsum(pos.to(tl.float32), 1), P)
+        sw = _add_column(sw, pi, _rsum(w, 1), P)
+        sp = _add_column(sp, pi, _rsum(p, 1), P)
+        if MODE != 0:
+            lo_gap = _rmin(tl.where(pos, d, float("inf")), 1)
+            hi_gap = _rmax(tl.where(pos, float("-inf"), d), 1)
+            mind = tl.where(cols == pi, tl.minimum(mind, lo_gap[:, None]), mind)
+            dneg = tl.where(cols == pi, tl.maximum(dneg, hi_gap[:, None]), dneg)
+    return cnt, sw, sp, mind, dneg
+
+
+def _sweep_sums(BM: tl.constexpr, P: tl.constexpr):
+    """Zeroed per-point sums of a sweep (see `_sweep_tile`)."""
+    z = tl.zeros([BM, P], tl.float32)
+    return z, z, z, z + float("inf"), z + float("-inf")
+
+
+def _bracket_update(
+    a,
+    b,
+    cnt,
+    sw,
+    sp,
+    mind,
+    dneg,
+    lo,
+    hi,
+    tau,
+    active,
+    am1,
+    P: tl.constexpr,
+    GEOM: tl.constexpr,
+    MODE: tl.constexpr,
+    TOL,
+):
+    """Folds a sweep's sums at the points of `_point(a, b, ·)` into each active row's bracket lo ≤ τ* ≤ hi
+    and finishes rows.
+
+    f(t) = Σp − 1 is decreasing and convex in t, so a point with f ≥ 0 lies below the root (its support
+    S(t) = {X > t} contains the true one) and a point with f < 0 above it (S(t) is inside the true one).
+    Bounds: a point itself; the Newton step from a point below (convexity: still below); the closed form
+    τ_S of Σ_S (X − τ)^{1/(α−1)} = 1 on S = S(t) (α = 1.5: Σ(X − τ)² over a superset is at least f, so its
+    root lies above τ*, and over a subset at most f, so below; α = 2: Σ(X − τ) over either is at most f,
+    so its root lies below).
+    Exact finish (α = 1.5 / 2): τ_S is τ* exactly when S is the true support, which holds when every entry
+    of S stays above τ_S (smallest gap `mind` > τ_S − t) and every entry outside stays at or below it
+    (largest outside gap `dneg` ≤ τ_S − t); one of the two is automatic on each side of the root. Other α
+    finish when the Newton step from below falls under TOL. A row whose bracket has closed to rounding ends
+    at lo, where Σp ≥ 1: the output pass renormalises it. Returns (lo, hi, tau, active, certified), the last
+    the rows finished exactly here."""
+    done = active == 0
+    new_tau = tau
+    certified = tl.zeros(lo.shape, tl.int1)
+    for pi in tl.static_range(P):
+        t = _point(a, b, pi, P, GEOM)
+        n = _column(cnt, pi, P)
+        w_sum = _column(sw, pi, P)
+        f = _column(sp, pi, P) - 1.0
+        below = f >= 0
+        has = w_sum > 0
+        newton = t + f * am1 / tl.where(has, w_sum, 1.0)
         if MODE == 1:
-            # Σ_S (d − s)² = 1 on the support S, solved for the smaller root s in a cancellation-free form
-            disc = wsum * wsum - cnt * f
-            exact = f / tl.where(has_support, wsum + tl.sqrt(tl.maximum(disc, 0.0)), 1.0)
-            done = has_support & (f >= 0) & (disc >= 0) & (mind > exact)
+            disc = w_sum * w_sum - n * f
+            s = f / tl.where(has, w_sum + tl.sqrt(tl.maximum(disc, 0.0)), 1.0)
+            valid = has & (disc >= 0)
+        elif MODE == 2:
+            s = f / tl.where(n > 0, n, 1.0)
+            valid = n > 0
         else:
-            exact = step  # sparsemax: the Newton step is the closed form
-            done = has_support & (f >= 0) & (mind > exact)
-        new = tl.where(done, tau + exact, new)
-    tau = tl.where(active, new, tau)
-    active = active & (done == 0)
-    return tau, lo, hi, active
-
-
-def _solver_start(nkeys, am1, MODE: tl.constexpr):
-    """Initial solver state of rows with `nkeys` visible keys: (lo, hi, τ, active). τ starts at the lower
-    end −1; rows with one key are done there (p = 1), rows with none never start."""
-    lo = tl.full(nkeys.shape, -1.0, tl.float32)
-    return lo, _bracket_hi(nkeys, am1, MODE), lo, nkeys > 1
-
-
-def _sweep_add(d, am1, fsum, wsum, cnt, mind, AXIS: tl.constexpr, MODE: tl.constexpr):
-    """Adds one tile of gaps d = X − τ (rows along the other axis) to a sweep's sums: Σp, Σw, and for
-    α = 1.5 / 2 the support size and its smallest gap (what `_tau_update` needs)."""
-    p, w = _powers(d, am1, MODE)
-    fsum += tl.sum(p, AXIS)
-    wsum += tl.sum(w, AXIS)
-    if MODE == 1:
-        cnt += tl.sum(tl.where(d > 0, 1.0, 0.0), AXIS)
-    if MODE != 0:
-        mind = tl.minimum(mind, tl.min(tl.where(d > 0, d, float("inf")), AXIS))
-    return fsum, wsum, cnt, mind
+            s = newton - t
+            valid = has
+        lo = tl.where(active & below, tl.maximum(lo, t), lo)
+        hi = tl.where(active & (f < 0), tl.minimum(hi, t), hi)
+        if MODE == 1:
+            lo = tl.where(active & below & has, tl.maximum(lo, tl.minimum(newton, hi)), lo)
+            hi = tl.where(active & below & valid, tl.minimum(hi, t + s), hi)
+            lo = tl.where(active & (f < 0) & valid, tl.maximum(lo, tl.minimum(t + s, hi)), lo)
+        elif MODE == 2:
+            lo = tl.where(active & valid, tl.maximum(lo, tl.minimum(t + s, hi)), lo)
+        else:
+            lo = tl.where(active & below & has, tl.maximum(lo, tl.minimum(newton, hi)), lo)
+        if MODE == 0:
+            fin = active & (done == 0) & below & has & (tl.abs(s) <= TOL)
+        else:
+            fin = active & (done == 0) & valid & tl.where(below, _column(mind, pi, P) > s, _column(dneg, pi, P) <= s)
+            certified = certified | fin
+        new_tau = tl.where(fin, t + s, new_tau)
+        done = done | fin
+    # a bracket closed to rounding ends the row at lo (no later point could move it)
+    closed = active & (done == 0) & ((hi - lo) <= 1e-6 * tl.abs(lo))
+    new_tau = tl.where(closed, lo, new_tau)
+    done = done | closed
+    return lo, hi, tl.where(active, new_tau, tau), active & (done == 0), certified
 
 
 def _dot(a, b, acc, DOT_PREC: tl.constexpr):
@@ -248,17 +361,6 @@ def _dot(a, b, acc, DOT_PREC: tl.constexpr):
     if DOT_PREC == "upcast":
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     return tl.dot(a, b, acc, input_precision=DOT_PREC)
-
-
-def _tile_live(mask_row, t, USE_MASK: tl.constexpr):
-    """Whether key tile t of this query block holds some support. The forward rewrites the bits it
-    reads (a scalar store is issued by one thread), so the load is volatile (no stale L1 line): every
-    thread must take the same branch, since the dots in it synchronise the whole program."""
-    if USE_MASK:
-        live = tl.load(mask_row + t, volatile=True) != 0
-    else:
-        live = t >= 0
-    return live
 
 
 def _load_tile(base, idx, valid, s_idx, s_d, D: tl.constexpr):
@@ -279,50 +381,50 @@ def _in_range(idx, lo, hi):
     return (idx - lo).to(tl.uint32) < tl.maximum(hi - lo, 0).to(tl.uint32)
 
 
+def _alibi(slope, qpos, kpos):
+    """The ALiBi bias −m·|i − j| of query positions qpos (rows) and key positions kpos (columns): under
+    causal masking every visible key has j ≤ i, so this is −m·(i − j) there; without it the bias is
+    symmetric (as flash-attn's), so the farthest future key is not favoured."""
+    return -slope * tl.abs(qpos[:, None] - kpos[None, :]).to(tl.float32)
+
+
 def _logits(q, kT, qpos, kpos, start, row_lim, scale, slope, DOT_PREC: tl.constexpr):
-    """z = q·kᵀ·scale − slope·(qpos − kpos), −inf where the key is not visible to the row (outside
+    """z = q·kᵀ·scale − slope·|qpos − kpos|, −inf where the key is not visible to the row (outside
     [start, row_lim)); q (BM, D), kT (D, BN), slope a scalar or (BM, 1)."""
-    z = _dot(q, kT, None, DOT_PREC) * scale - slope * (qpos[:, None] - kpos[None, :]).to(tl.float32)
+    z = _dot(q, kT, None, DOT_PREC) * scale + _alibi(slope, qpos, kpos)
     return tl.where(_in_range(kpos[None, :], start, row_lim[:, None]), z, float("-inf"))
 
 
 def _logits_t(k, qT, qpos, kpos, start, row_lim, scale, slope, DOT_PREC: tl.constexpr):
     """The transposed logits tile (BN, BM) of `_logits`, for the kernels that own a key tile."""
-    z = _dot(k, qT, None, DOT_PREC) * scale - slope * (qpos[None, :] - kpos[:, None]).to(tl.float32)
+    z = _dot(k, qT, None, DOT_PREC) * scale - slope * tl.abs(qpos[None, :] - kpos[:, None]).to(tl.float32)
     return tl.where(_in_range(kpos[:, None], start, row_lim[None, :]), z, float("-inf"))
 
 
-def _tile_logits(
-    q,
-    k_base,
-    t,
-    start,
-    kend,
-    skn,
-    skd,
-    qpos,
-    row_lim,
-    scale,
-    slope,
-    D: tl.constexpr,
-    BN: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
-    """Loads key tile t (only its keys in [start, kend)) and returns (kpos, its logits)."""
+def _block_scores(q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC):
+    """Key tile t of a query block: (kpos, logits (BM, BN)). The load masks only the key range [start, kend)
+    (one compare per key); the per-entry visibility mask is applied only to tiles that need it: the interior
+    tiles ti0 ≤ t < ti1 lie inside every row's visible range. The bias is added on ALiBi heads only."""
     kpos = t * BN + tl.arange(0, BN)
     kT = _load_tile_t(k_base, kpos, _in_range(kpos, start, kend), skn, skd, D)
-    return kpos, _logits(q, kT, qpos, kpos, start, row_lim, scale, slope, DOT_PREC)
+    z = _dot(q, kT, None, DOT_PREC) * scale
+    if slope != 0:
+        z += _alibi(slope, qpos, kpos)
+    if (t < ti0) | (t >= ti1):
+        z = tl.where(_in_range(kpos[None, :], start, row_lim[:, None]), z, float("-inf"))
+    return kpos, z
 
 
 def _query_block(
     Q,
     K,
     V,
-    TileMask,
     Alpha,
     Slopes,
     Starts,
     Ends,
+    BandLo,
+    BandHi,
     sqb,
     sqh,
     sqn,
@@ -336,21 +438,23 @@ def _query_block(
     Nq,
     Nk,
     n_qb,
-    n_kt,
     causal,
     D: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     MODE: tl.constexpr,
+    HAS_BAND: tl.constexpr,
 ):
-    """The start of every block kernel's program (grid (⌈Nq/BM⌉, B·H)): its query rows and what they see.
+    """The start of every block kernel's program (grid (B·H, ⌈Nq/BM⌉)): its query rows and what they see.
 
-    Returns (bh, rows (BM,), rmask = real rows, qpos = their absolute positions, start, row_lim (BM,): each
-    row sees the keys [start, row_lim), which lie in the key tiles t0 ≤ t < t1 (kend = max row_lim);
-    am1 = α − 1 and the slope of the head; q (BM, D); k_base, v_base: the kv head's K and V; mask_row: the
-    block's row of the tile mask)."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    Query blocks run longest first: program (bh, j) takes block n_qb − 1 − j, so under causal masking the
+    blocks with the most key tiles are dispatched first for every head and the short ones fill the tail.
+    Returns (bh, pid_m, rows (BM,), rmask = real rows, qpos = their absolute positions, start, row_lim (BM,):
+    each row sees the keys [start, row_lim), within the key tiles t0 ≤ t < t1 (kend = max row_lim; with a
+    band, only the tiles that can hold support); the interior tiles ti0 ≤ t < ti1 lie inside every row's
+    range; am1 = α − 1 and the slope of the head; q (BM, D); k_base, v_base: the kv head's K and V)."""
+    bh = tl.program_id(0)
+    pid_m = n_qb - 1 - tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = bh % H
     hk = h // GROUP
@@ -361,42 +465,36 @@ def _query_block(
     kend = tl.max(row_lim, 0)
     am1, slope = _head_consts(Alpha, Slopes, h, MODE)
     q = _load_tile(Q + b * sqb + h * sqh, rows, rmask, sqn, sqd, D)
-    mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
+    lim_min = tl.min(tl.where(rmask, row_lim, Nk + BN), 0)
+    t0 = start // BN
+    t1 = (kend + BN - 1) // BN
+    if HAS_BAND:
+        brow = bh.to(tl.int64) * Nq + rows
+        band_lo = tl.min(tl.load(BandLo + brow, mask=rmask, other=Nk), 0)
+        band_hi = tl.max(tl.load(BandHi + brow, mask=rmask, other=0), 0)
+        t0 = tl.maximum(t0, band_lo // BN)
+        t1 = tl.minimum(t1, (band_hi + BN - 1) // BN)
+        t1 = tl.maximum(t1, t0)
+    ti0 = (start + BN - 1) // BN
+    ti1 = tl.maximum(lim_min // BN, ti0)
     return (
         bh,
+        pid_m,
         rows,
         rmask,
         rows + (Nk - Nq),
         start,
         row_lim,
         kend,
-        start // BN,
-        (kend + BN - 1) // BN,
+        t0,
+        t1,
+        ti0,
+        ti1,
         am1,
         slope,
         q,
         K + b * skb + hk * skh,
         V + b * svb + hk * svh,
-        mask_row,
-    )
-
-
-def _bwd_rows(DO, Stats, bh, rows, rmask, Nq, plane, D: tl.constexpr):
-    """What the backward reads per query row of head bh: (row0 = the head's first row in the (B·H·Nq) row
-    arrays, dO (BM, D) from the contiguous DO, and the forward's statistics M, τ, 1/Σp; `plane` = B·H·Nq)."""
-    row0 = bh.to(tl.int64) * Nq
-    do = _load_tile(DO + row0 * D, rows, rmask, D, 1, D)
-    m, tau, inv = _row_stats(Stats, rows, rmask, row0, plane)
-    return row0, do, m, tau, inv
-
-
-def _row_stats(Stats, rows, rmask, row0, plane):
-    """The forward's row statistics (M, τ, 1/Σp) of rows row0 + rows (`plane` = B·H·Nq)."""
-    srow = Stats + row0 + rows
-    return (
-        tl.load(srow, mask=rmask, other=0.0),
-        tl.load(srow + plane, mask=rmask, other=0.0),
-        tl.load(srow + 2 * plane, mask=rmask, other=0.0),
     )
 
 
@@ -406,11 +504,15 @@ def _fwd_kernel(
     V,
     O,  # noqa: E741 (the output pointer; Q, K, V, O as in the attention formula)
     Stats,
+    UV,
     TileMask,
+    Counts,
     Alpha,
     Slopes,
     Starts,
     Ends,
+    BandLo,
+    BandHi,
     sqb,
     sqh,
     sqn,
@@ -439,85 +541,121 @@ def _fwd_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     MODE: tl.constexpr,
-    MAX_ITER: tl.constexpr,
+    P0: tl.constexpr,
+    P: tl.constexpr,
+    MAX_SWEEPS: tl.constexpr,
     TOL: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    HAS_BAND: tl.constexpr,
+    STORE_UV: tl.constexpr,
+    COUNT: tl.constexpr,
 ):
-    """Grid (⌈Nq/BM⌉, B·H). Writes O, Stats[0..2] = (row max M, τ, 1/Σp) and the tile mask bits of the
-    key tiles t0 ≤ t < t1 (the backward reads no others)."""
-    bh, rows, rmask, qpos, start, row_lim, kend, t0, t1, am1, slope, q, k_base, v_base, mask_row = _query_block(
-        Q,
-        K,
-        V,
-        TileMask,
-        Alpha,
-        Slopes,
-        Starts,
-        Ends,
-        sqb,
-        sqh,
-        sqn,
-        sqd,
-        skb,
-        skh,
-        svb,
-        svh,
-        H,
-        GROUP,
-        Nq,
-        Nk,
-        n_qb,
-        n_kt,
-        causal,
-        D,
-        BM,
-        BN,
-        MODE,
+    """Grid (B·H, ⌈Nq/BM⌉). Writes O, Stats[0..2] = (row max M, τ, 1/Σp), the tile mask bits of the key
+    tiles t0 ≤ t < t1 (1 where some p > 0; the caller zeroes the rest), with STORE_UV the backward's
+    Σ_j u_ij v_j / Σ_j u_ij per row (UV, fp32), and with COUNT the program's counters (Counts: sweeps,
+    key tiles visited over all passes, key tiles of the block's causal range, rows finished uncertified)."""
+    (bh, pid_m, rows, rmask, qpos, start, row_lim, kend, t0, t1, ti0, ti1, am1, slope, q, k_base, v_base) = (
+        _query_block(
+            Q,
+            K,
+            V,
+            Alpha,
+            Slopes,
+            Starts,
+            Ends,
+            BandLo,
+            BandHi,
+            sqb,
+            sqh,
+            sqn,
+            sqd,
+            skb,
+            skh,
+            svb,
+            svh,
+            H,
+            GROUP,
+            Nq,
+            Nk,
+            n_qb,
+            causal,
+            D,
+            BM,
+            BN,
+            MODE,
+            HAS_BAND,
+        )
     )
 
     # 1. row max
     m = tl.full([BM], float("-inf"), tl.float32)
     for t in range(t0, t1):
-        kpos, z = _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN, DOT_PREC)
-        m = tl.maximum(m, tl.max(z, 1))
+        kpos, z = _block_scores(
+            q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+        )
+        m = tl.maximum(m, _rmax(z, 1))
     m = tl.where(row_lim > 0, m, 0.0)
 
-    # 2. threshold
-    lo, hi, tau, active = _solver_start(tl.maximum(row_lim - start, 0), am1, MODE)
-    it = 0
+    # 2. threshold: a first sweep at P0 points spread over the bracket, then sweeps at P points (see
+    # `_bracket_update`) until every row of the block has finished
+    lo = tl.full([BM], -1.0, tl.float32)
+    hi = _bracket_hi(tl.maximum(row_lim - start, 0), am1, MODE)
+    tau = lo
+    active = (row_lim - start) > 1
+    uncertified = tl.zeros([BM], tl.int32)
+    lhi = tl.log2(-hi)
+    # (the first sweep's sums have P0 columns: names of their own, since loop-carried values keep one type)
+    cnt0, sw0, sp0, mind0, dneg0 = _sweep_sums(BM, P0)
+    for t in range(t0, t1):
+        kpos, z = _block_scores(
+            q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+        )
+        X = am1 * (z - m[:, None])
+        cnt0, sw0, sp0, mind0, dneg0 = _sweep_tile(X, lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, True, MODE)
+    was = active
+    lo, hi, tau, active, cert = _bracket_update(
+        lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, lo, hi, tau, active, am1, P0, True, MODE, TOL
+    )
+    uncertified += (was & (active == 0) & (cert == 0)).to(tl.int32)
+    sweeps = 1
     n_active = tl.sum(active.to(tl.int32), 0)
-    while (it < MAX_ITER) & (n_active > 0):
-        floor = tl.where(active, lo, tau)  # ≤ every later τ of the row: tiles below it stay dead
-        fsum = tl.zeros([BM], tl.float32)
-        wsum = tl.zeros([BM], tl.float32)
-        cnt = tl.zeros([BM], tl.float32)
-        mind = tl.full([BM], float("inf"), tl.float32)
+    while (sweeps < MAX_SWEEPS) & (n_active > 0):
+        pa, pb = _later_bounds(lo, hi, MODE)
+        cnt, sw, sp, mind, dneg = _sweep_sums(BM, P)
         for t in range(t0, t1):
-            if (it == 0) | _tile_live(mask_row, t, True):  # the first sweep writes every tile's bit
-                kpos, z = _tile_logits(
-                    q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN, DOT_PREC
-                )
-                X = am1 * (z - m[:, None])
-                fsum, wsum, cnt, mind = _sweep_add(X - tau[:, None], am1, fsum, wsum, cnt, mind, 1, MODE)
-                live = tl.max(tl.max(tl.where(X > floor[:, None], 1, 0), 1), 0)
-                tl.store(mask_row + t, live.to(tl.int8))
-        tau, lo, hi, active = _tau_update(tau, lo, hi, active, fsum, wsum, cnt, mind, am1, MODE, TOL)
+            kpos, z = _block_scores(
+                q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+            )
+            X = am1 * (z - m[:, None])
+            cnt, sw, sp, mind, dneg = _sweep_tile(X, pa, pb, cnt, sw, sp, mind, dneg, am1, P, False, MODE)
+        was = active
+        lo, hi, tau, active, cert = _bracket_update(
+            pa, pb, cnt, sw, sp, mind, dneg, lo, hi, tau, active, am1, P, False, MODE, TOL
+        )
+        uncertified += (was & (active == 0) & (cert == 0)).to(tl.int32)
         n_active = tl.sum(active.to(tl.int32), 0)
-        it += 1
+        sweeps += 1
+    tau = tl.where(active, lo, tau)  # rows still open at the sweep cap end at their lower bound
+    uncertified += active.to(tl.int32)
 
-    # 3. output; the mask becomes exact (some p > 0) for the backward
+    # 3. output; the tile mask records the tiles holding some p > 0 (what the backward visits)
     acc = tl.zeros([BM, D], tl.float32)
     lsum = tl.zeros([BM], tl.float32)
+    uacc = tl.zeros([BM, D], tl.float32)
+    usum = tl.zeros([BM], tl.float32)
+    mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
     for t in range(t0, t1):
-        if (it == 0) | _tile_live(mask_row, t, True):
-            kpos, z = _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN, DOT_PREC)
-            p, _ = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
-            nz = tl.max(tl.max(p, 1), 0) > 0
-            tl.store(mask_row + t, nz.to(tl.int8))
-            if nz:
-                v = _load_tile(v_base, kpos, _in_range(kpos, start, kend), svn, svd, D)
-                acc = _dot(p.to(v.dtype), v, acc, DOT_PREC)
-                lsum += tl.sum(p, 1)
+        kpos, z = _block_scores(
+            q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+        )
+        p, w = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
+        v = _load_tile(v_base, kpos, _in_range(kpos, start, kend), svn, svd, D)
+        acc = _dot(p.to(v.dtype), v, acc, DOT_PREC)
+        lsum += _rsum(p, 1)
+        if STORE_UV:
+            uacc = _dot(w.to(v.dtype), v, uacc, DOT_PREC)
+            usum += _rsum(w, 1)
+        tl.store(mask_row + t, (_rmax(_rmax(p, 1), 0) > 0).to(tl.int8))
     inv = tl.where(lsum > 0, 1.0 / tl.where(lsum > 0, lsum, 1.0), 0.0)
     dcol = tl.arange(0, D)
     tl.store(
@@ -525,11 +663,41 @@ def _fwd_kernel(
         (acc * inv[:, None]).to(O.dtype.element_ty),
         mask=rmask[:, None],
     )
-    srow = Stats + bh.to(tl.int64) * Nq + rows
-    plane = tl.num_programs(1).to(tl.int64) * Nq  # B·H·Nq
+    row0 = bh.to(tl.int64) * Nq
+    if STORE_UV:
+        uinv = tl.where(usum > 0, 1.0 / tl.where(usum > 0, usum, 1.0), 0.0)
+        tl.store(UV + (row0 + rows[:, None]) * D + dcol[None, :], uacc * uinv[:, None], mask=rmask[:, None])
+    srow = Stats + row0 + rows
+    plane = tl.num_programs(0).to(tl.int64) * Nq  # B·H·Nq
     tl.store(srow, m, mask=rmask)
     tl.store(srow + plane, tau, mask=rmask)
     tl.store(srow + 2 * plane, inv, mask=rmask)
+    if COUNT:
+        crow = Counts + (bh.to(tl.int64) * n_qb + pid_m) * 4
+        n_causal = (kend + BN - 1) // BN - start // BN
+        tl.store(crow, sweeps)
+        tl.store(crow + 1, (sweeps + 2) * (t1 - t0))
+        tl.store(crow + 2, n_causal)
+        tl.store(crow + 3, tl.sum(uncertified, 0))
+
+
+def _bwd_rows(DO, Stats, bh, rows, rmask, Nq, plane, D: tl.constexpr):
+    """What the backward reads per query row of head bh: (row0 = the head's first row in the (B·H·Nq) row
+    arrays, dO (BM, D) from the contiguous DO, and the forward's statistics M, τ, 1/Σp; `plane` = B·H·Nq)."""
+    row0 = bh.to(tl.int64) * Nq
+    do = _load_tile(DO + row0 * D, rows, rmask, D, 1, D)
+    m, tau, inv = _row_stats(Stats, rows, rmask, row0, plane)
+    return row0, do, m, tau, inv
+
+
+def _row_stats(Stats, rows, rmask, row0, plane):
+    """The forward's row statistics (M, τ, 1/Σp) of rows row0 + rows (`plane` = B·H·Nq)."""
+    srow = Stats + row0 + rows
+    return (
+        tl.load(srow, mask=rmask, other=0.0),
+        tl.load(srow + plane, mask=rmask, other=0.0),
+        tl.load(srow + 2 * plane, mask=rmask, other=0.0),
+    )
 
 
 def _bwd_prep_kernel(
@@ -538,7 +706,6 @@ def _bwd_prep_kernel(
     V,
     DO,
     Stats,
-    TileMask,
     Delta,
     Alpha,
     Slopes,
@@ -561,57 +728,59 @@ def _bwd_prep_kernel(
     Nq,
     Nk,
     n_qb,
-    n_kt,
     scale,
     causal,
     D: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     MODE: tl.constexpr,
-    USE_MASK: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """Grid (⌈Nq/BM⌉, B·H): δ_i = dO_i · Σ_j u_ij v_j / Σ_j u_ij (u unnormalised: the scale cancels).
-    dO is contiguous (B, H, Nq, D)."""
-    bh, rows, rmask, qpos, start, row_lim, kend, t0, t1, am1, slope, q, k_base, v_base, mask_row = _query_block(
-        Q,
-        K,
-        V,
-        TileMask,
-        Alpha,
-        Slopes,
-        Starts,
-        Ends,
-        sqb,
-        sqh,
-        sqn,
-        sqd,
-        skb,
-        skh,
-        svb,
-        svh,
-        H,
-        GROUP,
-        Nq,
-        Nk,
-        n_qb,
-        n_kt,
-        causal,
-        D,
-        BM,
-        BN,
-        MODE,
+    """Grid (B·H, ⌈Nq/BM⌉): δ_i = dO_i · Σ_j u_ij v_j / Σ_j u_ij (u unnormalised: the scale cancels), for
+    the rows whose forward kept no Σ u·v (the decode path). dO is contiguous (B, H, Nq, D)."""
+    (bh, pid_m, rows, rmask, qpos, start, row_lim, kend, t0, t1, ti0, ti1, am1, slope, q, k_base, v_base) = (
+        _query_block(
+            Q,
+            K,
+            V,
+            Alpha,
+            Slopes,
+            Starts,
+            Ends,
+            Starts,
+            Ends,
+            sqb,
+            sqh,
+            sqn,
+            sqd,
+            skb,
+            skh,
+            svb,
+            svh,
+            H,
+            GROUP,
+            Nq,
+            Nk,
+            n_qb,
+            causal,
+            D,
+            BM,
+            BN,
+            MODE,
+            False,
+        )
     )
-    row0, do, m, tau, inv = _bwd_rows(DO, Stats, bh, rows, rmask, Nq, tl.num_programs(1).to(tl.int64) * Nq, D)
+    row0, do, m, tau, inv = _bwd_rows(DO, Stats, bh, rows, rmask, Nq, tl.num_programs(0).to(tl.int64) * Nq, D)
     usum = tl.zeros([BM], tl.float32)
     uv = tl.zeros([BM, D], tl.float32)
     for t in range(t0, t1):
-        if _tile_live(mask_row, t, USE_MASK):
-            kpos, z = _tile_logits(q, k_base, t, start, kend, skn, skd, qpos, row_lim, scale, slope, D, BN, DOT_PREC)
-            _, w = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
-            v = _load_tile(v_base, kpos, _in_range(kpos, start, kend), svn, svd, D)
-            usum += tl.sum(w, 1)
-            uv = _dot(w.to(v.dtype), v, uv, DOT_PREC)
+        kpos, z = _block_scores(
+            q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+        )
+        _, w = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
+        v = _load_tile(v_base, kpos, _in_range(kpos, start, kend), svn, svd, D)
+        usum += _rsum(w, 1)
+        uv = _dot(w.to(v.dtype), v, uv, DOT_PREC)
     delta = tl.sum(do.to(tl.float32) * uv, 1)
     delta = tl.where(usum > 0, delta / tl.where(usum > 0, usum, 1.0), 0.0)
     tl.store(Delta + row0 + rows, delta, mask=rmask)
@@ -626,7 +795,8 @@ def _bwd_dkdv_kernel(
     DV,
     Stats,
     Delta,
-    TileMask,
+    Blocks,
+    NBlocks,
     Alpha,
     Slopes,
     Starts,
@@ -655,51 +825,48 @@ def _bwd_dkdv_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     MODE: tl.constexpr,
-    USE_MASK: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """Grid (⌈Nk/BN⌉, B·Hkv): dk, dv of one key tile, summed over the GQA group's query heads and the
-    query blocks that see the tile. dO, DK, DV are contiguous."""
-    pid_n = tl.program_id(0)
-    bhk = tl.program_id(1)
+    """Grid (B·Hkv, ⌈Nk/BN⌉): dk, dv of one key tile, summed over the GQA group's query heads and the
+    query blocks that hold support in the tile: Blocks (B·H, n_kt, n_qb) int32 lists them first for each
+    (head, key tile), NBlocks (B·H, n_kt) counts them, so the loop is a plain, pipelined one. dO, DK, DV
+    are contiguous."""
+    bhk = tl.program_id(0)
+    pid_n = tl.program_id(1)
     Hkv = H // GROUP
     b = (bhk // Hkv).to(tl.int64)
     hk = bhk % Hkv
     kpos = pid_n * BN + tl.arange(0, BN)
     start, end = _key_range(Starts, Ends, b, Nk)
-    # every key of the tile is loaded (masking the load by [start, end) added ~100 bytes of register spills
-    # at D = 128): keys outside the range still enter no logit, and their dk, dv come out zero if finite
+    # every key of the tile is loaded (masking the load by [start, end) added register spills at D = 128):
+    # keys outside the range still enter no logit, and their dk, dv come out zero if finite
     kmask = kpos < Nk
     k = _load_tile(K + b * skb + hk * skh, kpos, kmask, skn, skd, D)
     v = _load_tile(V + b * svb + hk * svh, kpos, kmask, svn, svd, D)
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
-    plane = (tl.num_programs(1) * GROUP).to(tl.int64) * Nq
-    # causal: the first query block holding a row that sees a key of the tile (its position is at least
-    # the tile's first visible key). Every (block, tile) pair visited here was visited by the forward,
-    # which wrote its tile mask bit.
-    qb0 = tl.where(causal != 0, tl.maximum(tl.maximum(pid_n * BN, start) - (Nk - Nq), 0) // BM, 0)
-    if (pid_n * BN < end) & (pid_n * BN + BN > start) & (start < end):
-        for hh in range(GROUP):
-            h = hk * GROUP + hh
-            bh = b * H + h
-            row0 = bh * Nq
-            am1, slope = _head_consts(Alpha, Slopes, h, MODE)
-            for qb in range(qb0, n_qb):
-                if _tile_live(TileMask + (bh * n_qb + qb) * n_kt, pid_n, USE_MASK):
-                    rows = qb * BM + tl.arange(0, BM)
-                    rmask = rows < Nq
-                    row_lim = _row_limits(rows, Nq, Nk, start, end, causal)
-                    q = _load_tile(Q + b * sqb + h * sqh, rows, rmask, sqn, sqd, D)
-                    do = _load_tile(DO + row0 * D, rows, rmask, D, 1, D)
-                    m, tau, inv = _row_stats(Stats, rows, rmask, row0, plane)
-                    delta = tl.load(Delta + row0 + rows, mask=rmask, other=0.0)
-                    zT = _logits_t(k, tl.trans(q), rows + (Nk - Nq), kpos, start, row_lim, scale, slope, DOT_PREC)
-                    p, w = _powers(am1 * (zT - m[None, :]) - tau[None, :], am1, MODE)
-                    dv = _dot((p * inv[None, :]).to(do.dtype), do, dv, DOT_PREC)
-                    gT = _dot(v, tl.trans(do), None, DOT_PREC)
-                    dsT = w * _u_norm(inv, am1, MODE)[None, :] * (gT - delta[None, :])
-                    dk = _dot(dsT.to(q.dtype), q, dk, DOT_PREC)
+    plane = (tl.num_programs(0) * GROUP).to(tl.int64) * Nq
+    for hh in range(GROUP):
+        h = hk * GROUP + hh
+        bh = b * H + h
+        row0 = bh * Nq
+        am1, slope = _head_consts(Alpha, Slopes, h, MODE)
+        lst = Blocks + (bh * n_kt + pid_n) * n_qb
+        for i in range(tl.load(NBlocks + bh * n_kt + pid_n)):
+            qb = tl.load(lst + i)
+            rows = qb * BM + tl.arange(0, BM)
+            rmask = rows < Nq
+            row_lim = _row_limits(rows, Nq, Nk, start, end, causal)
+            q = _load_tile(Q + b * sqb + h * sqh, rows, rmask, sqn, sqd, D)
+            do = _load_tile(DO + row0 * D, rows, rmask, D, 1, D)
+            m, tau, inv = _row_stats(Stats, rows, rmask, row0, plane)
+            delta = tl.load(Delta + row0 + rows, mask=rmask, other=0.0)
+            zT = _logits_t(k, tl.trans(q), rows + (Nk - Nq), kpos, start, row_lim, scale, slope, DOT_PREC)
+            p, w = _powers(am1 * (zT - m[None, :]) - tau[None, :], am1, MODE)
+            dv = _dot((p * inv[None, :]).to(do.dtype), do, dv, DOT_PREC)
+            gT = _dot(v, tl.trans(do), None, DOT_PREC)
+            dsT = w * _u_norm(inv, am1, MODE)[None, :] * (gT - delta[None, :])
+            dk = _dot(dsT.to(q.dtype), q, dk, DOT_PREC)
     out = (bhk.to(tl.int64) * Nk + kpos[:, None]) * D + tl.arange(0, D)[None, :]
     tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=kmask[:, None])
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kmask[:, None])
@@ -713,7 +880,8 @@ def _bwd_dq_kernel(
     DQ,
     Stats,
     Delta,
-    TileMask,
+    Tiles,
+    NTiles,
     Alpha,
     Slopes,
     Starts,
@@ -742,54 +910,59 @@ def _bwd_dq_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     MODE: tl.constexpr,
-    USE_MASK: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """Grid (⌈Nq/BM⌉, B·H): dq of one query block over its live key tiles. dO, DQ are contiguous."""
-    bh, rows, rmask, qpos, start, row_lim, kend, t0, t1, am1, slope, q, k_base, v_base, mask_row = _query_block(
-        Q,
-        K,
-        V,
-        TileMask,
-        Alpha,
-        Slopes,
-        Starts,
-        Ends,
-        sqb,
-        sqh,
-        sqn,
-        sqd,
-        skb,
-        skh,
-        svb,
-        svh,
-        H,
-        GROUP,
-        Nq,
-        Nk,
-        n_qb,
-        n_kt,
-        causal,
-        D,
-        BM,
-        BN,
-        MODE,
+    """Grid (B·H, ⌈Nq/BM⌉): dq of one query block over the key tiles holding its support: Tiles (B·H, n_qb,
+    n_kt) int32 lists them first for each query block, NTiles (B·H, n_qb) counts them. dO, DQ are
+    contiguous."""
+    (bh, pid_m, rows, rmask, qpos, start, row_lim, kend, t0, t1, ti0, ti1, am1, slope, q, k_base, v_base) = (
+        _query_block(
+            Q,
+            K,
+            V,
+            Alpha,
+            Slopes,
+            Starts,
+            Ends,
+            Starts,
+            Ends,
+            sqb,
+            sqh,
+            sqn,
+            sqd,
+            skb,
+            skh,
+            svb,
+            svh,
+            H,
+            GROUP,
+            Nq,
+            Nk,
+            n_qb,
+            causal,
+            D,
+            BM,
+            BN,
+            MODE,
+            False,
+        )
     )
-    row0, do, m, tau, inv = _bwd_rows(DO, Stats, bh, rows, rmask, Nq, tl.num_programs(1).to(tl.int64) * Nq, D)
+    row0, do, m, tau, inv = _bwd_rows(DO, Stats, bh, rows, rmask, Nq, tl.num_programs(0).to(tl.int64) * Nq, D)
     delta = tl.load(Delta + row0 + rows, mask=rmask, other=0.0)
     unorm = _u_norm(inv, am1, MODE)
     dq = tl.zeros([BM, D], tl.float32)
-    for t in range(t0, t1):
-        if _tile_live(mask_row, t, USE_MASK):
-            kpos = t * BN + tl.arange(0, BN)
-            kvalid = _in_range(kpos, start, kend)
-            k = _load_tile(k_base, kpos, kvalid, skn, skd, D)
-            v = _load_tile(v_base, kpos, kvalid, svn, svd, D)
-            z = _logits(q, tl.trans(k), qpos, kpos, start, row_lim, scale, slope, DOT_PREC)
-            _, w = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
-            g = _dot(do, tl.trans(v), None, DOT_PREC)
-            ds = w * unorm[:, None] * (g - delta[:, None])
-            dq = _dot(ds.to(k.dtype), k, dq, DOT_PREC)
+    lst = Tiles + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
+    for i in range(tl.load(NTiles + bh.to(tl.int64) * n_qb + pid_m)):
+        t = tl.load(lst + i)
+        kpos = t * BN + tl.arange(0, BN)
+        kvalid = _in_range(kpos, start, kend)
+        k = _load_tile(k_base, kpos, kvalid, skn, skd, D)
+        v = _load_tile(v_base, kpos, kvalid, svn, svd, D)
+        z = _logits(q, tl.trans(k), qpos, kpos, start, row_lim, scale, slope, DOT_PREC)
+        _, w = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
+        g = _dot(do, tl.trans(v), None, DOT_PREC)
+        ds = w * unorm[:, None] * (g - delta[:, None])
+        dq = _dot(ds.to(k.dtype), k, dq, DOT_PREC)
     dq = dq * scale
     dcol = tl.arange(0, D)
     tl.store(DQ + (row0 + rows[:, None]) * D + dcol[None, :], dq.to(DQ.dtype.element_ty), mask=rmask[:, None])
@@ -863,13 +1036,88 @@ def _dec_scores_kernel(
         # reach past j1 into the next split, which owns (and counts) those keys
         z = _logits(q, kT, i + (Nk - Nq), kpos, start, tl.minimum(row_lim, j1), scale, slope, DOT_PREC)
         tl.store(Z + srow[:, None] * Nk + kpos[None, :], z, mask=rvalid[:, None] & (kpos[None, :] < j1))
-        m = tl.maximum(m, tl.max(z, 1))
+        m = tl.maximum(m, _rmax(z, 1))
     tl.store(Mpart + srow * n_split + s, m, mask=rvalid)
+
+
+def _dec_row(Mpart, Alpha, Starts, Ends, row, H, Nq, Nk, n_split, causal, BLOCK_S: tl.constexpr, MODE: tl.constexpr):
+    """A decode row's (start, lim (as a 1-vector and a scalar), row max M from the split maxima, α − 1)."""
+    bh = row // Nq
+    start, end = _key_range(Starts, Ends, bh // H, Nk)
+    lim1 = _row_limits(row % Nq + tl.zeros([1], tl.int32), Nq, Nk, start, end, causal)  # the row as a 1-vector
+    lim = tl.max(lim1, 0)
+    sidx = tl.arange(0, BLOCK_S)
+    m = _rmax(tl.load(Mpart + row.to(tl.int64) * n_split + sidx, mask=sidx < n_split, other=float("-inf")), 0)
+    m = tl.where(lim > 0, m, 0.0)
+    return start, lim1, lim, m, _alpha_minus_one(Alpha, bh % H, MODE)
+
+
+def _dec_filter_kernel(
+    Z,
+    Mpart,
+    Cand,
+    Cnt,
+    Alpha,
+    Starts,
+    Ends,
+    H,
+    Nq,
+    Nk,
+    split,
+    n_split,
+    cap,
+    causal,
+    BLOCK_J: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    MODE: tl.constexpr,
+):
+    """Grid (n_split, B·H·Nq): the candidates of one split of one row, its visible logits with X = (α−1)(z − M)
+    > −1 (a superset of the support, since τ ≥ −1), packed in key order into Cand (rows, n_split, cap); Cnt
+    (rows, n_split) their count, which may exceed cap (the row then solves over all its logits). Every split
+    of every row runs at once, so the per-row solve reads a few percent of the row instead of all of it."""
+    s = tl.program_id(0)
+    row = tl.program_id(1)
+    start, lim1, lim, m, am1 = _dec_row(Mpart, Alpha, Starts, Ends, row, H, Nq, Nk, n_split, causal, BLOCK_S, MODE)
+    seg = row.to(tl.int64) * n_split + s
+    zrow = Z + row.to(tl.int64) * Nk
+    j0 = tl.maximum(s * split, start)
+    j1 = tl.minimum(s * split + split, lim)
+    count = 0
+    for c0 in range(j0, j1, BLOCK_J):
+        j = c0 + tl.arange(0, BLOCK_J)
+        x = tl.load(zrow + j, mask=j < j1, other=float("-inf"))
+        keep = am1 * (x - m) > -1.0
+        pos = count + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(Cand + seg * cap + pos, x, mask=keep & (pos < cap))
+        count += tl.sum(keep.to(tl.int32), 0)
+    tl.store(Cnt + seg, count)
+
+
+def _dec_sweep(
+    zrow, Cand, Cnt, row, start, lim, n_split, cap, overflow, m, a, b, am1, BLOCK_J: tl.constexpr, P, GEOM, MODE
+):
+    """One sweep of the decode solve (`_sweep_tile` sums at the points of `_point(a, b, ·)`) over the row's
+    candidates, split by split; over all its logits [start, lim) when some split overflowed its candidates."""
+    cnt, sw, sp, mind, dneg = _sweep_sums(1, P)
+    n_seg = tl.where(overflow, 1, n_split)
+    for s in range(n_seg):
+        seg = row.to(tl.int64) * n_split + s
+        base = tl.where(overflow, zrow + start, Cand + seg * cap)
+        length = tl.where(overflow, lim - start, tl.minimum(tl.load(Cnt + seg), cap))
+        for j0 in range(0, length, BLOCK_J):
+            j = j0 + tl.arange(0, BLOCK_J)
+            x = tl.load(base + j, mask=j < length, other=float("-inf"))
+            cnt, sw, sp, mind, dneg = _sweep_tile(
+                am1 * (x[None, :] - m), a, b, cnt, sw, sp, mind, dneg, am1, P, GEOM, MODE
+            )
+    return cnt, sw, sp, mind, dneg
 
 
 def _dec_solve_kernel(
     Z,
     Mpart,
+    Cand,
+    Cnt,
     Stats,
     Alpha,
     Starts,
@@ -878,40 +1126,49 @@ def _dec_solve_kernel(
     Nq,
     Nk,
     n_split,
+    cap,
     causal,
     BLOCK_J: tl.constexpr,
     BLOCK_S: tl.constexpr,
     MODE: tl.constexpr,
-    MAX_ITER: tl.constexpr,
+    P0: tl.constexpr,
+    P: tl.constexpr,
+    MAX_SWEEPS: tl.constexpr,
     TOL: tl.constexpr,
 ):
-    """Grid (B·H·Nq,): the row max from the split maxima, then τ by sweeps over the row's scratch logits
-    [start, lim). Writes Stats[0] = M, Stats[1] = τ (Stats[2] is set after the output reduction)."""
+    """Grid (B·H·Nq,): τ of one row by the block kernel's sweeps (`_bracket_update`) over the row's candidates
+    (`_dec_filter_kernel`). Writes Stats[0] = M, Stats[1] = τ (Stats[2] is set after the output reduction)."""
     row = tl.program_id(0)
-    bh = row // Nq
-    start, end = _key_range(Starts, Ends, bh // H, Nk)
-    lim1 = _row_limits(row % Nq + tl.zeros([1], tl.int32), Nq, Nk, start, end, causal)  # the row as a 1-vector
-    lim = tl.max(lim1, 0)
-    sidx = tl.arange(0, BLOCK_S)
-    m = tl.max(tl.load(Mpart + row.to(tl.int64) * n_split + sidx, mask=sidx < n_split, other=float("-inf")), 0)
-    m = tl.where(lim > 0, m, 0.0)
-    am1 = _alpha_minus_one(Alpha, bh % H, MODE)
+    start, lim1, lim, m, am1 = _dec_row(Mpart, Alpha, Starts, Ends, row, H, Nq, Nk, n_split, causal, BLOCK_S, MODE)
     zrow = Z + row.to(tl.int64) * Nk
-    lo, hi, tau, active = _solver_start(tl.maximum(lim1 - start, 0), am1, MODE)
-    it = 0
+    sidx = tl.arange(0, BLOCK_S)
+    counts = tl.load(Cnt + row.to(tl.int64) * n_split + sidx, mask=sidx < n_split, other=0)
+    overflow = tl.max(counts, 0) > cap
+    nkeys = tl.maximum(lim1 - start, 0)
+    lo = tl.full([1], -1.0, tl.float32)
+    hi = _bracket_hi(nkeys, am1, MODE)
+    tau = lo
+    active = nkeys > 1
+    lhi = tl.log2(-hi)
+    cnt0, sw0, sp0, mind0, dneg0 = _dec_sweep(
+        zrow, Cand, Cnt, row, start, lim, n_split, cap, overflow, m, lhi, lhi, am1, BLOCK_J, P0, True, MODE
+    )
+    lo, hi, tau, active, _ = _bracket_update(
+        lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, lo, hi, tau, active, am1, P0, True, MODE, TOL
+    )
+    sweeps = 1
     n_active = tl.sum(active.to(tl.int32), 0)
-    while (it < MAX_ITER) & (n_active > 0):
-        fsum = tl.zeros([1], tl.float32)
-        wsum = tl.zeros([1], tl.float32)
-        cnt = tl.zeros([1], tl.float32)
-        mind = tl.full([1], float("inf"), tl.float32)
-        for j0 in range(start, lim, BLOCK_J):
-            j = j0 + tl.arange(0, BLOCK_J)
-            x = tl.load(zrow + j, mask=j < lim, other=float("-inf"))
-            fsum, wsum, cnt, mind = _sweep_add(am1 * (x - m) - tau, am1, fsum, wsum, cnt, mind, 0, MODE)
-        tau, lo, hi, active = _tau_update(tau, lo, hi, active, fsum, wsum, cnt, mind, am1, MODE, TOL)
+    while (sweeps < MAX_SWEEPS) & (n_active > 0):
+        pa, pb = _later_bounds(lo, hi, MODE)
+        cnt, sw, sp, mind, dneg = _dec_sweep(
+            zrow, Cand, Cnt, row, start, lim, n_split, cap, overflow, m, pa, pb, am1, BLOCK_J, P, False, MODE
+        )
+        lo, hi, tau, active, _ = _bracket_update(
+            pa, pb, cnt, sw, sp, mind, dneg, lo, hi, tau, active, am1, P, False, MODE, TOL
+        )
         n_active = tl.sum(active.to(tl.int32), 0)
-        it += 1
+        sweeps += 1
+    tau = tl.where(active, lo, tau)
     plane = tl.num_programs(0).to(tl.int64)
     one = tl.arange(0, 1)
     tl.store(Stats + row + one, m + tl.zeros([1], tl.float32))
@@ -971,10 +1228,10 @@ def _dec_out_kernel(
         seen = (kpos[None, :] < row_lim[:, None]) & (kpos[None, :] < j1)
         z = tl.load(Z + srow[:, None] * Nk + kpos[None, :], mask=seen, other=float("-inf"))
         p, _ = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
-        if tl.max(tl.max(p, 1), 0) > 0:
+        if _rmax(_rmax(p, 1), 0) > 0:
             v = _load_tile(v_base, kpos, kpos < j1, svn, svd, D)
             acc = _dot(p.to(v.dtype), v, acc, DOT_PREC)
-            lsum += tl.sum(p, 1)
+            lsum += _rsum(p, 1)
     out = srow * n_split + s
     tl.store(Opart + out[:, None] * D + tl.arange(0, D)[None, :], acc, mask=rvalid[:, None])
     tl.store(Lpart + out, lsum, mask=rvalid)
@@ -988,32 +1245,42 @@ _JIT_NAMES = (
     "_alpha_minus_one",
     "_head_consts",
     "_bracket_hi",
-    "_tau_update",
-    "_solver_start",
-    "_sweep_add",
+    "_rsum",
+    "_rmax",
+    "_rmin",
+    "_point",
+    "_later_bounds",
+    "_column",
+    "_add_column",
+    "_sweep_tile",
+    "_sweep_sums",
+    "_bracket_update",
     "_dot",
-    "_tile_live",
     "_load_tile",
     "_load_tile_t",
     "_in_range",
+    "_alibi",
     "_logits",
     "_logits_t",
-    "_tile_logits",
+    "_block_scores",
     "_query_block",
     "_bwd_rows",
     "_row_stats",
     "_dec_program",
+    "_dec_row",
+    "_dec_sweep",
     "_fwd_kernel",
     "_bwd_prep_kernel",
     "_bwd_dkdv_kernel",
     "_bwd_dq_kernel",
     "_dec_scores_kernel",
+    "_dec_filter_kernel",
     "_dec_solve_kernel",
     "_dec_out_kernel",
 )
 # Sizes stay runtime values: specialising on them (Triton does for 1 and multiples of 16) would
 # compile a kernel per sequence length; strides keep their specialisation (contiguous loads).
-_SIZE_ARGS = ("H", "GROUP", "HPP", "Nq", "Nk", "n_qb", "n_kt", "split", "n_split", "causal")
+_SIZE_ARGS = ("H", "GROUP", "HPP", "Nq", "Nk", "n_qb", "n_kt", "split", "n_split", "cap", "causal")
 _RAW = {name: globals()[name] for name in _JIT_NAMES}
 _BUILT: bool | None = None  # None: not built; else whether the kernels run in the interpreter
 
@@ -1084,6 +1351,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "dec": 4,
             "dec_BN": b,
             "dec_BJ": 2 * b,
+            "stages": 1,
             "prec": {torch.float32: "ieee", torch.bfloat16: "upcast"}.get(dtype, "tf32"),
         }
     if dtype == torch.float32:  # 32×32 keeps shared memory ≤ 64 KiB at D = 128 (A100-sized too)
@@ -1096,7 +1364,8 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "dq": 4,
             "dec": 4,
             "dec_BN": 64,
-            "dec_BJ": 1024,
+            "dec_BJ": 512,
+            "stages": 2,
             "prec": "tf32x3",
         }
     if D <= 64:
@@ -1109,7 +1378,8 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "dq": 4,
             "dec": 4,
             "dec_BN": 64,
-            "dec_BJ": 1024,
+            "dec_BJ": 512,
+            "stages": 3,
             "prec": "tf32",
         }
     return {
@@ -1121,7 +1391,8 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
         "dq": 8,
         "dec": 4,
         "dec_BN": 64,
-        "dec_BJ": 1024,
+        "dec_BJ": 512,
+        "stages": 2,
         "prec": "tf32",
     }
 
@@ -1214,34 +1485,56 @@ def _forward_impl(
     scale: float,
     is_causal: bool,
     decode: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
+    need_uv: bool,
+    counts: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     _kernels()
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = H // Hkv
     mode = _mode(alpha, alpha_heads)
-    max_iter = _MAX_ITER_GENERAL if mode == _MODE_GENERAL else _MAX_ITER_EXACT
+    max_sweeps = _MAX_SWEEPS_GENERAL if mode == _MODE_GENERAL else _MAX_SWEEPS_EXACT
+    p0, p_later = SOLVER_POINTS[mode]
     cfg = _config(D, q.dtype, q.device.type)
-    alphas, slopes, starts, ends = _runtime_args(q, k, alpha, alpha_heads, slopes, key_start, key_end)
+    alphas, slopes_t, starts, ends = _runtime_args(q, k, alpha, alpha_heads, slopes, key_start, key_end)
     causal = int(is_causal)
     o = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
     stats = torch.empty((3, B, H, Nq), dtype=torch.float32, device=q.device)
+    empty = torch.empty((0,), dtype=torch.float32, device=q.device)
     if not decode:
         BM, BN = cfg["BM"], cfg["BN"]
         n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
-        # the backward reads only the bits the forward writes (see _bwd_dkdv_kernel): no fill needed
-        tile_mask = torch.empty((B, H, n_qb, n_kt), dtype=torch.int8, device=q.device)
-        _fwd_kernel[(n_qb, B * H)](
+        # tiles outside a block's band are never visited: their bits must read "no support"
+        tile_mask = torch.zeros((B, H, n_qb, n_kt), dtype=torch.int8, device=q.device)
+        uv = torch.empty((B, H, Nq, D), dtype=torch.float32, device=q.device) if need_uv else empty
+        band = None
+        if slopes is not None:
+            band = alibi_live_keys(
+                q,
+                k,
+                alibi_slopes=slopes,
+                alpha=alpha if alpha_heads is None else alpha_heads,
+                scale=scale,
+                is_causal=is_causal,
+                key_start=key_start,
+                key_end=key_end,
+            )
+        band_lo, band_hi = (starts, ends) if band is None else (band[0].contiguous(), band[1].contiguous())
+        _fwd_kernel[(B * H, n_qb)](
             q,
             k,
             v,
             o,
             stats,
+            uv if need_uv else stats,
             tile_mask,
+            stats if counts is None else counts,
             alphas,
-            slopes,
+            slopes_t,
             starts,
             ends,
+            band_lo,
+            band_hi,
             *_common_args(q, k, v),
             *o.stride(),
             H,
@@ -1256,12 +1549,18 @@ def _forward_impl(
             BM=BM,
             BN=BN,
             MODE=mode,
-            MAX_ITER=max_iter,
+            P0=p0,
+            P=p_later,
+            MAX_SWEEPS=max_sweeps,
             TOL=_TOL,
             DOT_PREC=cfg["prec"],
+            HAS_BAND=band is not None,
+            STORE_UV=need_uv,
+            COUNT=counts is not None,
             num_warps=cfg["fwd"],
+            num_stages=cfg["stages"],
         )
-        return o, stats, tile_mask
+        return o, stats, tile_mask, uv
 
     # decode: split-K logits → per-row threshold → split-K output → reduction
     BN, BJ = cfg["dec_BN"], cfg["dec_BJ"]
@@ -1279,7 +1578,7 @@ def _forward_impl(
         k,
         z,
         mpart,
-        slopes,
+        slopes_t,
         starts,
         ends,
         *q.stride(),
@@ -1299,9 +1598,34 @@ def _forward_impl(
         DOT_PREC=cfg["prec"],
         num_warps=cfg["dec"],
     )
+    cap = max(16, triton.cdiv(split, DECODE_CANDIDATE_DIVISOR))
+    cand = torch.empty((rows, n_split, cap), dtype=torch.float32, device=q.device)
+    cand_n = torch.empty((rows, n_split), dtype=torch.int32, device=q.device)
+    _dec_filter_kernel[(n_split, rows)](
+        z,
+        mpart,
+        cand,
+        cand_n,
+        alphas,
+        starts,
+        ends,
+        H,
+        Nq,
+        Nk,
+        split,
+        n_split,
+        cap,
+        causal,
+        BLOCK_J=BJ,
+        BLOCK_S=_next_pow2(n_split),
+        MODE=mode,
+        num_warps=cfg["dec"],
+    )
     _dec_solve_kernel[(rows,)](
         z,
         mpart,
+        cand,
+        cand_n,
         stats,
         alphas,
         starts,
@@ -1310,11 +1634,14 @@ def _forward_impl(
         Nq,
         Nk,
         n_split,
+        cap,
         causal,
         BLOCK_J=BJ,
         BLOCK_S=_next_pow2(n_split),
         MODE=mode,
-        MAX_ITER=max_iter,
+        P0=p0,
+        P=p_later,
+        MAX_SWEEPS=max_sweeps,
         TOL=_TOL,
     )
     opart = torch.empty((rows, n_split, D), dtype=torch.float32, device=q.device)
@@ -1348,7 +1675,24 @@ def _forward_impl(
     inv = torch.where(lsum > 0, 1.0 / lsum, torch.zeros_like(lsum))
     o.copy_((opart.sum(1) * inv[:, None]).view(B, H, Nq, D))
     stats[2].copy_(inv.view(B, H, Nq))
-    return o, stats, torch.empty((0,), dtype=torch.int8, device=q.device)
+    return o, stats, torch.empty((0,), dtype=torch.int8, device=q.device), empty
+
+
+def _live_lists(tile_mask: Tensor, B: int, H: int, Nq: int, Nk: int, BM: int, BN: int):
+    """From the forward's tile mask (B, H, n_qb, n_kt) (or, for the decode path, every visible tile): per
+    query block the key tiles holding support, listed first (B, H, n_qb, n_kt) int32, and their count
+    (B, H, n_qb); per key tile the query blocks, (B, H, n_kt, n_qb) and (B, H, n_kt). The backward's loops
+    then run over plain lists, which Triton software-pipelines (a branch on a mask bit inside the loop
+    would not be)."""
+    live = tile_mask.bool()
+    tiles = torch.argsort((~live).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    blocks = torch.argsort((~live).transpose(-1, -2).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return (
+        tiles.contiguous(),
+        live.sum(-1, dtype=torch.int32).contiguous(),
+        blocks.contiguous(),
+        live.sum(-2, dtype=torch.int32).contiguous(),
+    )
 
 
 def _backward_impl(
@@ -1358,6 +1702,7 @@ def _backward_impl(
     v: Tensor,
     stats: Tensor,
     tile_mask: Tensor,
+    uv: Tensor,
     alpha: float,
     alpha_heads: Tensor | None,
     slopes: Tensor | None,
@@ -1373,29 +1718,79 @@ def _backward_impl(
     cfg = _config(D, q.dtype, q.device.type)
     BM, BN = cfg["BM"], cfg["BN"]
     n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
-    use_mask = tile_mask.numel() > 0
+    mode = _mode(alpha, alpha_heads)
     alphas, slopes, starts, ends = _runtime_args(q, k, alpha, alpha_heads, slopes, key_start, key_end)
     do = do.contiguous()
-    delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     dq = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
     dk = torch.empty((B, Hkv, Nk, D), dtype=k.dtype, device=k.device)
     dv = torch.empty((B, Hkv, Nk, D), dtype=v.dtype, device=v.device)
-    mask_ptr = tile_mask if use_mask else delta  # never read without USE_MASK
-    args = (alphas, slopes, starts, ends, *_common_args(q, k, v), H, group, Nq, Nk, n_qb, n_kt, scale, int(is_causal))
-    flags = {
-        "D": D,
-        "BM": BM,
-        "BN": BN,
-        "MODE": _mode(alpha, alpha_heads),
-        "USE_MASK": use_mask,
-        "DOT_PREC": cfg["prec"],
-    }
-    _bwd_prep_kernel[(n_qb, B * H)](q, k, v, do, stats, mask_ptr, delta, *args, num_warps=cfg["prep"], **flags)
-    _bwd_dkdv_kernel[(n_kt, B * Hkv)](
-        q, k, v, do, dk, dv, stats, delta, mask_ptr, *args, num_warps=cfg["dkdv"], **flags
+    args = (alphas, slopes, starts, ends, *_common_args(q, k, v), H, group, Nq, Nk, n_qb)
+    flags = {"D": D, "BM": BM, "BN": BN, "MODE": mode, "DOT_PREC": cfg["prec"]}
+    if uv.numel() > 0:  # δ_i = dO_i · (Σ_j u_ij v_j / Σ_j u_ij), the second sum kept by the forward
+        delta = (do.float() * uv).sum(-1).contiguous()
+    else:
+        delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+        _bwd_prep_kernel[(B * H, n_qb)](
+            q, k, v, do, stats, delta, *args, scale, int(is_causal), num_warps=cfg["prep"], **flags
+        )
+    if tile_mask.numel() == 0:  # the decode path keeps no tile mask: every tile a row can see
+        tile_mask = _visible_tiles(q, k, starts, ends, is_causal, BM, BN)
+    tiles, n_tiles, blocks, n_blocks = _live_lists(tile_mask, B, H, Nq, Nk, BM, BN)
+    _bwd_dkdv_kernel[(B * Hkv, n_kt)](
+        q,
+        k,
+        v,
+        do,
+        dk,
+        dv,
+        stats,
+        delta,
+        blocks,
+        n_blocks,
+        *args,
+        n_kt,
+        scale,
+        int(is_causal),
+        num_warps=cfg["dkdv"],
+        num_stages=cfg["stages"],
+        **flags,
     )
-    _bwd_dq_kernel[(n_qb, B * H)](q, k, v, do, dq, stats, delta, mask_ptr, *args, num_warps=cfg["dq"], **flags)
+    _bwd_dq_kernel[(B * H, n_qb)](
+        q,
+        k,
+        v,
+        do,
+        dq,
+        stats,
+        delta,
+        tiles,
+        n_tiles,
+        *args,
+        n_kt,
+        scale,
+        int(is_causal),
+        num_warps=cfg["dq"],
+        num_stages=cfg["stages"],
+        **flags,
+    )
     return dq, dk, dv
+
+
+def _visible_tiles(q: Tensor, k: Tensor, starts: Tensor, ends: Tensor, is_causal: bool, BM: int, BN: int) -> Tensor:
+    """(B, H, n_qb, n_kt) int8: 1 for the key tiles holding a key some row of the query block can see."""
+    B, H, Nq, _ = q.shape
+    Nk = k.shape[2]
+    n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
+    dev = q.device
+    first_key = torch.arange(n_kt, device=dev) * BN  # (n_kt,)
+    last_row = torch.clamp(torch.arange(n_qb, device=dev) * BM + BM - 1, max=Nq - 1) + (Nk - Nq)  # (n_qb,)
+    lo = starts.to(dev).long().clamp(0, Nk)[:, None, None]
+    hi = ends.to(dev).long().clamp(0, Nk)[:, None, None]
+    tile_hi = torch.minimum(first_key + BN, torch.full_like(first_key, Nk))
+    seen = (first_key[None, None, :] < hi) & (tile_hi[None, None, :] > lo)
+    if is_causal:
+        seen = seen & (first_key[None, None, :] <= last_row[None, :, None])
+    return seen.to(torch.int8)[:, None].expand(B, H, n_qb, n_kt).contiguous()
 
 
 # ============================================================================ custom ops (torch.compile)
@@ -1414,20 +1809,23 @@ def _attention_op(
     scale: float,
     is_causal: bool,
     decode: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
+    need_uv: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(O (B, H, Nq, D), stats (3, B, H, Nq) fp32 = row max, τ, 1/Σp, tile mask int8 (B, H, ⌈Nq/BM⌉,
-    ⌈Nk/BN⌉), or (0,) from the decode path)."""
-    return _forward_impl(q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode)
+    ⌈Nk/BN⌉) or (0,) from the decode path, and with need_uv (block path) Σ_j u_ij v_j / Σ_j u_ij (B, H, Nq, D)
+    fp32 for the backward's δ, else (0,))."""
+    return _forward_impl(q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode, need_uv)
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode):
+def _attention_fake(q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode, need_uv):
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     o = q.new_empty((B, H, Nq, D))
     stats = q.new_empty((3, B, H, Nq), dtype=torch.float32)
     mask = q.new_empty(_tile_mask_shape(B, H, Nq, Nk, D, q.dtype, q.device.type, decode), dtype=torch.int8)
-    return o, stats, mask
+    uv = q.new_empty((B, H, Nq, D) if need_uv and not decode else (0,), dtype=torch.float32)
+    return o, stats, mask, uv
 
 
 @torch.library.custom_op("longsparse::triton_entmax_attention_backward", mutates_args=())
@@ -1438,6 +1836,7 @@ def _attention_backward_op(
     v: Tensor,
     stats: Tensor,
     tile_mask: Tensor,
+    uv: Tensor,
     alpha: float,
     alpha_heads: Tensor | None,
     slopes: Tensor | None,
@@ -1447,32 +1846,32 @@ def _attention_backward_op(
     is_causal: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     return _backward_impl(
-        do, q, k, v, stats, tile_mask, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal
+        do, q, k, v, stats, tile_mask, uv, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal
     )
 
 
 @_attention_backward_op.register_fake
 def _attention_backward_fake(
-    do, q, k, v, stats, tile_mask, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal
+    do, q, k, v, stats, tile_mask, uv, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal
 ):
     # contiguous, as `_backward_impl` returns them (empty_like would copy the strides of a transposed q)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, _decode = inputs
-    _, stats, tile_mask = output
-    ctx.save_for_backward(q, k, v, stats, tile_mask, alpha_heads, slopes, key_start, key_end)
+    q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, _decode, _need_uv = inputs
+    _, stats, tile_mask, uv = output
+    ctx.save_for_backward(q, k, v, stats, tile_mask, uv, alpha_heads, slopes, key_start, key_end)
     ctx.alpha, ctx.scale, ctx.is_causal = alpha, scale, is_causal
-    ctx.mark_non_differentiable(stats, tile_mask)
+    ctx.mark_non_differentiable(stats, tile_mask, uv)
 
 
-def _backward(ctx, do, _dstats, _dmask):
-    q, k, v, stats, tile_mask, alpha_heads, slopes, key_start, key_end = ctx.saved_tensors
+def _backward(ctx, do, _dstats, _dmask, _duv):
+    q, k, v, stats, tile_mask, uv, alpha_heads, slopes, key_start, key_end = ctx.saved_tensors
     dq, dk, dv = _attention_backward_op(
-        do, q, k, v, stats, tile_mask, ctx.alpha, alpha_heads, slopes, key_start, key_end, ctx.scale, ctx.is_causal
+        do, q, k, v, stats, tile_mask, uv, ctx.alpha, alpha_heads, slopes, key_start, key_end, ctx.scale, ctx.is_causal
     )
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -1614,7 +2013,7 @@ def entmax_attention_triton(
     decode: force (True) or forbid (False) the split-K decode path; None = Nq ≤ 16 and Nk ≥ 1024.
     Rows that can attend to nothing give zeros. Differentiable in q, k, v (not α, not the slopes).
     Raises ValueError with `supports`' reason when the call is not supported."""
-    out, _, _ = _attention_op(
+    out, _, _, _ = _attention_op(
         *_op_args(
             q,
             k,
@@ -1636,7 +2035,27 @@ def threshold_stats(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> tuple[Tensor, 
     """The forward op's results for diagnostics and tests: (O, stats (3, B, H, Nq) fp32 = row max M / τ /
     1/Σp, tile mask int8 (B, H, ⌈Nq/BM⌉, ⌈Nk/BN⌉) with 1 where a key tile holds some p > 0; shape (0,)
     from the decode path). Takes `entmax_attention_triton`'s keywords."""
-    return _attention_op(*_op_args(q, k, v, **kwargs))
+    out, stats, mask, _ = _attention_op(*_op_args(q, k, v, **kwargs))
+    return out, stats, mask
+
+
+def solver_counts(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> dict:
+    """What the block forward did, per query block, counted by the kernel itself (benchmarks and tests; the
+    block path only): a dict of (B, H, ⌈Nq/BM⌉) int32 tensors — `sweeps` of the threshold solve,
+    `tiles_visited` (key tiles whose logits were computed, over the max pass, the sweeps and the output pass),
+    `causal_tiles` (key tiles of the block's visible range: what one dense pass visits), `uncertified` (rows
+    that ended renormalised rather than exactly) — and `qk_passes` = tiles_visited / causal_tiles. Takes
+    `entmax_attention_triton`'s keywords."""
+    args = _op_args(q, k, v, **{**kwargs, "decode": False})
+    B, H, Nq, D = q.shape
+    cfg = _config(D, q.dtype, q.device.type)
+    n_qb = triton.cdiv(Nq, cfg["BM"])
+    counts = torch.zeros((B, H, n_qb, 4), dtype=torch.int32, device=q.device)
+    with torch.no_grad():
+        _forward_impl(*args[:-1], False, counts)
+    out = dict(zip(("sweeps", "tiles_visited", "causal_tiles", "uncertified"), counts.unbind(-1)))
+    out["qk_passes"] = out["tiles_visited"].float() / out["causal_tiles"].clamp(min=1).float()
+    return out
 
 
 def _op_args(
@@ -1688,4 +2107,6 @@ def _op_args(
     )
     if decode is None:
         decode = Nq <= DECODE_MAX_QUERIES and Nk >= DECODE_MIN_KEYS
-    return q, k, v, float(alpha), alpha_heads, slopes, start, end, scale, bool(is_causal), bool(decode)
+    # the forward keeps Σ u·v for the backward's δ only when a gradient can be asked for
+    need_uv = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return q, k, v, float(alpha), alpha_heads, slopes, start, end, scale, bool(is_causal), bool(decode), need_uv
