@@ -1,6 +1,6 @@
 """The attention backends: every registered backend equals the reference (values and gradients) over one grid
-of mapping × bias × mask × rows (decoding, causal or not) × GQA; the auto selection policy; explain; named
-backends that refuse; the path= alias; the model's attn_backend field.
+of mapping × bias × mask × rows (decoding, causal or not) × heads (GQA, a value head dim ≠ q/k's); the auto
+selection policy; explain; named backends that refuse; the path= alias; the model's attn_backend field.
 
 A backend registered in longsparse.attention.BACKENDS is enrolled in the grid automatically: where it
 supports a call it must match the reference, where it does not, naming it must raise with its reason.
@@ -45,7 +45,9 @@ MAPPINGS = {
 BIASES = ("none", "alibi", "q_scale")
 MASKS = ("none", "bool", "float")
 ROWS = ("causal", "decode", "non_causal")
-HEADS = ("mha", "gqa")
+# dv: a value head dim (24) other than q/k's (16), which every backend computes or refuses by its supports
+HEADS = ("mha", "gqa", "dv")
+DV = 24
 
 # triton in the CPU interpreter costs ~1 s per case (more under load): these run by default, all with -m slow
 TRITON_SAMPLE = {("entmax15", "alibi", "none", "decode", "gqa"), ("per_head_alpha", "q_scale", "none", "causal", "mha")}
@@ -58,7 +60,7 @@ def _case(mapping, bias, mask, rows, heads):
     hkv = H // 2 if heads == "gqa" else H
     g = torch.Generator().manual_seed(zlib.crc32("-".join((mapping, bias, mask, rows, heads)).encode()))
     q = torch.randn(B, H, nq, D, generator=g) * 2  # sharp rows: sparse supports, θ > 1 on some rows
-    k, v = (torch.randn(B, hkv, N, D, generator=g) for _ in range(2))
+    k, v = (torch.randn(B, hkv, N, d, generator=g) for d in (D, DV if heads == "dv" else D))
     kw = dict(MAPPINGS[mapping], is_causal=rows != "non_causal")
     if bias == "alibi":
         kw["alibi_slopes"] = torch.tensor([1.0, 0.5, 0.25, 0.0])
@@ -95,14 +97,29 @@ def _reference(case):
     return _run(q, k, v, kw, backend="reference")
 
 
-GRID = [(m, b, mk, r, h) for m in MAPPINGS for b in BIASES for mk in MASKS for r in ROWS for h in HEADS]
+# the value head dim meets the masks nowhere a backend could get it wrong: dv without a mask only
+GRID = [
+    (m, b, mk, r, h)
+    for m in MAPPINGS
+    for b in BIASES
+    for mk in MASKS
+    for r in ROWS
+    for h in HEADS
+    if h != "dv" or mk == "none"
+]
 
 
 def _params():
     out = []
     for name in BACKENDS:
         for case in GRID:
-            slow = name == "triton" and case[0] in TRITON_MAPPINGS and case[2] == "none" and case not in TRITON_SAMPLE
+            slow = (
+                name == "triton"
+                and case[0] in TRITON_MAPPINGS
+                and case[2] == "none"
+                and case[4] != "dv"  # refused at once: a value head dim other than q/k's
+                and case not in TRITON_SAMPLE
+            )
             out.append(
                 pytest.param(name, case, id=f"{name}-{'-'.join(case)}", marks=[pytest.mark.slow] if slow else [])
             )

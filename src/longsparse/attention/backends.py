@@ -143,6 +143,12 @@ def _fused_supports(call: AttentionCall) -> Optional[str]:
     return None
 
 
+def _fused_cpu_supports(call: AttentionCall) -> Optional[str]:
+    if call.v.shape[-1] != call.q.shape[-1]:
+        return f"value head dim {call.v.shape[-1]} differs from q/k's {call.q.shape[-1]}: the kernel takes one head dim"
+    return _fused_supports(call)
+
+
 register(
     Backend(
         "chunked",
@@ -156,7 +162,7 @@ register(
         "fused_cpu",
         "flash-style C++ kernel: key tiles, α-entmax solved per row, p·v from the support "
         "(CPU): O(block × tile) memory",
-        _fused_supports,
+        _fused_cpu_supports,
         fused_attention,
         key_ranges=True,
     )

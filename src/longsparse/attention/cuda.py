@@ -65,6 +65,8 @@ def supports(call: AttentionCall) -> Optional[str]:
         return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}: needs one of float16, bfloat16, float32"
     if Nq < _MIN_LEN or Nq & (Nq - 1):
         return f"length {Nq}: its kernels need a power of two ≥ {_MIN_LEN}"
+    if v.shape[-1] != D:
+        return f"value head dim {v.shape[-1]} differs from q/k's {D}: adasplash takes one head dim"
     if D not in _HEAD_DIMS:
         return f"head dim {D} not one of {_HEAD_DIMS}"
     return _module()[1]
