@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import longsparse as ls
-from longsparse.attention import ADATEMP_POLY
+from longsparse.attention import ADATEMP_POLY, BACKENDS
+from longsparse.attention.call import make_call
 
 B, H, N, D = 2, 4, 37, 8
 
@@ -60,7 +61,7 @@ def brute_force(
                 for j in range(nk):
                     z[j] = qi @ k[b, h // rep, j] / math.sqrt(q.shape[-1])
                     if alibi_slopes is not None:
-                        z[j] -= float(alibi_slopes[h]) * (pos - j)
+                        z[j] -= float(alibi_slopes[h]) * abs(pos - j)  # symmetric: docs/method.md §3
                     if attn_mask is not None:
                         m = attn_mask.expand(q.shape[0], q.shape[1], nq, nk)[b, h, i, j]
                         if attn_mask.dtype == torch.bool:
@@ -119,6 +120,10 @@ CASES = {
         mapping="entmax", q_scale=torch.rand(B, H, N, generator=torch.Generator().manual_seed(3)) * 3 + 0.5
     ),
     "non_causal": dict(mapping="entmax", is_causal=False),
+    "alibi_non_causal": dict(mapping="entmax", is_causal=False, alibi_slopes=torch.tensor([1.0, 0.5, 0.25, 0.0])),
+    "alibi_non_causal_softmax": dict(
+        mapping="softmax", is_causal=False, alibi_slopes=torch.tensor([1.0, 0.5, 0.25, 0.0])
+    ),
     "bool_mask": dict(
         mapping="entmax", attn_mask=torch.rand(B, 1, N, N, generator=torch.Generator().manual_seed(4)) > 0.3
     ),
@@ -153,6 +158,8 @@ def test_block_sizes_do_not_change_the_result(backend):
         "bool_mask",
         "additive_mask",
         "non_causal",
+        "alibi_non_causal",
+        "alibi_non_causal_softmax",
     ],
 )
 def test_reference_matches_float64_brute_force(case):
@@ -161,6 +168,39 @@ def test_reference_matches_float64_brute_force(case):
     out = ls.attention(q, k, v, backend="reference", **kw)
     expect = brute_force(q, k, v, **kw)
     torch.testing.assert_close(out.double(), expect, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0])
+@pytest.mark.parametrize("nq", [N, 5])
+def test_non_causal_alibi_is_symmetric_on_every_backend(backend, alpha, nq):
+    """Without a causal mask ALiBi is −m·|pos_i − j| (flash-attn's form), on every backend that takes the call:
+    equal to the float64 formula, full rows and decoding rows (the queries at the last positions). Head dim 16:
+    one the Triton kernels take."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(B, H, n, 16, generator=g) for n in (nq, N, N))
+    mapping = "softmax" if alpha == 1.0 else "entmax"
+    kw = dict(mapping=mapping, alpha=alpha, is_causal=False, alibi_slopes=torch.tensor([1.0, 0.5, 0.25, 0.0]))
+    reason = BACKENDS[backend].supports(make_call(q, k, v, **kw))
+    if reason is not None:  # adasplash without CUDA, triton outside its interpreter
+        with pytest.raises(ValueError, match="cannot take this call"):
+            ls.attention(q, k, v, backend=backend, **kw)
+        return
+    out = ls.attention(q, k, v, backend=backend, **kw)
+    torch.testing.assert_close(out.double(), brute_force(q, k, v, **kw), atol=5e-5, rtol=5e-5)
+
+
+@pytest.mark.parametrize("backend", ["reference", "fused_cpu", "sdpa"])
+def test_non_causal_alibi_favours_near_keys_in_both_directions(backend):
+    """With equal content scores, query 0 of 12 at slope 0.5 puts its largest weight on itself and almost
+    none on the farthest (future) key; the signed form gave that key the largest bias (39 % of softmax)."""
+    q = torch.zeros(1, 1, 12, 4)
+    k, v = torch.zeros(1, 1, 12, 4), torch.eye(12)[None, None]
+    kw = dict(mapping="softmax", is_causal=False, alibi_slopes=torch.tensor([0.5]))
+    p = ls.attention(q, k, v, backend=backend, **kw)[0, 0]  # v = identity: the rows are the weights
+    assert p[0].argmax() == 0 and p[0, -1] < 0.01
+    assert p[-1].argmax() == 11 and p[-1, 0] < 0.01
+    torch.testing.assert_close(p, p.flip(0, 1), atol=1e-6, rtol=1e-6)  # mirror image
 
 
 def test_softmax_matches_sdpa():

@@ -1,12 +1,16 @@
 """The one place where attention logits are built (the fused CPU kernel repeats its arithmetic in C++ and
 is tested equal to it):
 
-    z_ij = (q_i · s_i) · k_j · scale − m_h · (pos_i − j) + mask_ij,   −inf where j > pos_i (causal),
+    z_ij = (q_i · s_i) · k_j · scale − m_h · |pos_i − j| + mask_ij,   −inf where j > pos_i (causal),
 
 with s the per-query q-scale (SSMax / ASEntmax; it scales q·k, never the bias), m the ALiBi slopes and
 pos_i = Nk − Nq + i the absolute position of query row i: the queries sit at the last Nq key positions
 (bottom-right alignment), so a short q against a long KV cache is decoding. A bool mask is True where a
 query may attend; a float mask is added.
+
+ALiBi is symmetric, −m·|pos_i − j| (flash-attn's non-causal form): a causal row only sees keys j ≤ pos_i,
+where it is Press et al.'s −m·(pos_i − j); a non-causal row is penalised by distance in both directions
+(the signed form would give the farthest future key the largest logit).
 
 `add_bias_and_masks` is the bias/mask step on any block of rows; `block_logits` and `dense_logits` build
 logits from q and k with it, `additive_bias` builds the bias alone (for SDPA's attn_mask).
@@ -51,8 +55,9 @@ def add_bias_and_masks(
     n, kend = z.shape[-2], z.shape[-1]
     q_pos = torch.arange(first_pos, first_pos + n, dtype=z.dtype, device=z.device).unsqueeze(-1)
     if alibi_slopes is not None:
-        # positions are integers below 2^24: exact in float32
-        dist = q_pos - torch.arange(kend, dtype=z.dtype, device=z.device)
+        # positions are integers below 2^24: exact in float32. |·|: symmetric ALiBi (see the module docstring);
+        # equal to the signed distance on every key a causal row sees
+        dist = (q_pos - torch.arange(kend, dtype=z.dtype, device=z.device)).abs_()
         z = z.sub_(alibi_slopes.to(z.dtype).view(-1, 1, 1) * dist)
     if attn_mask is not None:
         z = (

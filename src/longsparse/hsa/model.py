@@ -141,17 +141,13 @@ class ChunkEncoderAttention(TokenAttention):
         q, k, v = self.split(self.q_proj(h)), self.split(self.k_proj(h)), self.split(self.v_proj(h))
         if self.rope is not None:
             q, k = self.rope(q, pos), self.rope(k, pos)
-        bias = None
-        if self.alibi_slopes is not None:  # ALiBi without a direction: −m_h·|i − j|
-            dist = (pos[:, None] - pos[None, :]).abs().to(q.dtype)
-            bias = -self.alibi_slopes.to(q.dtype)[:, None, None] * dist  # (H, L, L)
-        out = attention(
+        out = attention(  # non-causal ALiBi is symmetric, −m_h·|i − j| (attention/logits.py)
             q,
             k,
             v,
             is_causal=False,
             q_scale=self.query_scale(h, torch.full_like(pos, L)),
-            attn_mask=bias,
+            alibi_slopes=self.alibi_slopes,
             **self.attention_kwargs(),
         )
         return self.o_proj(self.merge(out))

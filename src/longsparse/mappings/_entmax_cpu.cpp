@@ -548,13 +548,14 @@ inline int seg_max(const T* x, int64_t n, T& m, bool& bad, T* lanes = nullptr) {
   return 0;
 }
 
-// x_j ← x_j − slope·(dist0 − j): ALiBi for the keys of one tile row (dist0: the query position minus the key
-// of x[0]). The product is taken in T, as logits.add_bias_and_masks does.
+// x_j ← x_j − slope·|dist0 − j|: symmetric ALiBi for the keys of one tile row (dist0: the query position minus
+// the key of x[0]); a causal row only reaches keys with dist ≥ 0, where it is the signed form. The product is
+// taken in T, as logits.add_bias_and_masks does.
 template <typename T>
 inline void add_alibi(T* x, int64_t n, T slope, int64_t dist0) {
   const T d0 = static_cast<T>(dist0);
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) x[j] -= slope * (d0 - static_cast<T>(j));
+  for (int64_t j = 0; j < n; ++j) x[j] -= slope * std::abs(d0 - static_cast<T>(j));
 }
 
 #if defined(__AVX512F__)
@@ -995,7 +996,8 @@ torch::Tensor entmax_backward(torch::Tensor p, torch::Tensor g, torch::Tensor al
   return dz;
 }
 
-// x_j ← x_j·scale − slope·(pos − j) for j < limit, tracking the max and whether a NaN was seen.
+// x_j ← x_j·scale − slope·|pos − j| for j < limit (symmetric ALiBi, as add_alibi), tracking the max and whether a
+// NaN was seen.
 template <typename scalar_t>
 inline void transform_row(scalar_t* x, int64_t limit, scalar_t sc, scalar_t slope, int64_t pos,
                           scalar_t& m, bool& nan) {
@@ -1009,7 +1011,8 @@ inline void transform_row(scalar_t* x, int64_t limit, scalar_t sc, scalar_t slop
     __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
     __m256 vnan = _mm256_setzero_ps();
     for (; j + 8 <= limit; j += 8) {
-      __m256 v = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), vs), _mm256_mul_ps(vslope, dist));
+      const __m256 adist = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), dist);   // |pos − j|
+      __m256 v = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), vs), _mm256_mul_ps(vslope, adist));
       _mm256_storeu_ps(x + j, v);
       vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
       vmax = _mm256_max_ps(vmax, v);
@@ -1022,14 +1025,14 @@ inline void transform_row(scalar_t* x, int64_t limit, scalar_t sc, scalar_t slop
   }
 #endif
   for (; j < limit; ++j) {
-    scalar_t v = x[j] * sc - slope * static_cast<scalar_t>(pos - j);
+    scalar_t v = x[j] * sc - slope * static_cast<scalar_t>(std::abs(pos - j));
     x[j] = v; nan |= (v != v); m = v > m ? v : m;
   }
 }
 
 // ----------------------------------------------------------------------------- attention scores
 // z: (G, n, kend) raw q·kᵀ products of G (batch × head) rows-blocks; row r of block g is the query at
-// absolute position first_pos + r. In place: x = z·scale − slope_g·(pos − j), −inf for j > pos when
+// absolute position first_pos + r. In place: x = z·scale − slope_g·|pos − j|, −inf for j > pos when
 // causal, then α-entmax of x. One read-modify-write pass and the candidate pass per row; no other
 // score-sized buffer is touched. Returns 1 if a NaN or +inf was met (the caller raises).
 int64_t entmax_scores_forward(torch::Tensor z, torch::Tensor alpha, double scale, int64_t first_pos,
