@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +143,78 @@ def test_report_refuses_to_overwrite_foreign_files(tmp_path, capsys):
     old.write_text("my notes\n")
     assert main(["report", str(tmp_path / "r"), "--out", str(out)]) == 2
     assert old.read_text() == "my notes\n" and str(old) in _err_line(capsys)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+_STUDY_STORE = ROOT / "results" / "mqmtar256x_26"
+_STUDY_FILE = ROOT / "results" / "synthetic_trials" / "mqmtar256x_26.toml"
+
+
+def _reproduce_report(out):
+    store = out.parent / "store"
+    if not store.exists():
+        shutil.copytree(_STUDY_STORE, store)
+    return ["reproduce", "synthetic", "--config", str(_STUDY_FILE), "--store", str(store), "--report", str(out)]
+
+
+# (command writing into the folder OUT, a file it writes there)
+REPORT_WRITERS = {
+    "reproduce-tables": (lambda out: [*_reproduce_report(out), "--report-only"], "tables.md"),
+    "reproduce-plot": (lambda out: [*_reproduce_report(out), "--report-only"], "mqmtar_inline_3l_lr4e-3_4k_256x.png"),
+    "reproduce-analysis": (
+        lambda out: [
+            *_reproduce_report(out.parent / "view"),
+            "--analyse",
+            "asentmax-softmax",
+            "--endpoint",
+            "16384",
+            "--analysis-out",
+            str(out),
+        ],
+        "analysis.md",
+    ),
+    "lm-report": (
+        lambda out: ["lm", "report", "--store", str(ROOT / "results" / "lm"), "--out", str(out)],
+        "lm_results.md",
+    ),
+    "lm-report-plot": (
+        lambda out: ["lm", "report", "--store", str(ROOT / "results" / "lm"), "--out", str(out)],
+        "lm_passkey_depth.png",
+    ),
+    "figures": (lambda out: ["figures", "--quick", "--only", "1", "--out", str(out)], "fig1_zero_crossing.png"),
+}
+
+
+@pytest.mark.parametrize("writer", list(REPORT_WRITERS))
+def test_report_writers_replace_only_what_they_wrote(tmp_path, capsys, writer):
+    """Every command that renders reports into a folder refuses, before writing anything, a file there that it did
+    not write (one line naming it, exit 2); the files it wrote itself it replaces on a rerun."""
+    argv, name = REPORT_WRITERS[writer]
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = out / name
+    mine.write_bytes(b"my own file\n")
+    assert main(argv(out)) == 2
+    err = _err_line(capsys)
+    assert str(mine) in err and "was not written by" in err
+    assert mine.read_bytes() == b"my own file\n" and sorted(out.iterdir()) == [mine]
+    mine.unlink()
+    assert main(argv(out)) == 0 and mine.is_file()
+    capsys.readouterr()
+    assert main(argv(out)) == 0  # its own output is replaced
+
+
+def test_claimed_outputs_survive_concurrent_claims(tmp_path):
+    from longsparse.io import ForeignFileError, check_outputs, claim_outputs, written_outputs
+
+    claim_outputs(tmp_path, ["a.md"], "longsparse x")
+    claim_outputs(tmp_path, ["b.png"], "longsparse y")
+    assert written_outputs(tmp_path) == {"a.md": "longsparse x", "b.png": "longsparse y"}
+    (tmp_path / "a.md").write_text("x")
+    check_outputs(tmp_path, ["a.md"], "longsparse x")
+    with pytest.raises(ForeignFileError, match="a.md exists and was not written by `longsparse y`"):
+        claim_outputs(tmp_path, ["a.md", "c.md"], "longsparse y")
+    assert "c.md" not in written_outputs(tmp_path)  # a refused claim records nothing
 
 
 # ---- 9: atomic result files; readers skip what an interrupted writer left ----------------------------------

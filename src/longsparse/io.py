@@ -193,6 +193,72 @@ def atomic_append_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> Path
     return path
 
 
+# ---- outputs a command may replace -------------------------------------------------------------------------------
+# A command that renders reports (tables, plots, analyses) into a folder the user names replaces only the files it
+# wrote there itself: each such folder keeps a manifest (OUTPUTS_MANIFEST) of the names written and the command
+# that wrote them, and a file under one of those names that the manifest does not give to the command is refused
+# before anything is written. The content of the outputs carries no mark, so a rendering stays byte for byte what
+# the store renders.
+OUTPUTS_MANIFEST = ".longsparse-outputs.json"
+_OUTPUTS_FORMAT = "longsparse-outputs"
+
+
+class ForeignFileError(ValueError):
+    """An output name is taken by a file that the writing command did not write (nothing was written)."""
+
+
+def written_outputs(folder: str | os.PathLike) -> dict:
+    """{file name: the command that wrote it} from ``folder``'s manifest ({} without one, or when unreadable: a
+    writer then treats every existing output as foreign, which refuses rather than loses a file)."""
+    path = Path(folder) / OUTPUTS_MANIFEST
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    files = data.get("files") if isinstance(data, dict) and data.get("format") == _OUTPUTS_FORMAT else None
+    return {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else {}
+
+
+def check_outputs(folder: str | os.PathLike, names: Iterable[str], writer: str) -> None:
+    """ForeignFileError naming the first of ``names`` that exists in ``folder`` and is not, by the folder's
+    manifest, the output of ``writer`` (a command, e.g. ``"longsparse reproduce"``). Writes nothing."""
+    folder = Path(folder)
+    owned = written_outputs(folder)
+    for name in names:
+        path = folder / name
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise ForeignFileError(
+                f"{path} exists and is not a plain file; nothing was written (choose another folder)"
+            )
+        if path.exists() and owned.get(name) != writer:
+            raise ForeignFileError(
+                f"{path} exists and was not written by `{writer}` (it is not in {folder / OUTPUTS_MANIFEST}); "
+                f"nothing was written: move the file away or choose another folder"
+            )
+
+
+def claim_outputs(folder: str | os.PathLike, names: Iterable[str], writer: str) -> None:
+    """`check_outputs`, then record ``names`` as ``writer``'s in the folder's manifest. Call it before writing any
+    of them: a writer killed before writing leaves a claim on a missing file, which is harmless. Under an
+    exclusive lock on the folder, so that concurrent writers keep each other's entries."""
+    import fcntl
+
+    folder = Path(folder)
+    names = list(names)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        check_outputs(folder, names, writer)
+        owned = written_outputs(folder)
+        if any(owned.get(name) != writer for name in names):
+            owned.update({name: writer for name in names})
+            manifest = {"format": _OUTPUTS_FORMAT, "files": dict(sorted(owned.items()))}
+            atomic_write_text(folder / OUTPUTS_MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    finally:
+        os.close(fd)
+
+
 def warn_stderr(msg: str) -> None:
     print(f"warning: {msg}", file=sys.stderr)
 

@@ -355,11 +355,16 @@ def run_configs(quick: bool = False, seed: int = 0) -> dict[tuple[str, str], dic
     }
 
 
+DEMO_WRITER = "longsparse demo"
+#: what the demo writes into its report folder besides `longsparse report`'s files (which carry its markers)
+DEMO_OUTPUTS = ("attention_on_last_write.json", "attention_on_last_write.png")
+
+
 def run_demo(
     out: str = "runs/demo", quick: bool = False, samples: int | None = None, seed: int = 0, printer=print
 ) -> int:
     from longsparse.evaluate import evaluate_run, load_run_model
-    from longsparse.io import atomic_write_text
+    from longsparse.io import atomic_write_text, check_outputs, claim_outputs
     from longsparse.report import build_report
     from longsparse.tasks import get_task
     from longsparse.train import make_task, train
@@ -370,6 +375,7 @@ def run_demo(
         rec["samples"] = samples
     configs = run_configs(quick, seed)
     out = Path(out) / ("quick" if quick else "") / (f"seed{seed}" if seed else "")
+    check_outputs(out / "report", DEMO_OUTPUTS, DEMO_WRITER)  # before minutes of training
     printer(
         f"longsparse demo: {rec['task']}, {rec['steps']} steps per model, seed {seed}: "
         + ", ".join(f"{_name(k)} ({ROLE[k]})" for k in rec["methods"])
@@ -421,6 +427,7 @@ def run_demo(
             model, make_task(rcfg["task"]), rec["lengths"], rec["mass_examples"]
         )
     timings["attention"] = time.perf_counter() - t0
+    claim_outputs(out / "report", DEMO_OUTPUTS, DEMO_WRITER)
     mass_json = atomic_write_text(out / "report" / "attention_on_last_write.json", json.dumps(mech, indent=1) + "\n")
     try:
         mass_png = plot_mass(mech, out / "report" / "attention_on_last_write.png", train_hi)

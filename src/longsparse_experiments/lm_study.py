@@ -20,7 +20,14 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from longsparse.io import atomic_savefig, atomic_write_text, read_json, read_json_or_none, warn_stderr
+from longsparse.io import (
+    atomic_savefig,
+    atomic_write_text,
+    claim_outputs,
+    read_json,
+    read_json_or_none,
+    warn_stderr,
+)
 from longsparse.lm.evaluate import bucket_positions, passkey_accuracy, perplexity_by_length
 from longsparse.lm.streams import prepare
 from longsparse.nn import load_checkpoint
@@ -643,6 +650,10 @@ def _is_saved_report(paths: Sequence) -> bool:
     return len(paths) == 1 and Path(paths[0]).is_file() and Path(paths[0]).name == "lm_results.json"
 
 
+LM_REPORT_WRITER = "longsparse lm report"
+LM_REPORT_OUTPUTS = ("lm_results.md", "lm_results.json", "lm_results.png", "lm_passkey_depth.png")
+
+
 def build_lm_report(paths: Sequence, out_dir, printer: Callable = print, store_dir=None) -> dict:
     """Tables (``lm_results.md``), the report JSON (``lm_results.json``) and plots of the LM runs into
     ``out_dir``: from ``paths`` (study or run folders, eval.json files, or one saved ``lm_results.json``), whose
@@ -651,7 +662,7 @@ def build_lm_report(paths: Sequence, out_dir, printer: Callable = print, store_d
     if not paths and store_dir is None:
         raise ValueError("no LM results to report: give study/run folders, eval.json files or a results store")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_outputs(out, LM_REPORT_OUTPUTS, LM_REPORT_WRITER)
     if paths and store_dir is not None:
         store_lm_results(paths, store_dir, printer=printer)
     if not paths:

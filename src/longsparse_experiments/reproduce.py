@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from longsparse.io import atomic_savefig, atomic_write_text, read_jsonl
+from longsparse.io import atomic_savefig, atomic_write_text, check_outputs, claim_outputs, read_jsonl
 from longsparse.report import store as result_store
 from longsparse.train.config import ConfigError, config_hash, resolve
 from longsparse_experiments.study import CHECKPOINTS, Cell, Study, StudyFile, load_study
@@ -576,6 +576,15 @@ def tables_markdown(data: dict) -> str:
     )
 
 
+REPORT_WRITER = "longsparse reproduce"
+
+
+def report_outputs(spec: StudyFile) -> list[str]:
+    """The files a report writes besides the view results.json (guarded by `check_report_folder`): the tables
+    and a plot per study."""
+    return ["tables.md", *(f"{s.name}.png" for s in spec.studies)]
+
+
 def build_report(
     spec: StudyFile,
     out: str | Path,
@@ -585,6 +594,8 @@ def build_report(
 ) -> dict:
     """The store and the view (``update_archive``), then tables and plots from the view, in ``report_dir``."""
     report_dir = Path(report_dir)
+    check_report_folder(report_dir, Path(store) if store is not None else report_dir)
+    claim_outputs(report_dir, report_outputs(spec), REPORT_WRITER)
     data = update_archive(spec, out, report_dir, printer, store=store)
     tables = tables_markdown(data)
     atomic_write_text(report_dir / "tables.md", tables)
@@ -676,6 +687,7 @@ def _cli(args) -> int:
             args.margin,
         )
     check_report_folder(report, store)
+    check_outputs(report, report_outputs(spec), REPORT_WRITER)
     if args.dry_run:
         run_study(picked, out, shard=shard, archive=load_store(store), dry_run=True)
         return 0
@@ -688,6 +700,9 @@ def _cli(args) -> int:
         run_study(picked, out, shard=shard, archive=load_store(store), after_cell=after_cell)
     build_report(spec, out, report, store=store)
     return 0
+
+
+ANALYSIS_OUTPUTS = ("analysis.json", "analysis.md", "forest.png")
 
 
 def _analyse(spec: StudyFile, store: Path, out: Path, pairs_text: str, endpoint: Optional[int], margin: float) -> int:
@@ -716,7 +731,7 @@ def _analyse(spec: StudyFile, store: Path, out: Path, pairs_text: str, endpoint:
         archive, pairs, endpoint=endpoint, lengths=lengths, id_length=first.lengths[0], margin=margin, checkpoint=ck
     )
     text = paired.markdown(result, train_length=first.lengths[0])
-    out.mkdir(parents=True, exist_ok=True)
+    claim_outputs(out, ANALYSIS_OUTPUTS, REPORT_WRITER)
     atomic_write_text(out / "analysis.json", json.dumps(result, indent=1) + "\n")
     atomic_write_text(out / "analysis.md", text)
     png = paired.forest_plot(result, out / "forest.png", train_length=first.lengths[0])

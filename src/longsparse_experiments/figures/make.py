@@ -9,7 +9,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 import torch
 
-from longsparse.io import atomic_write_text
+from longsparse.io import atomic_write_text, claim_outputs
 from longsparse_experiments.figures import dispersion, p0_grid, profiles, scales, threshold, zero_crossing
 from longsparse_experiments.figures.context import Context, load_models
 from longsparse_experiments.figures.style import write_json
@@ -46,6 +46,22 @@ def parse_only(only) -> set:
     return out
 
 
+FIGURES_WRITER = "longsparse figures"
+
+
+def stem(name: str) -> str:
+    """An analysis's file stem: ``fig<its figure number>_<name>``."""
+    return f"fig{FIGURES.index(name) + 1}_{name}"
+
+
+def figure_outputs(names: Iterable[str]) -> list[str]:
+    """The files the analyses ``names`` write (JSON, PNG, any extra a module declares) and the index."""
+    out = ["figures.json"]
+    for name in names:
+        out += [f"{stem(name)}.json", f"{stem(name)}.png", *getattr(ANALYSES[name], "EXTRA_OUTPUTS", ())]
+    return out
+
+
 def make_figures(
     out: str | Path,
     runs: Optional[Iterable[str | Path]] = None,
@@ -58,8 +74,8 @@ def make_figures(
 
     ``quick``: small grids and, without ``runs``, 8-step models at length 128 (a smoke test, not a result)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     want = parse_only(only)
+    claim_outputs(out, figure_outputs(n for n in FIGURES if n in want), FIGURES_WRITER)
     torch.manual_seed(0)
     ctx = Context(out=out, quick=quick)
     made: Dict[str, dict] = {}
@@ -69,6 +85,7 @@ def make_figures(
         if name in NEED_MODELS and not ctx.models:
             load_models(ctx, runs, log=log)
         fig = analysis.figure(ctx)
+        assert fig.stem == stem(name), (fig.stem, name)  # the names claimed above
         js, png = out / f"{fig.stem}.json", out / f"{fig.stem}.png"
         data = {**fig.data, "summary": fig.summary, "quick": quick}
         write_json(js, data)
