@@ -61,6 +61,11 @@ def _case(mapping, bias, rows, heads):
     return q, k, v, kw, up
 
 
+def _grad(*tensors):
+    """Copies that require grad: the call `_run` makes (a backend may take a call only without gradient)."""
+    return [t.detach().requires_grad_() for t in tensors]
+
+
 def _keys(t, b, s):
     """Batch row b of a key-indexed (B, h, N, ·) tensor without its s pads."""
     return t[b : b + 1, :, s:]
@@ -90,6 +95,7 @@ def test_left_padded_batch_equals_each_row_alone(name, case):
     call raises with its reason when named."""
     q, k, v, kw, up = _case(*case)
     start = torch.tensor(PADS)
+    q, k, v = _grad(q, k, v)
     reason = BACKENDS[name].supports(make_call(q, k, v, **kw, key_start=start, chunk_size=5))
     if reason is not None:
         with pytest.raises(ValueError, match=re.escape(f"backend {name!r} cannot take this call: {reason}")):
@@ -136,6 +142,7 @@ def test_key_ranges_equal_the_dense_mask(name, mask, mapping):
     elif mask == "float":
         extra["attn_mask"] = torch.randn(1, H, N, N, generator=g)
         dense = extra["attn_mask"].masked_fill(~dense, float("-inf"))
+    q, k, v = _grad(q, k, v)
     reason = BACKENDS[name].supports(make_call(q, k, v, **kw, **extra, key_start=start, key_end=end))
     if reason is not None:
         plain = BACKENDS[name].supports(make_call(q, k, v, **kw))

@@ -13,6 +13,8 @@ gradients) by tests/test_backends.py, over every registered backend: registering
     triton      α-entmax flash attention in Triton (attention/triton_entmax.py): CUDA, or CPU tensors
                 in Triton's interpreter (TRITON_INTERPRET=1) when named
     adasplash   the adasplash package's α-entmax kernels (CUDA); opt-in, see attention/cuda.py
+    flex        torch FlexAttention, compiled, for softmax and adaptive temperature (attention/flex.py):
+                ALiBi, causal offsets and key ranges inside the fused kernel (CUDA; CPU inference)
 
 Key ranges (``key_start`` / ``key_end`` of the call, left / right padding): a backend registered with
 ``key_ranges=True`` reads them itself; for every other one `register` wraps ``supports`` and ``run`` so that
@@ -32,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longsparse.attention import cuda
+from longsparse.attention import cuda, flex
 from longsparse.attention.call import AttentionCall
 from longsparse.attention.chunked import chunked_attention, fused_attention
 from longsparse.attention.fused_dense import fused_dense_attention
@@ -377,3 +379,17 @@ register(
 # ----------------------------------------------------------------------------- adasplash
 
 register(Backend("adasplash", "the adasplash package's α-entmax kernels (CUDA); opt-in", cuda.supports, cuda.run))
+
+
+# ----------------------------------------------------------------------------- flex
+
+register(
+    Backend(
+        "flex",
+        "torch FlexAttention (compiled) for softmax and adaptive temperature: ALiBi, causal offsets and key "
+        "ranges in the fused kernel (CUDA; CPU inference)",
+        flex.supports,
+        flex.flex_attention_run,
+        key_ranges=True,
+    )
+)

@@ -101,6 +101,22 @@ def _sdpa_gate(call: AttentionCall) -> Optional[str]:
     return None
 
 
+def _flex_gate(call: AttentionCall) -> Optional[str]:
+    """Why auto does not give this call to flex although flex could take it (None: it does)."""
+    if call.device_type != "cuda":
+        # torch's CPU FlexAttention is inference only, and slower there than sdpa / fused_cpu
+        # (docs/benchmarks.md, "FlexAttention")
+        return f"tensors on {call.device_type}: auto uses flex for CUDA tensors only"
+    if call.chunk_size is not None:
+        return "chunk_size was given: auto keeps to the chunked backends"
+    if call.mapping.adjusts_logits:
+        return None
+    B, H, Nq, Nk, _ = call.shape
+    if call.alibi_slopes is None and not call.has_key_ranges and not (call.is_causal and (Nq != Nk or call.scale <= 0)):
+        return "no ALiBi, key range or decoding offset: SDPA's flash kernel takes the call as it is"
+    return None
+
+
 def _short_rows_gate(call: AttentionCall, what: str, max_keys: int, max_elements: int) -> Optional[str]:
     """Why auto does not differentiate this call through all its logits at once (fused_dense, reference: rule
     4) although the backend could take it (None: it does)."""
@@ -140,6 +156,9 @@ def select_backend(
 
     1. CUDA tensors: ``triton`` when it supports the call.
     2. α, ALiBi slopes or a float mask that needs a gradient: ``reference`` (no other backend gives those).
+    2b. CUDA tensors, no chunk_size: ``flex`` when it supports the call and the call is softmax with ALiBi
+       slopes, key ranges or a causal decoding offset (what SDPA takes only as a dense bias), or adaptive
+       temperature (flex needs no materialised logits for its θ).
     3. A softmax-form mapping (softmax, top-k, adaptive temperature), no chunk_size, and what SDPA must
        materialise within `SDPA_MAX_ELEMENTS`: ``sdpa``; on CUDA also plain softmax without gradient beyond
        it (sdpa then runs in query blocks, each bias within the limit).
@@ -190,6 +209,15 @@ def select_backend(
         return pick("triton", "CUDA tensors, and the Triton kernels take the call")
     if call.grad_of_bias:
         return pick("reference", "α, the ALiBi slopes or the mask need a gradient: only the reference gives it")
+    if consider("flex", _flex_gate(call)):
+        return pick(
+            "flex",
+            "CUDA softmax with ALiBi, key ranges or a decoding offset: FlexAttention applies them inside its fused "
+            "kernel (SDPA takes them only as a dense bias, off its flash kernel)"
+            if not call.mapping.adjusts_logits
+            else f"{call.mapping_name} on CUDA: two FlexAttention passes (the rows' entropies, then the "
+            "re-tempered softmax), no logits materialised",
+        )
     if consider("sdpa", _sdpa_gate(call)):
         return pick(
             "sdpa",

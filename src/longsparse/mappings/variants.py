@@ -24,10 +24,16 @@ def adaptive_temperature(z: Tensor, order: str = "original") -> Tensor:
     with torch.no_grad():
         p = entmax(z.detach(), 1.0)
         h = -torch.special.xlogy(p, p).sum(-1, keepdim=True)  # 0·log 0 = 0 (masked keys, masked rows)
-        poly = torch.zeros_like(h)
-        for c in ADATEMP_POLY[order]:
-            poly = poly * h + c
-        return torch.where(h > 0.5, poly.clamp_min(1.0), torch.ones_like(h))
+        return temperature_of_entropy(h, order)
+
+
+def temperature_of_entropy(h: Tensor, order: str = "original") -> Tensor:
+    """θ = max(1, P(h)) where the entropy h > 0.5, else 1, elementwise (same shape as h): the adaptive
+    temperature of rows whose softmax has entropy h (a backend that gets h without the logits uses this)."""
+    poly = torch.zeros_like(h)
+    for c in ADATEMP_POLY[order]:
+        poly = poly * h + c
+    return torch.where(h > 0.5, poly.clamp_min(1.0), torch.ones_like(h))
 
 
 def adaptive_temperature_softmax(z: Tensor, order: str = "original") -> Tensor:
