@@ -579,11 +579,13 @@ def warm_kernels(spec: dict, device: str, baseline: str | None) -> dict:
     t0 = time.perf_counter()
     D, H = spec["D"], 16
     base = load_baseline(baseline) if baseline else None
+    n = 1024  # ≥ triton_entmax.BAND_MIN_KEYS: the ALiBi rows compile their banded variants
     for backward in (False, True):
-        methods = _methods(256, D, H, device, backward, base, extras=True, adasplash=False, softmax=D == 64)
+        variants = () if backward else tuple({v for (_, d), vs in VARIANT_GROUPS.items() if d == D for v in vs})
+        methods = _methods(n, D, H, device, backward, base, True, False, softmax=D == 64, variants=variants)
         for name, f in methods.items():
             leaves = [
-                torch.randn(1, H, 256, D, device=device, dtype=torch.bfloat16, requires_grad=backward) for _ in range(3)
+                torch.randn(1, H, n, D, device=device, dtype=torch.bfloat16, requires_grad=backward) for _ in range(3)
             ]
             out = f(*leaves)
             if backward:
@@ -701,6 +703,33 @@ def _sdpa_context(device: str, decode: bool = False):
 
 
 PER_HEAD_ALPHAS = (1.25, 1.5, 1.75, 2.0)
+# Launch and solver variants of the current kernel, timed beside its defaults in some groups: name →
+# (SOLVER_POINTS of α = 1.5 or None, overrides of the CUDA launch configuration `_config`)
+KERNEL_VARIANTS = {
+    "p0_4": ((4, 2), {}),
+    "p0_2": ((2, 2), {}),
+    "stages2": (None, {"stages": 2}),
+    "fwd_warps4": (None, {"fwd": 4}),
+}
+VARIANT_GROUPS = {(4096, 64): ("p0_4", "p0_2", "stages2"), (16384, 64): ("p0_4", "p0_2"), (4096, 128): ("fwd_warps4",)}
+
+
+@contextlib.contextmanager
+def kernel_variant(te, name: str):
+    """The current kernel module with one of KERNEL_VARIANTS in force for the duration (one process, one
+    call at a time)."""
+    points, overrides = KERNEL_VARIANTS[name]
+    saved_points, saved_config = dict(te.SOLVER_POINTS), te._config
+    if points is not None:
+        te.SOLVER_POINTS[1] = points
+    if overrides:
+        te._config = lambda D, dtype, device_type: {**saved_config(D, dtype, device_type), **overrides}
+    try:
+        yield
+    finally:
+        te.SOLVER_POINTS.clear()
+        te.SOLVER_POINTS.update(saved_points)
+        te._config = saved_config
 
 
 def _methods(
@@ -713,12 +742,14 @@ def _methods(
     extras: bool,
     adasplash: bool,
     softmax: bool = False,
+    variants: tuple = (),
 ) -> dict:
     """name → callable(q, k, v) giving the causal output: SDPA flash (the anchor), the current kernel
     (`triton_*`) and, given a baseline module, the earlier one (`prev_*`), each at α = 1.5 without and with
     NAPE slopes; with `extras` also α = 1.25 and per-head α; with `adasplash` (forward + backward only: its
     first call at a shape autotunes) AdaSplash-2, which takes causal α = 1.5 without bias; with `softmax`
-    softmax with NAPE through the flex backend and (forward only) the sdpa backend."""
+    softmax with NAPE through the flex backend and (forward only) the sdpa backend; `variants` (names of
+    KERNEL_VARIANTS) the current kernel with NAPE under each."""
     import torch.nn.functional as F
 
     from longsparse.attention import triton_entmax as te
@@ -747,6 +778,13 @@ def _methods(
             methods[f"{prefix}_per_head_alpha_nape"] = lambda q, k, v, mod=mod: mod.entmax_attention_triton(
                 q, k, v, alpha=per_head, is_causal=True, alibi_slopes=slopes
             )
+    for variant in variants:
+
+        def run(q, k, v, variant=variant):
+            with kernel_variant(te, variant):
+                return te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes)
+
+        methods[f"triton_entmax15_nape_{variant}"] = run
     if adasplash and backward:
         try:
             import adasplash as ada
@@ -759,7 +797,9 @@ def _methods(
         from longsparse.attention import BACKENDS
 
         for backend in ("flex", "sdpa"):
-            if backend in BACKENDS and (backend == "flex" or not backward):
+            # flex differentiates on CUDA only (torch's CPU FlexAttention has no backward); sdpa's bias path is
+            # the evaluation one (no gradient)
+            if backend in BACKENDS and (not backward or (backend == "flex" and device == "cuda")):
                 methods[f"{backend}_softmax_nape"] = lambda q, k, v, backend=backend: ls.attention(
                     q, k, v, mapping="softmax", is_causal=True, alibi_slopes=slopes, backend=backend
                 )
@@ -798,6 +838,7 @@ def time_group(
     extras: bool,
     adasplash: bool,
     softmax: bool = False,
+    variants: tuple = (),
 ) -> list:
     """Every method at one (N, D, direction), interleaved; rows with median seconds, the ratio to SDPA flash
     (and, in the tables, to adasplash and to the baseline kernel), peak memory above the inputs."""
@@ -805,7 +846,7 @@ def time_group(
     q, k, v = (torch.randn(1, H, N, D, device=device, dtype=torch.bfloat16, generator=g) for _ in range(3))
     up = torch.randn(q.shape, device=device, dtype=q.dtype, generator=g)
     calls, rows = {}, {}
-    for name, f in _methods(N, D, H, device, backward, baseline, extras, adasplash, softmax).items():
+    for name, f in _methods(N, D, H, device, backward, baseline, extras, adasplash, softmax, variants).items():
         row = {"N": N, "D": D, "H": H, "B": 1, "dtype": "bfloat16", "causal": True, "method": name}
         row["direction"] = "fwd+bwd" if backward else "fwd"
         rows[name] = row
@@ -1221,6 +1262,7 @@ def main(argv=None) -> int:
                     extras=dry or (N, D) in EXTRA_ROWS,
                     adasplash=not dry and (N, D) in ADASPLASH_SHAPES,
                     softmax=D == 64 or dry,
+                    variants=VARIANT_GROUPS.get((N, D), ("p0_2",) if dry else ()) if not backward else (),
                 )
             except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
                 rows = [{"N": N, "D": D, "direction": direction, "error": f"{type(exc).__name__}: {exc}"[:500]}]

@@ -296,6 +296,36 @@ def test_dead_tiles_are_skipped_and_exact(monkeypatch):
     assert n_live < n_visited / 2
 
 
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_alibi_band_is_exact_and_skips_tiles(is_causal, monkeypatch):
+    """Every pass of the block forward visits only the band of attention/band.py on ALiBi heads (forced on
+    at 77 keys in 16-key tiles): steep, gentle and tiny slopes, q-scales above 1, left padding, and a key of
+    huge norm far back that a looser bound would drop. Outputs and gradients equal the reference, and the
+    steep head visits fewer tiles than a dense pass."""
+    monkeypatch.setattr(te, "BAND_MIN_KEYS", 0)
+    monkeypatch.setattr(te, "INTERPRETER_BLOCK", 16)
+    leaves, up = _inputs(H=4, q_scale=True, seed=13)
+    with torch.no_grad():
+        leaves[1][0, 2, 3] *= 40  # a far-back key that wins head 2's rows despite the bias
+    slopes = torch.tensor([2.0, 0.25, 1e-4, 0.0])
+    _compare(leaves, up, alpha=1.5, is_causal=is_causal, slopes=slopes, key_start=torch.tensor([5]))
+    q, k, v = (t.detach() for t in leaves[:3])
+    counts = te.solver_counts(q * leaves[3].detach(), k, v, alpha=1.5, is_causal=is_causal, alibi_slopes=slopes)
+    per_pass = counts["tiles_visited"] / (counts["sweeps"] + 2)
+    assert (per_pass[0, 0] < counts["causal_tiles"][0, 0]).any()
+    assert (counts["uncertified"] == 0).all() and (counts["sweeps"] < te._MAX_SWEEPS_EXACT).all()
+
+
+def test_solver_counts_bound_the_passes():
+    """On random logits the block forward certifies every row exactly, within a few sweeps: the QKᵀ passes
+    per block are the max pass, the sweeps and the output pass."""
+    q, k, v = (t.detach() for t in _inputs(H=2, Nq=77, Nk=77, seed=14)[0][:3])
+    counts = te.solver_counts(q, k, v, alpha=1.5, is_causal=True)
+    assert (counts["uncertified"] == 0).all()
+    assert (counts["tiles_visited"] == (counts["sweeps"] + 2) * counts["causal_tiles"]).all()
+    assert counts["sweeps"].max() <= 4, counts["sweeps"]
+
+
 def test_supports_names_what_it_refuses(monkeypatch):
     q, k, v = (t.detach() for t in _inputs(Nq=8, Nk=8)[0])
     assert te.supports(q, k, v, alpha=1.5, is_causal=True) is None

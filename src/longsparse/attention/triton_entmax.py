@@ -99,6 +99,8 @@ HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DECODE_MAX_QUERIES = 16  # the decode path holds all of a program's query rows in one tile
 DECODE_MIN_KEYS = 1024  # below this the block kernel has enough key tiles per query block anyway
+# ALiBi band (attention/band.py) from this many keys: a few dozen small launches, worth it only on long rows
+BAND_MIN_KEYS = 1024
 # Decode candidates (X > −1) kept per split: at most split / DECODE_CANDIDATE_DIVISOR (random logits keep ~7 % of
 # 32K keys; trained attention far fewer); a row with a split past that solves over all its logits.
 DECODE_CANDIDATE_DIVISOR = 4
@@ -307,12 +309,14 @@ def _bracket_update(
     Exact finish (α = 1.5 / 2): τ_S is τ* exactly when S is the true support, which holds when every entry
     of S stays above τ_S (smallest gap `mind` > τ_S − t) and every entry outside stays at or below it
     (largest outside gap `dneg` ≤ τ_S − t); one of the two is automatic on each side of the root. Other α
-    finish when the Newton step from below falls under TOL. A row whose bracket has closed to rounding ends
-    at lo, where Σp ≥ 1: the output pass renormalises it. Returns (lo, hi, tau, active, certified), the last
-    the rows finished exactly here."""
+    finish when the Newton step from below falls under TOL. A row whose bracket this sweep could not tighten
+    (rounding: the next points would repeat) ends at lo, where Σp ≥ 1: the output pass renormalises it.
+    Returns (lo, hi, tau, active, certified), the last the rows finished exactly here."""
     done = active == 0
     new_tau = tau
     certified = tl.zeros(lo.shape, tl.int1)
+    lo_in = lo
+    hi_in = hi
     for pi in tl.static_range(P):
         t = _point(a, b, pi, P, GEOM)
         n = _column(cnt, pi, P)
@@ -348,8 +352,9 @@ def _bracket_update(
             certified = certified | fin
         new_tau = tl.where(fin, t + s, new_tau)
         done = done | fin
-    # a bracket closed to rounding ends the row at lo (no later point could move it)
-    closed = active & (done == 0) & ((hi - lo) <= 1e-6 * tl.abs(lo))
+    # a sweep that could not tighten the bracket (its points repeat: rounding) ends the row at lo, as does a
+    # bracket that rounding closed or crossed
+    closed = active & (done == 0) & (((lo <= lo_in) & (hi >= hi_in)) | (hi <= lo))
     new_tau = tl.where(closed, lo, new_tau)
     done = done | closed
     return lo, hi, tl.where(active, new_tau, tau), active & (done == 0), certified
@@ -1508,7 +1513,7 @@ def _forward_impl(
         tile_mask = torch.zeros((B, H, n_qb, n_kt), dtype=torch.int8, device=q.device)
         uv = torch.empty((B, H, Nq, D), dtype=torch.float32, device=q.device) if need_uv else empty
         band = None
-        if slopes is not None:
+        if slopes is not None and Nk >= BAND_MIN_KEYS:
             band = alibi_live_keys(
                 q,
                 k,
