@@ -254,7 +254,10 @@ def _not_triton(name):
 
 
 @pytest.mark.parametrize("grad", [False, True])
-def test_auto_on_cuda_sends_biased_softmax_and_adaptive_temperature_to_flex(grad):
+def test_auto_on_cuda_sends_biased_softmax_and_adaptive_temperature_to_flex(grad, monkeypatch):
+    short = select_backend(_cuda_call(grad, mapping="softmax", alibi_slopes=SLOPES), supports=_not_triton)
+    assert short.backend == "sdpa" and "dense bias" in short.passed_over["flex"]  # flex compiles per shape
+    monkeypatch.setattr(policy, "SDPA_MAX_ELEMENTS", 1)  # every bias counts as long
     for kw in (
         dict(mapping="softmax", alibi_slopes=SLOPES),
         dict(mapping="softmax", key_start=torch.tensor([3, 0])),
@@ -274,7 +277,8 @@ def test_auto_on_cuda_sends_biased_softmax_and_adaptive_temperature_to_flex(grad
     assert chunked.backend != "flex" and "chunk_size" in chunked.passed_over["flex"]
 
 
-def test_auto_on_cuda_falls_back_when_flex_refuses():
+def test_auto_on_cuda_falls_back_when_flex_refuses(monkeypatch):
+    monkeypatch.setattr(policy, "_flex_gate", lambda call: None)  # a call auto would give flex
     choice = select_backend(
         _cuda_call(mapping="softmax", alibi_slopes=SLOPES),
         supports=lambda name: "flex refuses" if name in ("flex", "triton") else None,

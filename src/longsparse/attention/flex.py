@@ -17,8 +17,8 @@ Masks never become a dense tensor: the block mask (which (query block, key block
 and which hold only visible keys) is computed from the key ranges and the causal diagonal in
 O(B · Nq/128 · Nk/128) integer work, and ``mask_mod`` evaluates the exact mask inside the partial tiles only.
 All per-call values (slopes, θ, key ranges, the causal bound) reach the kernel as tensors captured by
-score_mod / mask_mod, so a compiled function is reused across calls of one shape and recompiled only for new
-shapes, dtypes or head counts (torch.compile makes the lengths dynamic after the first change).
+score_mod / mask_mod, so a compiled function is reused across calls of one shape; each new shape, dtype or head
+count compiles its own (static lengths: see `compiled`).
 
 Adaptive temperature takes two passes. The first, without gradient, gets each row's entropy of softmax(z),
 H = lse − E_p[z], from FlexAttention's log-sum-exp and an output over the values [k | j]:
@@ -203,19 +203,21 @@ def _attend_lse(q, k, v, coef, bounds, key_start, key_end, blocks, scale: float,
 
 
 # torch.compile keeps its cache of compiled graphs, and its recompile limit, per code object: each entry here
-# is a function of its own code. On CUDA one function per kind of call, whose lengths become dynamic after
-# the first change (decoding grows the keys by one per step). On the CPU torch's FlexAttention template takes
-# static lengths only, so each shape gets its own function.
+# is a function of its own code, one per call shape, compiled with static lengths. On the CPU torch's
+# FlexAttention template takes static lengths only; on CUDA, lengths made dynamic after a first change fail to
+# lower in torch 2.11 ("'ShapeAsConstantBuffer' object has no attribute 'dtype'", seen on an H200 at 16K keys
+# after a 4K call), so CUDA compiles per shape too: auto gives flex long rows only (attention/policy.py), whose
+# lengths are few.
 _COMPILED: Dict[tuple, Callable] = {}
 
 
 def compiled(with_lse: bool, device_type: str, shapes: tuple) -> Callable:
     """The compiled `_attend_out` / `_attend_lse` for calls of this kind, built on first use."""
-    key = (with_lse, device_type) + (shapes if device_type == "cpu" else ())
+    key = (with_lse, device_type) + shapes
     if key not in _COMPILED:
         fn = _attend_lse if with_lse else _attend_out
         own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__)
-        _COMPILED[key] = torch.compile(own, fullgraph=True, dynamic=False if device_type == "cpu" else None)
+        _COMPILED[key] = torch.compile(own, fullgraph=True, dynamic=False)
     return _COMPILED[key]
 
 

@@ -114,6 +114,11 @@ def _flex_gate(call: AttentionCall) -> Optional[str]:
     B, H, Nq, Nk, _ = call.shape
     if call.alibi_slopes is None and not call.has_key_ranges and not (call.is_causal and (Nq != Nk or call.scale <= 0)):
         return "no ALiBi, key range or decoding offset: SDPA's flash kernel takes the call as it is"
+    n = sdpa_bias_row_elements(call) * Nq
+    if n <= SDPA_MAX_ELEMENTS:
+        # flex compiles one kernel per call shape: short rows (training batches, decoding steps whose key count
+        # grows by one) would recompile often, while their dense bias is small
+        return f"its bias holds {n:,} elements per batch row (≤ {SDPA_MAX_ELEMENTS:,}): SDPA with a dense bias"
     return None
 
 
@@ -157,8 +162,9 @@ def select_backend(
     1. CUDA tensors: ``triton`` when it supports the call.
     2. α, ALiBi slopes or a float mask that needs a gradient: ``reference`` (no other backend gives those).
     2b. CUDA tensors, no chunk_size: ``flex`` when it supports the call and the call is softmax with ALiBi
-       slopes, key ranges or a causal decoding offset (what SDPA takes only as a dense bias), or adaptive
-       temperature (flex needs no materialised logits for its θ).
+       slopes, key ranges or a causal decoding offset (what SDPA takes only as a dense bias) whose bias would
+       exceed `SDPA_MAX_ELEMENTS` per batch row (flex compiles per call shape: short rows stay on sdpa), or
+       adaptive temperature (flex needs no materialised logits for its θ).
     3. A softmax-form mapping (softmax, top-k, adaptive temperature), no chunk_size, and what SDPA must
        materialise within `SDPA_MAX_ELEMENTS`: ``sdpa``; on CUDA also plain softmax without gradient beyond
        it (sdpa then runs in query blocks, each bias within the limit).
