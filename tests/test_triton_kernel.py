@@ -569,7 +569,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     assert te._BUILT is False
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas-blackwell")
     POINTERS = {"Stats": "*fp32", "TileMask": "*i8", "Alpha": "*fp32", "Slopes": "*fp32", "Starts": "*i32",
-                "Ends": "*i32", "UV": "*fp32", "Counts": "*i32", "BandLo": "*i32", "BandHi": "*i32",
+                "Ends": "*i32", "UV": "*fp32", "Counts": "*i32", "Live": "*i32", "KNorm": "*fp32", "Cand": "*fp32",
+                "Cnt": "*i32",
                 "Blocks": "*i32", "NBlocks": "*i32", "Tiles": "*i32", "NTiles": "*i32",
                 "Delta": "*fp32", "Z": "*fp32", "Mpart": "*fp32", "Opart": "*fp32", "Lpart": "*fp32"}
     FLOATS = ("scale",)
@@ -585,12 +586,14 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         p0, p1 = te.SOLVER_POINTS[mode]
         solve = dict(P0=p0, P=p1, MAX_SWEEPS=24, TOL=1e-6)
         stages = cfg["stages"]
-        plan = [("_fwd_kernel", dict(blk, **solve, HAS_BAND=True, STORE_UV=True, COUNT=False), cfg["fwd"], stages),
-                ("_fwd_kernel", dict(blk, **solve, HAS_BAND=False, STORE_UV=False, COUNT=False), cfg["fwd"], stages),
+        fwd = dict(blk, **solve, BAND_EPS=te.ROUNDING_MARGIN, COUNT=False)
+        plan = [("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True), cfg["fwd"], stages),
+                ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=False), cfg["fwd"], stages),
                 ("_bwd_prep_kernel", blk, cfg["prep"], stages),
                 ("_bwd_dkdv_kernel", blk, cfg["dkdv"], stages),
                 ("_bwd_dq_kernel", blk, cfg["dq"], stages),
                 ("_dec_scores_kernel", dec, cfg["dec"], stages),
+                ("_dec_filter_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode), cfg["dec"], stages),
                 ("_dec_solve_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode, **solve), cfg["dec"], stages),
                 ("_dec_out_kernel", dict(dec, MODE=mode), cfg["dec"], stages)]
         for name, consts, warps, stages in plan:
@@ -617,7 +620,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
             regs = [int(x) for x in re.findall(r"Used (\\d+) registers", r.stdout + r.stderr)]
             ptx = ck.asm["ptx"]
             results.append(dict(kernel=name, D=D, dtype=dtype_name, mode=mode, ptxas_rc=r.returncode,
-                                consts={k: v for k, v in consts.items() if k in ("HAS_BAND", "STORE_UV")},
+                                consts={k: v for k, v in consts.items() if k in ("BAND", "STORE_UV")},
                                 shared=ck.metadata.shared, spill_bytes=max(spills, default=0),
                                 registers=max(regs, default=0), warps=warps,
                                 async_copies=ptx.count("cp.async.cg") + ptx.count("cp.async.ca")

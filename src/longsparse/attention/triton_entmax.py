@@ -81,7 +81,7 @@ import os
 import torch
 from torch import Tensor
 
-from .band import alibi_live_keys
+from .band import ROUNDING_MARGIN
 
 try:  # the kernels need Triton; without it, `supports` says so and nothing else is built
     import triton
@@ -108,8 +108,9 @@ _TOL = 1e-6  # Newton step (in τ, whose bracket has width < 1) at which general
 _MAX_SWEEPS_EXACT = 24  # α = 1.5 / 2: the exact finish certifies after a few sweeps (a cap, not a budget)
 _MAX_SWEEPS_GENERAL = 32  # other α: quadratic convergence once the bracket is tight
 # Points per sweep of the threshold solve, (first sweep, later sweeps), by mode (general, 1.5, 2); powers of
-# two. More points cost element-wise work in every tile but fewer passes over K (benchmarks count both).
-SOLVER_POINTS = {0: (4, 2), 1: (8, 2), 2: (8, 2)}
+# two. More points cost element-wise work in every tile but fewer passes over K: on an H200, 4 first points
+# timed 6 % faster than 8 and 3 % faster than 2 at 4K and 16K keys (benchmarks/results/gpu_check-h200-*).
+SOLVER_POINTS = {0: (4, 2), 1: (4, 2), 2: (4, 2)}
 
 _MODE_GENERAL, _MODE_15, _MODE_2 = 0, 1, 2
 INTERPRETER_BLOCK = 32  # query and key tile of the interpreter (CPU tensors): see `_config`
@@ -420,6 +421,24 @@ def _block_scores(q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, 
     return kpos, z
 
 
+def _band_reach(qn, kmax, am1, row_lim, EPS: tl.constexpr):
+    """The part of the ALiBi band bound (attention/band.py) that does not depend on the key's distance or on
+    the row max: a key of row i can hold support only if scale·‖q_i‖·Kmax − m·dist > M_i − 1/(α−1), so with
+    R_i = scale·‖q_i‖·Kmax + 1/(α−1), widened by EPS (band.ROUNDING_MARGIN) for the rounding of q·k and of
+    the kernel's own test, it is dead once R_i − M_i − m·(1 − EPS)·dist ≤ 0. Rows that see no key get −inf
+    (they never keep a tile alive)."""
+    reach = qn * kmax * (1.0 + EPS) + (1.0 / am1) * (1.0 + EPS) + EPS
+    return tl.where(row_lim > 0, reach, float("-inf"))
+
+
+def _band_dead(reach, m, slope, dist_lo, EPS: tl.constexpr):
+    """Whether every key at distance ≥ dist_lo (BM,) from its row is provably dead for every row of the block,
+    given the row maxima m seen so far (a lower bound of the true ones). dist_lo may be negative (no bound)."""
+    excess = reach - m - slope * (1.0 - EPS) * dist_lo.to(tl.float32)
+    excess = tl.where(reach > float("-inf"), excess, float("-inf"))  # (−inf − −inf is NaN)
+    return tl.max(excess, 0) <= 0
+
+
 def _query_block(
     Q,
     K,
@@ -428,8 +447,6 @@ def _query_block(
     Slopes,
     Starts,
     Ends,
-    BandLo,
-    BandHi,
     sqb,
     sqh,
     sqn,
@@ -448,15 +465,14 @@ def _query_block(
     BM: tl.constexpr,
     BN: tl.constexpr,
     MODE: tl.constexpr,
-    HAS_BAND: tl.constexpr,
 ):
     """The start of every block kernel's program (grid (B·H, ⌈Nq/BM⌉)): its query rows and what they see.
 
     Query blocks run longest first: program (bh, j) takes block n_qb − 1 − j, so under causal masking the
     blocks with the most key tiles are dispatched first for every head and the short ones fill the tail.
     Returns (bh, pid_m, rows (BM,), rmask = real rows, qpos = their absolute positions, start, row_lim (BM,):
-    each row sees the keys [start, row_lim), within the key tiles t0 ≤ t < t1 (kend = max row_lim; with a
-    band, only the tiles that can hold support); the interior tiles ti0 ≤ t < ti1 lie inside every row's
+    each row sees the keys [start, row_lim), within the key tiles t0 ≤ t < t1 (kend = max row_lim); the interior
+    tiles ti0 ≤ t < ti1 lie inside every row's
     range; am1 = α − 1 and the slope of the head; q (BM, D); k_base, v_base: the kv head's K and V)."""
     bh = tl.program_id(0)
     pid_m = n_qb - 1 - tl.program_id(1)
@@ -473,13 +489,6 @@ def _query_block(
     lim_min = tl.min(tl.where(rmask, row_lim, Nk + BN), 0)
     t0 = start // BN
     t1 = (kend + BN - 1) // BN
-    if HAS_BAND:
-        brow = bh.to(tl.int64) * Nq + rows
-        band_lo = tl.min(tl.load(BandLo + brow, mask=rmask, other=Nk), 0)
-        band_hi = tl.max(tl.load(BandHi + brow, mask=rmask, other=0), 0)
-        t0 = tl.maximum(t0, band_lo // BN)
-        t1 = tl.minimum(t1, (band_hi + BN - 1) // BN)
-        t1 = tl.maximum(t1, t0)
     ti0 = (start + BN - 1) // BN
     ti1 = tl.maximum(lim_min // BN, ti0)
     return (
@@ -511,13 +520,13 @@ def _fwd_kernel(
     Stats,
     UV,
     TileMask,
+    Live,
     Counts,
+    KNorm,
     Alpha,
     Slopes,
     Starts,
     Ends,
-    BandLo,
-    BandHi,
     sqb,
     sqh,
     sqn,
@@ -551,14 +560,17 @@ def _fwd_kernel(
     MAX_SWEEPS: tl.constexpr,
     TOL: tl.constexpr,
     DOT_PREC: tl.constexpr,
-    HAS_BAND: tl.constexpr,
+    BAND: tl.constexpr,
+    BAND_EPS: tl.constexpr,
     STORE_UV: tl.constexpr,
     COUNT: tl.constexpr,
 ):
     """Grid (B·H, ⌈Nq/BM⌉). Writes O, Stats[0..2] = (row max M, τ, 1/Σp), the tile mask bits of the key
-    tiles t0 ≤ t < t1 (1 where some p > 0; the caller zeroes the rest), with STORE_UV the backward's
-    Σ_j u_ij v_j / Σ_j u_ij per row (UV, fp32), and with COUNT the program's counters (Counts: sweeps,
-    key tiles visited over all passes, key tiles of the block's causal range, rows finished uncertified)."""
+    tiles holding some p > 0 (the caller zeroes the rest), with STORE_UV the backward's Σ_j u_ij v_j / Σ_j u_ij
+    per row (UV, fp32), and with COUNT the program's counters (Counts: sweeps, key tiles visited over all
+    passes, key tiles of the block's causal range, rows finished uncertified). Live: (B·H·⌈Nq/BM⌉, 2·n_kt)
+    int32 scratch, the blocks' lists of live key tiles. BAND: ALiBi heads bound their tiles in-kernel, with
+    KNorm (B·H_kv,) fp32 the largest ‖k_j‖ over each batch row's keys."""
     (bh, pid_m, rows, rmask, qpos, start, row_lim, kend, t0, t1, ti0, ti1, am1, slope, q, k_base, v_base) = (
         _query_block(
             Q,
@@ -568,8 +580,6 @@ def _fwd_kernel(
             Slopes,
             Starts,
             Ends,
-            BandLo,
-            BandHi,
             sqb,
             sqh,
             sqn,
@@ -588,35 +598,76 @@ def _fwd_kernel(
             BM,
             BN,
             MODE,
-            HAS_BAND,
         )
     )
 
-    # 1. row max
+    # 1. row max. ALiBi heads walk out from the diagonal and stop once `_band_dead` proves every farther key
+    # tile holds no support, so every later pass visits only [t_lo, t_hi); other heads take every tile in a
+    # plain (pipelined) loop.
     m = tl.full([BM], float("-inf"), tl.float32)
-    for t in range(t0, t1):
-        kpos, z = _block_scores(
-            q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
-        )
-        m = tl.maximum(m, _rmax(z, 1))
+    t_lo = t0
+    t_hi = t1
+    if BAND & (slope > 0):
+        qn = tl.sqrt(_rsum(q.to(tl.float32) * q.to(tl.float32), 1)) * scale  # scale·‖q_i‖ (BM,)
+        kmax = tl.load(KNorm + bh // GROUP)  # the kv head's largest ‖k_j‖ over the row's keys
+        reach = _band_reach(qn, kmax, am1, row_lim, BAND_EPS)
+        t_mid = tl.minimum(tl.maximum(tl.max(tl.where(rmask, qpos, 0), 0) // BN, t0), t1 - 1)
+        t = t_mid
+        go = t >= t0
+        while go:
+            kpos, z = _block_scores(
+                q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+            )
+            m = tl.maximum(m, _rmax(z, 1))
+            t_lo = t
+            t -= 1
+            # keys of the tiles before t + 1 sit at least qpos − (t + 1)·BN + 1 before each row
+            go = (t >= t0) & (_band_dead(reach, m, slope, qpos - (t + 1) * BN + 1, BAND_EPS) == 0)
+        t = t_mid + 1
+        go = t < t1
+        while go:
+            kpos, z = _block_scores(
+                q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+            )
+            m = tl.maximum(m, _rmax(z, 1))
+            t += 1
+            t_hi = t
+            # keys of the tiles from t on sit at least t·BN − qpos after each row (non-causal rows only)
+            go = (t < t1) & (_band_dead(reach, m, slope, t * BN - qpos, BAND_EPS) == 0)
+    else:
+        for t in range(t0, t1):
+            kpos, z = _block_scores(
+                q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+            )
+            m = tl.maximum(m, _rmax(z, 1))
     m = tl.where(row_lim > 0, m, 0.0)
+    visited = 2 * (t_hi - t_lo)  # the max pass and the first sweep
 
     # 2. threshold: a first sweep at P0 points spread over the bracket, then sweeps at P points (see
-    # `_bracket_update`) until every row of the block has finished
+    # `_bracket_update`) until every row of the block has finished. Each sweep also lists the key tiles that
+    # hold an entry above its rows' floor (lo, or τ once finished): τ only rises from there, so the other
+    # tiles hold no support and later sweeps and the output pass skip them. Two lists per block (`Live`),
+    # one read while the other is written, a barrier between sweeps.
     lo = tl.full([BM], -1.0, tl.float32)
     hi = _bracket_hi(tl.maximum(row_lim - start, 0), am1, MODE)
     tau = lo
     active = (row_lim - start) > 1
     uncertified = tl.zeros([BM], tl.int32)
     lhi = tl.log2(-hi)
+    lists = Live + (bh.to(tl.int64) * n_qb + pid_m) * (2 * n_kt)
+    n_live = 0
     # (the first sweep's sums have P0 columns: names of their own, since loop-carried values keep one type)
     cnt0, sw0, sp0, mind0, dneg0 = _sweep_sums(BM, P0)
-    for t in range(t0, t1):
+    for t in range(t_lo, t_hi):
         kpos, z = _block_scores(
             q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
         )
         X = am1 * (z - m[:, None])
         cnt0, sw0, sp0, mind0, dneg0 = _sweep_tile(X, lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, True, MODE)
+        alive = _rmax(_rmax(X - lo[:, None], 1), 0) > 0
+        tl.store(lists + n_kt + n_live, t, mask=alive)
+        n_live += alive.to(tl.int32)
+    tl.debug_barrier()
     was = active
     lo, hi, tau, active, cert = _bracket_update(
         lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, lo, hi, tau, active, am1, P0, True, MODE, TOL
@@ -626,13 +677,24 @@ def _fwd_kernel(
     n_active = tl.sum(active.to(tl.int32), 0)
     while (sweeps < MAX_SWEEPS) & (n_active > 0):
         pa, pb = _later_bounds(lo, hi, MODE)
+        floor = tl.where(active, lo, tau)
+        read = lists + (sweeps % 2) * n_kt
+        write = lists + ((sweeps + 1) % 2) * n_kt
+        visited += n_live
+        n_next = 0
         cnt, sw, sp, mind, dneg = _sweep_sums(BM, P)
-        for t in range(t0, t1):
+        for i in range(n_live):
+            t = tl.load(read + i)
             kpos, z = _block_scores(
                 q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
             )
             X = am1 * (z - m[:, None])
             cnt, sw, sp, mind, dneg = _sweep_tile(X, pa, pb, cnt, sw, sp, mind, dneg, am1, P, False, MODE)
+            alive = _rmax(_rmax(X - floor[:, None], 1), 0) > 0
+            tl.store(write + n_next, t, mask=alive)
+            n_next += alive.to(tl.int32)
+        tl.debug_barrier()
+        n_live = n_next
         was = active
         lo, hi, tau, active, cert = _bracket_update(
             pa, pb, cnt, sw, sp, mind, dneg, lo, hi, tau, active, am1, P, False, MODE, TOL
@@ -643,13 +705,17 @@ def _fwd_kernel(
     tau = tl.where(active, lo, tau)  # rows still open at the sweep cap end at their lower bound
     uncertified += active.to(tl.int32)
 
-    # 3. output; the tile mask records the tiles holding some p > 0 (what the backward visits)
+    # 3. output over the last list; the tile mask records the tiles holding some p > 0 (what the backward
+    # visits; the caller zeroed it)
     acc = tl.zeros([BM, D], tl.float32)
     lsum = tl.zeros([BM], tl.float32)
     uacc = tl.zeros([BM, D], tl.float32)
     usum = tl.zeros([BM], tl.float32)
     mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
-    for t in range(t0, t1):
+    read = lists + (sweeps % 2) * n_kt
+    visited += n_live
+    for i in range(n_live):
+        t = tl.load(read + i)
         kpos, z = _block_scores(
             q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
         )
@@ -681,7 +747,7 @@ def _fwd_kernel(
         crow = Counts + (bh.to(tl.int64) * n_qb + pid_m) * 4
         n_causal = (kend + BN - 1) // BN - start // BN
         tl.store(crow, sweeps)
-        tl.store(crow + 1, (sweeps + 2) * (t1 - t0))
+        tl.store(crow + 1, visited)
         tl.store(crow + 2, n_causal)
         tl.store(crow + 3, tl.sum(uncertified, 0))
 
@@ -752,8 +818,6 @@ def _bwd_prep_kernel(
             Slopes,
             Starts,
             Ends,
-            Starts,
-            Ends,
             sqb,
             sqh,
             sqn,
@@ -772,7 +836,6 @@ def _bwd_prep_kernel(
             BM,
             BN,
             MODE,
-            False,
         )
     )
     row0, do, m, tau, inv = _bwd_rows(DO, Stats, bh, rows, rmask, Nq, tl.num_programs(0).to(tl.int64) * Nq, D)
@@ -929,8 +992,6 @@ def _bwd_dq_kernel(
             Slopes,
             Starts,
             Ends,
-            Starts,
-            Ends,
             sqb,
             sqh,
             sqn,
@@ -949,7 +1010,6 @@ def _bwd_dq_kernel(
             BM,
             BN,
             MODE,
-            False,
         )
     )
     row0, do, m, tau, inv = _bwd_rows(DO, Stats, bh, rows, rmask, Nq, tl.num_programs(0).to(tl.int64) * Nq, D)
@@ -1268,6 +1328,8 @@ _JIT_NAMES = (
     "_logits",
     "_logits_t",
     "_block_scores",
+    "_band_reach",
+    "_band_dead",
     "_query_block",
     "_bwd_rows",
     "_row_stats",
@@ -1509,22 +1571,12 @@ def _forward_impl(
     if not decode:
         BM, BN = cfg["BM"], cfg["BN"]
         n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
-        # tiles outside a block's band are never visited: their bits must read "no support"
+        # the output pass writes the bits of the tiles it visits: the others must read "no support"
         tile_mask = torch.zeros((B, H, n_qb, n_kt), dtype=torch.int8, device=q.device)
         uv = torch.empty((B, H, Nq, D), dtype=torch.float32, device=q.device) if need_uv else empty
-        band = None
-        if slopes is not None and Nk >= BAND_MIN_KEYS:
-            band = alibi_live_keys(
-                q,
-                k,
-                alibi_slopes=slopes,
-                alpha=alpha if alpha_heads is None else alpha_heads,
-                scale=scale,
-                is_causal=is_causal,
-                key_start=key_start,
-                key_end=key_end,
-            )
-        band_lo, band_hi = (starts, ends) if band is None else (band[0].contiguous(), band[1].contiguous())
+        live = torch.empty((B * H * n_qb, 2 * n_kt), dtype=torch.int32, device=q.device)
+        band = slopes is not None and Nk >= BAND_MIN_KEYS
+        knorm = _key_norm_bound(k, starts, ends) if band else stats
         _fwd_kernel[(B * H, n_qb)](
             q,
             k,
@@ -1533,13 +1585,13 @@ def _forward_impl(
             stats,
             uv if need_uv else stats,
             tile_mask,
+            live,
             stats if counts is None else counts,
+            knorm,
             alphas,
             slopes_t,
             starts,
             ends,
-            band_lo,
-            band_hi,
             *_common_args(q, k, v),
             *o.stride(),
             H,
@@ -1559,7 +1611,8 @@ def _forward_impl(
             MAX_SWEEPS=max_sweeps,
             TOL=_TOL,
             DOT_PREC=cfg["prec"],
-            HAS_BAND=band is not None,
+            BAND=band,
+            BAND_EPS=ROUNDING_MARGIN,
             STORE_UV=need_uv,
             COUNT=counts is not None,
             num_warps=cfg["fwd"],
@@ -1681,6 +1734,16 @@ def _forward_impl(
     o.copy_((opart.sum(1) * inv[:, None]).view(B, H, Nq, D))
     stats[2].copy_(inv.view(B, H, Nq))
     return o, stats, torch.empty((0,), dtype=torch.int8, device=q.device), empty
+
+
+def _key_norm_bound(k: Tensor, starts: Tensor, ends: Tensor) -> Tensor:
+    """(B·H_kv,) fp32: an upper bound of ‖k_j‖ over each batch row's keys [start, end) (the norms of 16-bit
+    keys are rounded to their dtype, 2^-9 relative at most for bfloat16: widened by 2^-8)."""
+    B, Hkv, Nk, _ = k.shape
+    kn = torch.linalg.vector_norm(k, dim=-1).float() * (1.0 + 2.0**-8)
+    j = torch.arange(Nk, device=k.device)
+    seen = (j >= starts.long()[:, None]) & (j < ends.long()[:, None])  # (B, Nk)
+    return kn.masked_fill(~seen[:, None, :], 0.0).amax(-1).reshape(B * Hkv).contiguous()
 
 
 def _live_lists(tile_mask: Tensor, B: int, H: int, Nq: int, Nk: int, BM: int, BN: int):
