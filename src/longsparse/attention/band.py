@@ -31,6 +31,9 @@ from torch import Tensor
 # 0.0422; each key costs about as much as computing ‖q‖ (~6 ms for 8 heads there).
 NEAREST_KEYS = 4
 
+# Query rows per pass of the CPU's window products (B·H·rows·D floats of temporaries: 2 MiB for 4 heads, D = 64).
+_ROWS_PER_PASS = 2048
+
 # Relative error allowed, on each side, between the logits this function computes (float32, or float64 for
 # float64 inputs) and the ones a kernel computes: every logit bound is widened by ROUNDING_MARGIN·(scale·‖q‖·‖k‖
 # + m·dist), and 1/(α−1) by the same fraction plus as much in absolute terms. That covers, with a factor ≥ 2 to
@@ -109,11 +112,13 @@ def alibi_live_keys(
     j = torch.arange(Nk, device=dev)
     kn_vis = kn.masked_fill(~((j >= lo[:, None]) & (j < hi[:, None]))[:, None, :], 0.0)
 
-    lb = _nearest_logit_bound(qc, kc, kn, a_q, m, scale, is_causal, pos, vis_lo, vis_hi, sees)
+    # the window around P_i may miss every visible key only if key_end cuts the keys before some P_i, or when
+    # not causal if key_start or Nq > Nk puts some P_i before the first visible key
+    anchored = key_end is not None or (not is_causal and (key_start is not None or Nq > Nk))
+    lb = _nearest_logit_bound(qc, kc, kn, a_q, m, scale, is_causal, pos, vis_lo, vis_hi, anchored)
 
     # Kmax on each side of P_i among the row's visible keys: a prefix max for the keys before, a suffix max after
     kpre = kn_vis.cummax(-1).values
-    ksuf = kn_vis.flip(-1).cummax(-1).values.flip(-1)
     left_idx = torch.minimum(pos[None, :], vis_hi - 1).clamp(0, Nk - 1)  # (B, Nq)
     kmax_left = kpre.gather(2, left_idx[:, None, :].expand(B, Hkv, Nq))
     kmax_left = kmax_left.repeat_interleave(G, dim=1)  # (B, H, Nq)
@@ -131,6 +136,7 @@ def alibi_live_keys(
     if is_causal:
         last = vis_hi[:, None, :].expand(B, H, Nq)
     else:
+        ksuf = kn_vis.flip(-1).cummax(-1).values.flip(-1)
         right_idx = torch.maximum(pos[None, :], vis_lo).clamp(0, Nk - 1)
         kmax_right = ksuf.gather(2, right_idx[:, None, :].expand(B, Hkv, Nq)).repeat_interleave(G, dim=1)
         last = pos.view(1, 1, Nq) + reach(kmax_right).to(torch.int64) + 1
@@ -144,37 +150,52 @@ def alibi_live_keys(
     return first.to(torch.int32), last.to(torch.int32)
 
 
-def _nearest_logit_bound(qc, kc, kn, a_q, m, scale, is_causal, pos, vis_lo, vis_hi, sees) -> Tensor:
-    """LB_i (B, H, Nq): the largest logit, each lowered by its kernel-rounding allowance, among the
-    `NEAREST_KEYS` visible keys nearest to P_i (a window anchored at the visible key nearest P_i, so that a row
-    whose keys end before its position, as a right-padded row while decoding, still gets a bound); −inf for
-    rows that see no key."""
+def _nearest_logit_bound(qc, kc, kn, a_q, m, scale, is_causal, pos, vis_lo, vis_hi, anchored) -> Tensor:
+    """LB_i (B, H, Nq): the largest logit, each lowered by its kernel-rounding allowance, among the visible keys
+    of the window of `NEAREST_KEYS` keys ending at P_i (causal) or centred on it; with ``anchored`` also the
+    visible key nearest P_i (for rows whose window may hold no visible key: a right-padded row while decoding,
+    whose keys end before its position). −inf for rows that see no key.
+
+    Window key P_i − t is the same shift of every row, so its logits are a product of q with a slice of k (no
+    gather); the anchor is one gather."""
     B, H, Nq, D = qc.shape
     Hkv, Nk = kc.shape[1], kc.shape[2]
     G = H // Hkv
     W = min(NEAREST_KEYS, Nk)
-    anchor = torch.minimum(torch.maximum(pos[None, :], vis_lo), vis_hi - 1)
-    start = torch.minimum(anchor - (W - 1 if is_causal else W // 2), vis_hi - W).clamp_min(vis_lo)  # (B, Nq)
-    # rows of keys gathered with index_select (contiguous copies): k as (B·Nk, Hkv, D), q as (B, Nq, Hkv, G, D)
-    k_rows = kc.permute(0, 2, 1, 3).reshape(B * Nk, Hkv, D)
-    kn_rows = kn.permute(0, 2, 1).reshape(B * Nk, Hkv)
-    q_rows = qc.permute(0, 2, 1, 3).reshape(B, Nq, Hkv, G, D)
-    a_rows = a_q.permute(0, 2, 1).reshape(B, Nq, Hkv, G)
-    slope = m.view(1, 1, Hkv, G)
-    row0 = (torch.arange(B, device=qc.device) * Nk)[:, None]
-    lb = torch.full((B, Nq, Hkv, G), float("-inf"), dtype=qc.dtype, device=qc.device)
-    for t in range(W):
-        jt = start + t  # (B, Nq)
-        valid = (jt < vis_hi) & sees
-        rows = (row0 + jt.clamp(0, Nk - 1)).reshape(-1)
-        k_t = k_rows.index_select(0, rows).view(B, Nq, Hkv, D, 1)
-        z = torch.matmul(q_rows, k_t).squeeze(-1) * scale  # (B, Nq, Hkv, G)
-        kn_t = kn_rows.index_select(0, rows).view(B, Nq, Hkv, 1)
-        dist = (pos[None, :] - jt).to(qc.dtype)
-        dist = (dist if is_causal else dist.abs())[:, :, None, None]
-        low = z - slope * dist - ROUNDING_MARGIN * (a_rows * kn_t + slope * dist)
-        lb = torch.maximum(lb, low.masked_fill(~valid[:, :, None, None], float("-inf")))
-    return lb.reshape(B, Nq, H).permute(0, 2, 1)
+    q5 = qc.view(B, Hkv, G, Nq, D)
+    a5 = a_q.view(B, Hkv, G, Nq)
+    slope = m.view(1, Hkv, G, 1)
+    lb = torch.full((B, Hkv, G, Nq), float("-inf"), dtype=qc.dtype, device=qc.device)
+
+    def lowered_logits(rows: slice, k_rows: Tensor, kn_rows: Tensor, j: Tensor) -> Tensor:
+        """Logits of query rows `rows` against keys k_rows (B, Hkv, n, D) at positions j (B or 1, n), lowered
+        by the rounding allowance; −inf where j is not visible to the row."""
+        z = (q5[:, :, :, rows] * k_rows[:, :, None]).sum(-1) * scale
+        dist = (pos[rows] - j).to(qc.dtype)
+        dist = (dist if is_causal else dist.abs())[:, None, None, :]
+        low = z - slope * dist - ROUNDING_MARGIN * (a5[:, :, :, rows] * kn_rows[:, :, None] + slope * dist)
+        visible = (j >= vis_lo[:, rows]) & (j < vis_hi[:, rows])
+        return low.masked_fill(~visible[:, None, None, :], float("-inf"))
+
+    first_offset = 0 if is_causal else W // 2  # window key of row i: P_i − t + first_offset, t < W
+    # rows in passes of _ROWS_PER_PASS on the CPU, so that a pass's q rows and products stay in cache
+    step = _ROWS_PER_PASS if qc.device.type == "cpu" else Nq
+    for c0 in range(0, Nq, step):
+        for t in range(W):
+            shift = Nk - Nq - t + first_offset  # key = i + shift
+            r0, r1 = max(c0, -shift), min(c0 + step, Nq, Nk - shift)  # rows whose window key exists
+            if r0 >= r1:
+                continue
+            rows = slice(r0, r1)
+            j = torch.arange(r0 + shift, r1 + shift, device=qc.device)[None, :]
+            low = lowered_logits(rows, kc[:, :, r0 + shift : r1 + shift], kn[:, :, r0 + shift : r1 + shift], j)
+            lb[..., rows] = torch.maximum(lb[..., rows], low)
+    if anchored:
+        j = torch.minimum(torch.maximum(pos[None, :], vis_lo), vis_hi - 1).clamp(0, Nk - 1)  # (B, Nq)
+        k_a = kc.gather(2, j[:, None, :, None].expand(B, Hkv, Nq, D))
+        kn_a = kn.gather(2, j[:, None, :].expand(B, Hkv, Nq))
+        lb = torch.maximum(lb, lowered_logits(slice(None), k_a, kn_a, j))
+    return lb.view(B, H, Nq)
 
 
 def _key_bound(t: Optional[Tensor], B: int, default: int, Nk: int, device: torch.device) -> Tensor:

@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from longsparse.attention.band import alibi_live_keys
 from longsparse.attention.call import AttentionCall
 from longsparse.attention.logits import block_logits
 from longsparse.mappings import _kernel
@@ -35,6 +36,7 @@ from longsparse.mappings.registry import Mapping
 
 _NONE_F64 = torch.empty(0, dtype=torch.float64)
 _NONE_I64 = torch.empty(0, dtype=torch.int64)
+_NONE_I32 = torch.empty(0, dtype=torch.int32)
 
 # Logit elements per block (B·H·chunk·Nk): 64 MiB of fp32 per buffer, a quarter of the full (H, N, N)
 # scores at N = 2048, H = 8 (the backward holds two such buffers).
@@ -234,6 +236,11 @@ class ChunkedAttention(torch.autograd.Function):
 # no better; 2K fwd+bwd the same with either. docs/benchmarks.md, "Fused attention kernel".
 FUSED_BLOCK_ROWS = 128
 FUSED_KEY_TILE = 512
+# Fewest query rows for which the fused kernel takes a band of live keys on ALiBi heads (`FusedSpec.find_band`).
+# The band reads every key's norm, as much memory as the kernel's walk of an ALiBi head for one row: decoding
+# (Nq = 1, 8 heads, half NAPE, 1 thread, CPU time) ran 1.04-1.6x slower with it at Nk = 4K-64K, Nq = 16
+# 1.03-1.25x, Nq = 32-64 1.14-1.18x at 4K and 0.79-0.82x at 64K, Nq = 128 0.63-0.91x.
+BAND_MIN_ROWS = 64
 
 
 def _per_head(value, n_heads: int) -> Tensor:
@@ -246,8 +253,9 @@ def _per_head(value, n_heads: int) -> Tensor:
 
 class FusedSpec:
     """The fused kernel's arguments besides q, k, v: per-head α and ALiBi slopes (float64 (H,); no slopes:
-    empty), scale, causal flag, the key ranges (int64 (B,) key_start / key_end; none: empty), compute dtype,
-    block rows and key tile."""
+    empty), scale, causal flag, the key ranges (int64 (B,) key_start / key_end; none: empty), each row's band
+    of live keys (int32 (B, H, Nq) band_lo / band_hi, set by `find_band` from the forward's q; none: empty),
+    compute dtype, block rows and key tile."""
 
     def __init__(self, call: AttentionCall, block_rows: int, key_tile: int):
         H = call.q.shape[1]
@@ -259,6 +267,38 @@ class FusedSpec:
         )
         self.scale, self.is_causal, self.dtype = call.scale, call.is_causal, call.compute_dtype
         self.block_rows, self.key_tile = block_rows, key_tile
+        self.band_lo = self.band_hi = _NONE_I32
+
+    def find_band(self, qs: Tensor, k: Tensor) -> None:
+        """Sets each row's band of live keys (attention/band.py) from the kernel's own queries qs (q·s in the
+        compute dtype) and keys k (H heads), so that the kernel walks only the key tiles next to the diagonal
+        on ALiBi heads; the backward reads the same band. The band is computed for the heads with a positive
+        slope and α > 1 (the others get [0, Nk): the kernel cuts it to the visible keys). Only calls with at
+        least `BAND_MIN_ROWS` query rows, and only causal ones: the band assumes the symmetric bias
+        −m·|P − j| off the causal mask, while the kernel's non-causal bias is −m·(P − j)."""
+        if self.slopes.numel() == 0 or not self.is_causal or qs.shape[2] < BAND_MIN_ROWS:
+            return
+        banded = ((self.slopes > 0) & (self.alpha > 1)).nonzero().flatten().tolist()
+        if not banded:
+            return
+        # a slice of heads (NAPE's are the first H/2) is a view; any other set: all heads (copying k costs more)
+        contiguous = banded == list(range(banded[0], banded[-1] + 1))
+        heads = slice(banded[0], banded[-1] + 1) if contiguous else slice(None)
+        B, H, Nq, Nk = qs.shape[0], qs.shape[1], qs.shape[2], k.shape[2]
+        first, last = alibi_live_keys(
+            qs[:, heads],
+            k[:, heads],
+            alibi_slopes=self.slopes[heads],
+            alpha=self.alpha[heads],
+            scale=self.scale,
+            is_causal=self.is_causal,
+            key_start=self.key_start if self.key_start.numel() else None,
+            key_end=self.key_end if self.key_end.numel() else None,
+        )
+        self.band_lo = torch.zeros((B, H, Nq), dtype=torch.int32)
+        self.band_hi = torch.full((B, H, Nq), Nk, dtype=torch.int32)
+        self.band_lo[:, heads] = first
+        self.band_hi[:, heads] = last
 
     def args(self):
         """The kernel's arguments after (q, k, v[, dout, out, stats])."""
@@ -269,6 +309,8 @@ class FusedSpec:
             self.slopes,
             self.key_start,
             self.key_end,
+            self.band_lo,
+            self.band_hi,
             self.block_rows,
             self.key_tile,
         )
@@ -294,7 +336,9 @@ class FusedAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, q_scale: Optional[Tensor], spec: FusedSpec) -> Tensor:
         cdt = spec.dtype
         kc, vc = k.to(cdt).contiguous(), v.to(cdt).contiguous()
-        out, stats, bad = _kernel.get().attention_forward(_scaled_queries(q, q_scale, cdt), kc, vc, *spec.args())
+        qs = _scaled_queries(q, q_scale, cdt)
+        spec.find_band(qs, kc)
+        out, stats, bad = _kernel.get().attention_forward(qs, kc, vc, *spec.args())
         if bad:
             raise ValueError("attention logits contain NaN or +inf (check q, k, scale and q_scale)")
         ctx.spec = spec

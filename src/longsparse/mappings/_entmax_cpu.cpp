@@ -1116,7 +1116,11 @@ void entmax_scores_backward(torch::Tensor p, torch::Tensor dp, torch::Tensor alp
 //   Blocks of one (batch, head) run in order on one thread (they share dk, dv), heads in parallel.
 // Row statistics saved by the forward, (B, H, Nq, 3) float64: (m, τ, 1/normaliser); m = −inf marks a row
 // with no visible key (zero output). Softmax rows: (m, 0, 1/Σ e^(x−m)). Key ranges (key_lo, key_hi per
-// batch row) limit each row's keys with the causal mask; a block's tiles start at its first visible key.
+// batch row) limit each row's keys with the causal mask; a block's tiles start at its first visible key. A band
+// per row (band_lo, band_hi; the caller's proof that no key outside it is in the support) limits them further:
+// a block walks only the tiles from its rows' least band_lo to their greatest band_hi, so a block of an ALiBi
+// head reads the few tiles next to the diagonal. The row max lies in the band (it is in the support), so the
+// statistics, the support and the outputs are those of the whole row.
 
 extern "C" {
 // BLAS as exported by torch's own library (its MKL or OpenBLAS, the LP64 interface: 32-bit integers); weak
@@ -1224,14 +1228,24 @@ struct AttnShape {
   const int64_t* key_hi;
   const double* alpha;     // (H,)
   const double* slopes;    // (H,) or null
+  // (B, H, Nq) or null: the keys band_lo ≤ j < band_hi of each row hold its whole support (the caller proves
+  // that every other key gets p = 0: attention/band.py), so only they are read
+  const int32_t* band_lo;
+  const int32_t* band_hi;
   double scale;
   int64_t rows, tile;      // query rows per block, keys per tile
 
-  // visible keys [lo, hi) of query row i of batch row b (empty: lo = hi)
-  inline void range(int64_t b, int64_t i, int64_t& lo, int64_t& hi) const {
+  // keys [lo, hi) that query row i of batch row b, head h reads (empty: lo = hi): the visible ones, within
+  // the row's band
+  inline void range(int64_t b, int64_t h, int64_t i, int64_t& lo, int64_t& hi) const {
     lo = key_lo ? std::max<int64_t>(0, key_lo[b]) : 0;
     hi = key_hi ? std::min<int64_t>(Nk, key_hi[b]) : Nk;
     if (causal) hi = std::min(hi, first_pos + i + 1);
+    if (band_lo) {
+      const int64_t t = (b * H + h) * Nq + i;
+      lo = std::max<int64_t>(lo, band_lo[t]);
+      hi = std::min<int64_t>(hi, band_hi[t]);
+    }
     if (hi < lo) hi = lo;
   }
   int64_t blocks() const { return (Nq + rows - 1) / rows; }
@@ -1272,7 +1286,7 @@ void forward_block(const AttnShape& g, int64_t b, int64_t h, int64_t blk, const 
   for (int64_t r = 0; r < R; ++r) {
     RowList<T>& rl = rows[r];
     rl.reset(kFirstPrune);
-    g.range(b, r0 + r, rl.lo, rl.hi);
+    g.range(b, h, r0 + r, rl.lo, rl.hi);
     if (rl.lo < rl.hi) { blo = std::min(blo, rl.lo); bhi = std::max(bhi, rl.hi); }
   }
   if (soft) std::fill(acc.begin(), acc.begin() + R * D, T(0));
@@ -1432,7 +1446,7 @@ struct BackwardWork {
 // Softmax rows (α = 1), every key in the support: the flash-attention backward by BLAS on each tile,
 // dS = scale · p ⊙ (dp − dout·out) with dp = dout vᵀ; dq += dS k, dk += dSᵀ q, dv += pᵀ dout.
 template <typename T>
-void backward_softmax_block(const AttnShape& g, int64_t b, int64_t r0, int64_t R, const T* Q, const T* K, const T* V,
+void backward_softmax_block(const AttnShape& g, int64_t b, int64_t h, int64_t r0, int64_t R, const T* Q, const T* K, const T* V,
                             const T* dO, const T* O, const double* st, T slope, T* dQ, T* dK, T* dV,
                             BackwardWork<T>& wk) {
   const int64_t D = g.D, Kt = g.tile;
@@ -1442,7 +1456,7 @@ void backward_softmax_block(const AttnShape& g, int64_t b, int64_t r0, int64_t R
   int64_t blo = g.Nk, bhi = 0;
   for (int64_t r = 0; r < R; ++r) {
     RowList<T>& rl = wk.rows[r];
-    g.range(b, r0 + r, rl.lo, rl.hi);
+    g.range(b, h, r0 + r, rl.lo, rl.hi);
     if (st[3 * r] == -std::numeric_limits<double>::infinity()) rl.hi = rl.lo;
     if (rl.lo < rl.hi) { blo = std::min(blo, rl.lo); bhi = std::max(bhi, rl.hi); }
     delta[r] = HeadVec<T, 0>::dot(dO + r * D, O + r * D, D);
@@ -1481,7 +1495,7 @@ void backward_softmax_block(const AttnShape& g, int64_t b, int64_t r0, int64_t R
 
 // α > 1 rows: each row's support from its statistics, then the per-entry products (see the section comment).
 template <typename T, int DS>
-void backward_entmax_block(const AttnShape& g, int64_t b, int64_t r0, int64_t R, const T* Q, const T* K,
+void backward_entmax_block(const AttnShape& g, int64_t b, int64_t h, int64_t r0, int64_t R, const T* Q, const T* K,
                            const T* V, const T* dO, const double* st, double alpha, T slope, T* dQ, T* dK, T* dV,
                            BackwardWork<T>& wk) {
   using HV = HeadVec<T, DS>;
@@ -1494,7 +1508,7 @@ void backward_entmax_block(const AttnShape& g, int64_t b, int64_t r0, int64_t R,
   for (int64_t r = 0; r < R; ++r) {
     RowList<T>& rl = wk.rows[r];
     rl.reset(0);
-    g.range(b, r0 + r, rl.lo, rl.hi);
+    g.range(b, h, r0 + r, rl.lo, rl.hi);
     if (st[3 * r] == -std::numeric_limits<double>::infinity()) rl.hi = rl.lo;   // zero row: no support
     if (rl.lo < rl.hi) {
       blo = std::min(blo, rl.lo); bhi = std::max(bhi, rl.hi);
@@ -1572,10 +1586,10 @@ void backward_all(const AttnShape& g, const T* q, const T* k, const T* v, const 
       for (int64_t blk = 0; blk < g.blocks(); ++blk) {
         const int64_t r0 = blk * g.rows, R = std::min(g.Nq, r0 + g.rows) - r0, row = t * g.Nq + r0;
         if (alpha == 1.0)
-          backward_softmax_block<T>(g, b, r0, R, q + row * D, K, V, dout + row * D, out + row * D, stats + row * 3,
+          backward_softmax_block<T>(g, b, h, r0, R, q + row * D, K, V, dout + row * D, out + row * D, stats + row * 3,
                                     slope, dq + row * D, dk + t * g.Nk * D, dv + t * g.Nk * D, wk);
         else
-          backward_entmax_block<T, DS>(g, b, r0, R, q + row * D, K, V, dout + row * D, stats + row * 3, alpha,
+          backward_entmax_block<T, DS>(g, b, h, r0, R, q + row * D, K, V, dout + row * D, stats + row * 3, alpha,
                                        slope, dq + row * D, dk + t * g.Nk * D, dv + t * g.Nk * D, wk);
       }
     }
@@ -1584,7 +1598,8 @@ void backward_all(const AttnShape& g, const T* q, const T* k, const T* v, const 
 
 AttnShape attn_shape(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& alpha,
                      double scale, bool causal, const torch::Tensor& slopes, const torch::Tensor& key_lo,
-                     const torch::Tensor& key_hi, int64_t block_rows, int64_t key_tile) {
+                     const torch::Tensor& key_hi, const torch::Tensor& band_lo, const torch::Tensor& band_hi,
+                     int64_t block_rows, int64_t key_tile) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.is_contiguous() && k.is_contiguous() &&
               v.is_contiguous(), "attention kernel: q, k, v must be contiguous (B, H, N, D) tensors");
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
@@ -1602,6 +1617,11 @@ AttnShape attn_shape(const torch::Tensor& q, const torch::Tensor& k, const torch
   for (const auto* t : {&key_lo, &key_hi})
     TORCH_CHECK(t->numel() == 0 || (t->dim() == 1 && t->size(0) == B && t->scalar_type() == torch::kInt64 &&
                 t->is_contiguous()), "attention kernel: key ranges must be empty or contiguous int64 of shape (B,)");
+  TORCH_CHECK(band_lo.numel() == band_hi.numel(), "attention kernel: band_lo and band_hi must both be given or empty");
+  for (const auto* t : {&band_lo, &band_hi})
+    TORCH_CHECK(t->numel() == 0 || (t->dim() == 3 && t->size(0) == B && t->size(1) == H && t->size(2) == q.size(2) &&
+                t->scalar_type() == torch::kInt32 && t->is_contiguous()),
+                "attention kernel: the band must be empty or contiguous int32 of shape (B, H, Nq)");
   TORCH_CHECK(block_rows >= 1 && key_tile >= 1, "attention kernel: block_rows and key_tile must be >= 1");
   AttnShape g;
   g.B = B; g.H = H; g.Nq = q.size(2); g.Nk = k.size(2); g.D = q.size(3); g.first_pos = g.Nk - g.Nq;
@@ -1610,6 +1630,8 @@ AttnShape attn_shape(const torch::Tensor& q, const torch::Tensor& k, const torch
   g.key_hi = key_hi.numel() ? key_hi.data_ptr<int64_t>() : nullptr;
   g.alpha = alpha.data_ptr<double>();
   g.slopes = slopes.numel() ? slopes.data_ptr<double>() : nullptr;
+  g.band_lo = band_lo.numel() ? band_lo.data_ptr<int32_t>() : nullptr;
+  g.band_hi = band_hi.numel() ? band_hi.data_ptr<int32_t>() : nullptr;
   g.scale = scale;
   g.rows = std::min(block_rows, std::max<int64_t>(g.Nq, 1));
   g.tile = key_tile;
@@ -1629,13 +1651,17 @@ inline void with_head_dim(int64_t D, F&& f) {
 }
 
 // q (already multiplied by its q-scales), k, v: contiguous (B, H, ·, D) of one floating dtype (k, v with H
-// heads); alpha (H,) float64 (1: softmax); slopes (H,) float64 or empty; key_lo, key_hi (B,) int64 or empty.
+// heads); alpha (H,) float64 (1: softmax); slopes (H,) float64 or empty; key_lo, key_hi (B,) int64 or empty;
+// band_lo, band_hi (B, H, Nq) int32 or empty: each row's keys outside [band_lo, band_hi) are known to get p = 0
+// and are skipped (the backward must get the forward's band).
 // Returns (out (B, H, Nq, D), row statistics (B, H, Nq, 3) float64, code): code 1 when a logit was NaN or
 // +inf (those blocks' rows are zeros; the caller raises).
 std::tuple<torch::Tensor, torch::Tensor, int64_t> attention_forward(
     torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor alpha, double scale, bool causal,
-    torch::Tensor slopes, torch::Tensor key_lo, torch::Tensor key_hi, int64_t block_rows, int64_t key_tile) {
-  const AttnShape g = attn_shape(q, k, v, alpha, scale, causal, slopes, key_lo, key_hi, block_rows, key_tile);
+    torch::Tensor slopes, torch::Tensor key_lo, torch::Tensor key_hi, torch::Tensor band_lo, torch::Tensor band_hi,
+    int64_t block_rows, int64_t key_tile) {
+  const AttnShape g =
+      attn_shape(q, k, v, alpha, scale, causal, slopes, key_lo, key_hi, band_lo, band_hi, block_rows, key_tile);
   auto out = torch::empty_like(q);
   auto stats = torch::empty({g.B, g.H, g.Nq, 3}, q.options().dtype(torch::kFloat64));
   std::atomic<int> bad{0};
@@ -1655,8 +1681,9 @@ std::tuple<torch::Tensor, torch::Tensor, int64_t> attention_forward(
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attention_backward(
     torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor dout, torch::Tensor out, torch::Tensor stats,
     torch::Tensor alpha, double scale, bool causal, torch::Tensor slopes, torch::Tensor key_lo, torch::Tensor key_hi,
-    int64_t block_rows, int64_t key_tile) {
-  const AttnShape g = attn_shape(q, k, v, alpha, scale, causal, slopes, key_lo, key_hi, block_rows, key_tile);
+    torch::Tensor band_lo, torch::Tensor band_hi, int64_t block_rows, int64_t key_tile) {
+  const AttnShape g =
+      attn_shape(q, k, v, alpha, scale, causal, slopes, key_lo, key_hi, band_lo, band_hi, block_rows, key_tile);
   TORCH_CHECK(dout.sizes() == q.sizes() && dout.scalar_type() == q.scalar_type() && dout.is_contiguous(),
               "attention kernel: dout must be contiguous, of q's shape and dtype");
   TORCH_CHECK(stats.dim() == 4 && stats.size(0) == g.B && stats.size(1) == g.H && stats.size(2) == g.Nq &&
