@@ -58,16 +58,28 @@ def _threshold_lower_bound(z, vis, alpha):
     return X, lo
 
 
-def _check_band(q, k, slopes, alpha, scale, is_causal, key_start=None, key_end=None, kernel_q=None, kernel_k=None):
-    """Runs alibi_live_keys and checks it against the float64 oracle; returns (first, last, vis)."""
+def _check_band(
+    q, k, slopes, alpha, scale, is_causal, key_start=None, key_end=None, kernel_q=None, kernel_k=None, device="cpu"
+):
+    """Runs alibi_live_keys (on `device`, every tensor argument moved there) and checks it against the float64
+    oracle; returns (first, last, vis)."""
     B, H, Nq, _ = q.shape
     Nk = k.shape[2]
     alpha_t = torch.as_tensor(alpha, dtype=torch.float64).reshape(-1).expand(H)
+    on = (lambda t: None if t is None else t.to(device)) if device != "cpu" else (lambda t: t)
     first, last = alibi_live_keys(
-        q, k, alibi_slopes=slopes, alpha=alpha, scale=scale, is_causal=is_causal, key_start=key_start, key_end=key_end
+        on(q),
+        on(k),
+        alibi_slopes=on(slopes),
+        alpha=on(alpha) if isinstance(alpha, torch.Tensor) else alpha,
+        scale=scale,
+        is_causal=is_causal,
+        key_start=on(key_start),
+        key_end=on(key_end),
     )
     assert first.shape == last.shape == (B, H, Nq) and first.dtype == last.dtype == torch.int32
-    first, last = first.long(), last.long()
+    assert first.device.type == torch.device(device).type
+    first, last = first.cpu().long(), last.cpu().long()
     P, vis = _positions_and_visibility(B, Nq, Nk, is_causal, key_start, key_end)
     j = torch.arange(Nk)
     in_band = (j >= first[..., None]) & (j < last[..., None])
@@ -217,3 +229,39 @@ def test_band_takes_every_floating_dtype(dtype):
     reference = alibi_live_keys(q, k, alibi_slopes=SLOPES, alpha=1.5, scale=0.25, is_causal=True)
     assert first.device == q.device
     assert (last - first).sum() <= (reference[1] - reference[0]).sum() * 1.1 + 30
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_band_on_cuda_holds_without_host_synchronisation_and_in_a_cuda_graph():
+    """On CUDA: the oracle holds, no op synchronises with the host (sync debug mode "error"), and a decoding
+    step's band captured in a CUDA graph and replayed on new q, k equals the band computed eagerly."""
+    q, k = _inputs(2, 4, 2, 40, 40, 16, seed=21, q_mult=2.0)
+    ks, ke = torch.tensor([0, 9]), torch.tensor([33, 40])
+    alpha = torch.tensor([1.5, 1.0, 2.0, 1.25])
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for is_causal, (nq, nk) in itertools.product((True, False), ((40, 40), (1, 40))):
+            _check_band(q[:, :, -nq:], k[:, :, :nk], SLOPES, alpha, 0.25, is_causal, ks, ke, device="cuda")
+            _check_band(q[:, :, -nq:], k[:, :, :nk], SLOPES, 1.5, 0.25, is_causal, device="cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    dev = torch.device("cuda")
+    static = [t.to(dev) for t in _inputs(2, 4, 2, 1, 300, 16, seed=22, q_mult=2.0)]
+    kw = dict(
+        alibi_slopes=SLOPES.to(dev), alpha=1.5, scale=0.25, is_causal=True, key_end=torch.tensor([250, 300], device=dev)
+    )
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        alibi_live_keys(*static, **kw)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = alibi_live_keys(*static, **kw)
+    for seed in (23, 24):
+        fresh = _inputs(2, 4, 2, 1, 300, 16, seed=seed, q_mult=3.0)
+        for s_t, f_t in zip(static, fresh):
+            s_t.copy_(f_t.to(dev))
+        graph.replay()
+        eager = alibi_live_keys(*static, **kw)
+        assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])

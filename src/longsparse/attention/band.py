@@ -13,8 +13,8 @@ The keys on which LB_i is measured, and the row's largest logit, are never dead,
 band finds the same max and the same support as one that visits every key.
 
 Kernels compute the logits in finite precision; `ROUNDING_MARGIN` widens the band for that (see its comment).
-Cost: O(B·H·Nq·D·NEAREST_KEYS) arithmetic, no host synchronisation, shapes independent of the data (it runs
-inside CUDA-graph-captured decode steps).
+Cost: O(B·H·(Nq·NEAREST_KEYS + Nk)·D) arithmetic (the Nk term: every key's norm, which a decoding step pays in
+full), no host synchronisation, shapes independent of the data (it may run inside CUDA-graph-captured steps).
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ def alibi_live_keys(
     alibi_slopes (H,): m_h (0: a head without ALiBi); None returns None. alpha: a float or (H,); heads with
     α ≤ 1 (softmax) and heads whose slope is not positive get their whole visible range.
 
+    Tensors on another device than q are copied to it (for CUDA-graph capture, pass them on q's device).
+
     Returns (first, last), each (B, H, Nq) int32 on q's device: every visible key j of row i outside
     first ≤ j < last has probability exactly 0 (and first ≤ last, within the visible range); rows that see
     no key get first = last = their clamped key_start.
@@ -91,7 +93,10 @@ def alibi_live_keys(
 
     # per head: slope m (H,), c = 1/(α−1) (inf for α ≤ 1), whether the head gets a band
     m = alibi_slopes.detach().to(device=dev, dtype=cdt)
-    al = torch.as_tensor(alpha.detach() if isinstance(alpha, Tensor) else alpha, dtype=cdt, device=dev)
+    if isinstance(alpha, Tensor):
+        al = alpha.detach().to(device=dev, dtype=cdt)
+    else:  # a fill on the device, not a copy from the host (allowed while a CUDA graph is captured)
+        al = torch.full((H,), float(alpha), dtype=cdt, device=dev)
     if al.numel() not in (1, H):
         raise ValueError(f"alibi_live_keys: alpha must be a float or have {H} elements; got shape {tuple(al.shape)}")
     al = al.reshape(-1).expand(H)
