@@ -158,3 +158,25 @@ def test_sdpa_blocks_benchmark_writes_its_table_and_never_overwrites(tmp_path, m
     assert bench.markdown(str(out)).count("| 48 |") == 3
     with pytest.raises(SystemExit):
         mod.main(args)
+
+
+def test_alibi_band_benchmark_times_nape_nope_and_sdpa_and_never_overwrites(tmp_path):
+    """benchmarks/alibi_band.py at a tiny size on this tree's source: the three calls timed in a worker process,
+    ratios from the same run, the table renders, no overwrite."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("alibi_band", root / "benchmarks" / "alibi_band.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "a.json"
+    args = ["--src", f"here={root / 'src'}", "--lengths", "128", "--repeats", "1", "--out", str(out)]
+    assert mod.main(args) == 0
+    data = json.loads(out.read_text())
+    (row,) = data["rows"]
+    assert row["src"] == "here" and row["n"] == 128 and set(row["median_wall_s"]) == {"nape", "nope", "sdpa"}
+    assert row["nape_vs_nope_wall_s"] == row["median_wall_s"]["nape"] / row["median_wall_s"]["nope"]
+    assert "| 128 | here |" in bench.markdown(str(out))
+    with pytest.raises(SystemExit, match="exists"):
+        mod.main(args)

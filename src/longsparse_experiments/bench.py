@@ -797,6 +797,17 @@ def markdown(path: str) -> str:
                 f"| {r['n']} | {r['backend']} | {r['median_s']:.3f} | {r['vs_sdpa_blocks']:.2f} | "
                 f"{r['max_abs_diff']:.1e} (vs {r['diff_against']}) |"
             )
+    elif data["benchmark"] == "alibi_band":  # benchmarks/alibi_band.py
+        out = [
+            "| N | source | NAPE (s) | NoPE (s) | SDPA (s) | NAPE / NoPE | NAPE / NoPE, CPU time |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            w = r["median_wall_s"]
+            out.append(
+                f"| {r['n']} | {r['src']} | {w['nape']:.2f} | {w['nope']:.2f} | {w['sdpa']:.2f} | "
+                f"{r['nape_vs_nope_wall_s']:.2f} | {r['nape_vs_nope_cpu_s']:.2f} |"
+            )
     elif data["benchmark"] == "mapping":
         out = [
             "| n | mapping | fwd / softmax | fwd+bwd / softmax | entmax pkg / ours (fwd) | entmax pkg / ours (fwd+bwd) |",
