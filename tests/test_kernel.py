@@ -182,14 +182,14 @@ def test_fused_attention_reads_only_the_band_of_causal_alibi_heads(small_tiles, 
 
 
 def test_kernel_skips_the_keys_outside_the_band_it_is_given():
-    """attention_forward / _backward read nothing outside [band_lo, band_hi): a band that leaves out live
-    keys changes the output, and keys outside the band may hold anything."""
+    """attention_forward / _backward read nothing outside [band_lo, band_hi): given a band that leaves out live
+    keys, the output is the reference's with those keys masked, and they may hold anything (NaN here)."""
     q, k, v = _qkv(30, 30, 1.0)
     a = torch.full((H,), 1.5, dtype=torch.float64)
-    none64, none32 = torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.int64)
+    no_slopes, no_ranges = torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.int64)
     lo = torch.full((B, H, 30), 10, dtype=torch.int32)
     hi = torch.full((B, H, 30), 30, dtype=torch.int32)
-    args = (a, D**-0.5, False, none64, none32, none32)
+    args = (a, D**-0.5, False, no_slopes, no_ranges, no_ranges)
     out_band, stats, _ = _kernel.get().attention_forward(q, k, v, *args, lo, hi, 4, 5)
     k_masked = k.clone()
     k_masked[:, :, :10] = float("nan")  # never read
