@@ -189,8 +189,10 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
 def _study(path: Path, s: dict) -> Study:
     """The typed study of a resolved table, after checking every value."""
     where = f"{path}: study {s['name']!r}"
-    if not isinstance(s["name"], str) or not s["name"] or "/" in s["name"]:
-        raise ConfigError(f"{where}: name must be a non-empty string without '/'")
+    name = s["name"]
+    # the name is the folder of its runs under --out: one plain path component, never "." / ".." or hidden
+    if not isinstance(name, str) or not name or name.startswith(".") or any(c in name for c in "/\\\0"):
+        raise ConfigError(f"{where}: name must be a folder name: non-empty, not starting with '.', without '/' or '\\'")
     for key in ("task", "preset", "description"):
         if not isinstance(s.get(key, ""), str):
             raise ConfigError(f"{where}: {key} must be a string, got {s[key]!r}")
@@ -200,8 +202,9 @@ def _study(path: Path, s: dict) -> Study:
     for key in ("seeds", "lengths"):
         if any(isinstance(x, bool) or not isinstance(x, int) for x in s[key]):
             raise ConfigError(f"{where}: {key} must be integers, got {s[key]!r}")
-    if len(set(s["seeds"])) != len(s["seeds"]):
-        raise ConfigError(f"{where}: seeds must be distinct, got {s['seeds']}")
+    for key in ("seeds", "methods", "positions", "checkpoints"):  # a repeat would train and record a cell twice
+        if key in s and len(set(map(str, s[key]))) != len(s[key]):
+            raise ConfigError(f"{where}: {key} must be distinct, got {s[key]}")
     preset = s.get("preset", "cpu")
     try:
         task = get_task(s["task"], preset)
