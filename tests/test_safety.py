@@ -504,3 +504,77 @@ def test_training_log_lines_have_an_eta(tmp_path):
     )  # stdout is not a terminal under pytest: no tqdm bar
     steps = [m for m in logs if m.startswith("step") and "loss" in m]
     assert steps and all(re.search(r"ETA (\d+[hms]|\?)", m) for m in steps), steps
+
+
+# ---- out of memory: one line, nothing left behind; the process's own limits count ---------------------------
+_LIMITED = """
+import resource, sys
+from pathlib import Path
+import torch
+from longsparse.cli import main
+vm = next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + (int(sys.argv[1]) << 20), resource.RLIM_INFINITY))
+if sys.argv[2] == "room":
+    from longsparse.evaluate.memory import available_bytes
+    print(available_bytes())
+    sys.exit(0)
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _limited(mib: int, *argv: str) -> subprocess.CompletedProcess:
+    """``longsparse.cli`` (or ``room``: print ``available_bytes()``) in a child whose RLIMIT_AS leaves ``mib`` MiB
+    beyond what it has mapped after importing torch."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", _LIMITED, str(mib), *argv], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_free_memory_counts_the_process_limit():
+    """Under `ulimit -v` the memory check sees the room the limit leaves, not the machine's free RAM."""
+    got = _limited(512, "room")
+    assert got.returncode == 0, got.stderr
+    assert int(got.stdout) <= 512 << 20
+
+
+def test_eval_refuses_a_length_beyond_the_process_limit(run, tmp_path):
+    out = _limited(1024, "eval", str(run), "--lengths", "1000000", "--samples", "1")
+    err = out.stderr.strip()
+    assert out.returncode == 2 and len(err.splitlines()) == 1, out.stderr
+    assert "does not fit in memory" in err and "Traceback" not in err
+    assert not (run / "eval").exists() or not any((run / "eval").iterdir())
+
+
+def test_train_out_of_memory_is_one_line_and_leaves_no_folder(tmp_path):
+    out = tmp_path / "big"
+    got = _limited(2048, "train", "--task", "copy", "--set", "model.d_model=65536", "--steps", "2", "--out", str(out))
+    err = got.stderr.strip()
+    assert got.returncode == 2 and len(err.splitlines()) == 1, got.stderr
+    assert err.startswith("longsparse train: error: out of memory (an allocation of") and "GiB failed" in err
+    assert not out.exists()
+
+
+def test_a_run_failing_before_its_first_checkpoint_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    """Out of memory at the first step (after the run folder got its config): the folder this call created goes;
+    one line says what happened. A run that wrote a checkpoint keeps its folder, to resume."""
+    from longsparse.train import loop
+
+    def no_memory(*a, **k):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1073741824 bytes.")
+
+    monkeypatch.setattr(loop, "train_step", no_memory)
+    out = tmp_path / "r"
+    argv = ["train", "--task", "copy", "--steps", "2", "--out", str(out), *_sets(TINY + COPY)]
+    assert main(argv) == 2
+    assert _err_line(capsys) == (
+        "longsparse train: error: out of memory (an allocation of 1 GiB failed); try a smaller model or batch, "
+        "shorter lengths or a smaller --batch-tokens"
+    )
+    assert not out.exists()
+    monkeypatch.undo()
+    assert main(argv) == 0  # trains; then a later session that fails keeps the folder and its checkpoint
+    capsys.readouterr()
+    monkeypatch.setattr(loop, "train_step", no_memory)
+    assert main([*argv[:4], "3", *argv[5:]]) == 2
+    assert (out / "checkpoints" / "last.pt").is_file()

@@ -220,9 +220,33 @@ def error_line(e: BaseException) -> str:
     if isinstance(e, subprocess.CalledProcessError):
         cmd = e.cmd if isinstance(e.cmd, str) else " ".join(map(str, e.cmd))
         return f"command failed with exit status {e.returncode}: {cmd}"
-    if isinstance(e, MemoryError):
-        return "out of memory" + (f" ({e})" if str(e) else "") + "; try shorter lengths or a smaller --batch-tokens"
+    if isinstance(e, MemoryError) or out_of_memory(e):
+        return (
+            f"out of memory{_allocation(e)}; try a smaller model or batch, shorter lengths or a smaller --batch-tokens"
+        )
     return str(e)
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation failure: MemoryError, torch's OutOfMemoryError (CUDA) or the RuntimeError of
+    its CPU allocator. Anything else stays a bug with a traceback."""
+    import torch
+
+    oom = getattr(torch, "OutOfMemoryError", ())
+    return isinstance(e, MemoryError) or (oom and isinstance(e, oom)) or "can't allocate memory" in str(e)
+
+
+def _allocation(e: BaseException) -> str:
+    """`` (an allocation of N GiB failed)`` from torch's message, else ``(<message>)`` for a short one."""
+    import re
+
+    m = re.search(r"(?:you tried to allocate|Tried to allocate) ([0-9.]+) ?(bytes|[KMGT]iB)", str(e))
+    if m:
+        size = float(m.group(1)) / (2**30 if m.group(2) == "bytes" else 1)
+        unit = "GiB" if m.group(2) == "bytes" else m.group(2)
+        return f" (an allocation of {size:.3g} {unit} failed)"
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f" ({text})" if text and len(text) < 200 else ""
 
 
 def main(argv=None, parser: argparse.ArgumentParser | None = None) -> int:
@@ -247,6 +271,11 @@ def main(argv=None, parser: argparse.ArgumentParser | None = None) -> int:
         subprocess.CalledProcessError,
         MemoryError,
     ) as e:
+        print(f"longsparse {args.command}: error: {error_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except RuntimeError as e:
+        if not out_of_memory(e):
+            raise
         print(f"longsparse {args.command}: error: {error_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -12,8 +12,9 @@ batch size (float32, which autocast never exceeds):
 * the attention workspace: the chunked attention path keeps ``ATTN_BUFFERS`` blocks of at most
   ``max(2^24, B·N)`` logits (``longsparse.attention.core``'s block size; one query row per block at most).
 
-``available_bytes`` is what the device can still give: ``MemAvailable`` of /proc/meminfo (bounded by a cgroup v2
-limit when there is one) on CPU, ``torch.cuda.mem_get_info`` on CUDA. A length is refused when its estimate
+``available_bytes`` is what the device can still give: on CPU the least of ``MemAvailable`` of /proc/meminfo, the
+room left under the process's memory cgroup (v2 or v1) and under its RLIMIT_AS / RLIMIT_DATA; on CUDA
+``torch.cuda.mem_get_info``. A length is refused when its estimate
 exceeds ``HEADROOM`` of that, since the allocator, fragmentation and the rest of the process need the remainder.
 """
 
@@ -40,24 +41,72 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _cgroup_room() -> int | None:
+    """Bytes the process's memory cgroup still allows (the tightest of its limits, v2 or v1); None if unlimited
+    or unreadable. /proc/self/cgroup names the process's cgroup; inside a container the mounted hierarchy is
+    often that cgroup itself, so the mount's root is read too."""
+    v2, v1 = [""], [""]
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            hierarchy, controllers, path = line.split(":", 2)
+            if hierarchy == "0" and not controllers:
+                v2.append(path.lstrip("/"))
+            elif "memory" in controllers.split(","):
+                v1.append(path.lstrip("/"))
+    except (OSError, ValueError):
+        pass
+    rooms = []
+    for root, names, paths in (
+        (Path("/sys/fs/cgroup"), ("memory.max", "memory.current"), v2),
+        (Path("/sys/fs/cgroup/memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes"), v1),
+    ):
+        for path in dict.fromkeys(paths):
+            limit, used = (_read_int(str(root / path / name)) for name in names)
+            if limit is not None and used is not None:
+                rooms.append(limit - used)
+    return min(rooms) if rooms else None
+
+
+def _rlimit_room() -> int | None:
+    """Bytes the process may still map under its soft RLIMIT_AS (virtual size) and RLIMIT_DATA (data segment,
+    which counts anonymous mappings on Linux ≥ 4.7); None if neither is set or readable."""
+    try:
+        import resource
+
+        status = Path("/proc/self/status").read_text()
+    except (ImportError, OSError):
+        return None
+    used = {}
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmSize", "VmData") and value.split():
+            used[key] = int(value.split()[0]) * 1024
+    rooms = []
+    for limit, key in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft, _ = resource.getrlimit(limit)
+        if soft != resource.RLIM_INFINITY and key in used:
+            rooms.append(soft - used[key])
+    return min(rooms) if rooms else None
+
+
 def available_bytes(device: torch.device | str = "cpu") -> int | None:
-    """Free memory on ``device`` in bytes; None when it cannot be read (then nothing is refused)."""
+    """Free memory on ``device`` in bytes; None when it cannot be read (then nothing is refused). On the CPU the
+    least of: MemAvailable, what the process's memory cgroup still allows, what its RLIMIT_AS / RLIMIT_DATA
+    leave (a process limit set by ``ulimit -v`` or a job scheduler is the one that fails the allocation)."""
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
-    avail = None
+    rooms = [_cgroup_room(), _rlimit_room()]
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
+                rooms.append(int(line.split()[1]) * 1024)
                 break
     except (OSError, ValueError, IndexError):
         pass
-    limit, used = _read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory.current")
-    if limit is not None and used is not None:
-        avail = limit - used if avail is None else min(avail, limit - used)
-    return avail
+    rooms = [max(0, r) for r in rooms if r is not None]
+    return min(rooms) if rooms else None
 
 
 def model_dims(model) -> dict:

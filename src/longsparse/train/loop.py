@@ -31,6 +31,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ from typing import Callable, Iterable, Mapping, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from longsparse.io import atomic_write_text, read_jsonl
+from longsparse.io import atomic_write_text, is_temp_name, read_jsonl
 from longsparse.nn import load_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
 from longsparse.train.config import ConfigError, RunConfig, TrainConfig, build_model
@@ -257,6 +258,7 @@ def train(
     _check_device(run.train)  # before anything is created: a refused run leaves no folder
     d = Dist()
     out_path = Path(out) if out is not None else None
+    created = out_path is not None and d.main and not out_path.exists()
     try:
         if run.train.batch_size % d.world:
             raise ConfigError(f"train.batch_size {run.train.batch_size} is not divisible by the {d.world} ranks")
@@ -270,8 +272,21 @@ def train(
         with run_lock(out_path):
             mode = d.broadcast_obj(mode)
             return _train(run, d, dev, out_path, mode, printer, progress, tuple(callbacks))
+    except Exception:
+        if created:
+            _remove_unstarted_run(out_path)
+        raise
     finally:
         d.close()
+
+
+def _remove_unstarted_run(out: Path) -> None:
+    """Remove the folder of a run that this call created and that failed (out of memory at the first step, say)
+    before writing a checkpoint: it holds nothing a rerun would use. A folder with a checkpoint stays to resume."""
+    ckpts = out / "checkpoints"
+    if ckpts.is_dir() and any(p.suffix == ".pt" and not is_temp_name(p.name) for p in ckpts.iterdir()):
+        return
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def _check_device(tr: TrainConfig) -> None:
@@ -300,6 +315,7 @@ def _train(
     task = run.task.build()
     objective = objective_of(task)
     log = _Log(out, d.main, printer)
+    model, opt = build_model_and_optimizer(run, task, dev)  # before the run folder gets files: it may not fit
     if out is not None and d.main:
         init_run_dir(out, cfg, environment(d.world, str(dev)))
         stale = remove_stale_temps_in_run(out)  # run_lock is held: no other writer is active here
@@ -310,7 +326,6 @@ def _train(
             )
     d.barrier()
 
-    model, opt = build_model_and_optimizer(run, task, dev)
     data_rng = task.rng(tr.seed, "train")
     step, best, first_loss, last_loss = 0, None, None, None
     loss_acc, n_acc = 0.0, 0  # loss sum / count of the steps since the last logged record
