@@ -179,5 +179,19 @@ def test_bad_targets_raise():
         ls.entmax15_loss(z.view(3, 4, -1), y)  # logits must be (n, C)
     with pytest.raises(ValueError):
         ls.Entmax15Loss(reduction="avg")
-    with pytest.raises(TypeError):
-        ls.entmax_bisect_loss(z, y, torch.tensor(1.5))
+    with pytest.raises(ValueError, match="alpha must be a number or a tensor of shape"):
+        ls.entmax_bisect_loss(z, y, torch.full((2, 2), 1.5, dtype=z.dtype))
+    with pytest.raises(ValueError, match="n_iter must be None or an integer >= 1"):
+        ls.entmax_bisect_loss(z, y, 1.5, n_iter=0)
+    with pytest.raises(ValueError, match="normmax alpha must be a finite number > 1"):
+        ls.normmax_bisect_loss(z, y, alpha=1.0)
+
+
+def test_tensor_alpha_one_per_row_or_shared():
+    """The package's losses take alpha as a tensor: one value, or one per row (its docstring)."""
+    z, y = _data(seed=12)
+    torch.testing.assert_close(ls.entmax_bisect_loss(z, y, torch.tensor(1.5)), ls.entmax15_loss(z, y))
+    a = torch.linspace(1.0, 2.5, z.shape[0], dtype=z.dtype)
+    per_row = torch.stack([ls.entmax_bisect_loss(z[i : i + 1], y[i : i + 1], float(a[i])) for i in range(len(a))])
+    torch.testing.assert_close(ls.entmax_bisect_loss(z, y, a), per_row.view(-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ls.EntmaxBisectLoss(a.view(-1, 1), reduction="none")(z, y), per_row.view(-1))

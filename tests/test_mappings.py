@@ -369,11 +369,13 @@ def test_errors():
     x = torch.randn(3, 5)
     with pytest.raises(ValueError):
         ls.entmax(x, torch.linspace(1.2, 2.0, 5))  # α varying along the mapped axis, not per row
-    for bad in (0.5, 0.0, -1.0, float("nan")):
-        with pytest.raises(ValueError):
+    for bad in (0.0, -1.0, float("nan"), float("inf")):  # α in (0, 1) is the dense Tsallis map
+        with pytest.raises(ValueError, match="alpha must be a finite number > 0"):
             ls.entmax(x, bad)
-    with pytest.raises(ValueError):
-        ls.entmax(x, torch.tensor([1.5, 0.9, 1.5]).view(3, 1))
+    with pytest.raises(ValueError, match="alpha must be > 0"):
+        ls.entmax(x, torch.tensor([1.5, 0.0, 1.5]).view(3, 1))
+    with pytest.raises(ValueError, match="alpha must be a finite number >= 1"):  # attention keeps α >= 1
+        ls.attention(*(torch.randn(1, 1, 4, 8) for _ in range(3)), alpha=0.5)
     for bad in (float("inf"), float("nan")):  # a tensor α must be finite (α = 1 rows are softmax)
         with pytest.raises(ValueError, match="alpha must be finite"):
             ls.entmax(x, torch.tensor([1.5, bad, 1.5]).view(3, 1))

@@ -1,6 +1,6 @@
 """The α-entmax family: p_j = [(α−1)·z_j − τ]₊^{1/(α−1)}, Σ p = 1.
 
-One threshold solver serves every α > 1 (α = 1 is softmax):
+One threshold solver serves every α > 1 (α = 1 is softmax; 0 < α < 1 is the dense Tsallis map, below):
 
 * rows are shifted by their max and scaled by (α−1), so τ lies in [−1, −n^{1−α}] (docs/method.md §1);
 * a bracketed Newton iteration from τ₀ = −1 (monotone, no overshoot for 1 < α ≤ 2; for α > 2 a
@@ -12,11 +12,16 @@ The solve runs in float32 (float64 for float64 input) and the result is cast bac
 inputs give rows that sum to 1 in their own precision. Rows that are entirely −inf give zeros (as
 torch SDPA does), never NaN. The backward needs only the output p:
     ∂L/∂z = u⊙g − u·(Σ u g)/(Σ u),  u = p^{2−α}.
+
+0 < α < 1 (the ``entmax`` package accepts it): the exponent 1/(α−1) is negative, so every unmasked entry is
+positive, p_j = (t + (1−α)(max z − z_j))^{−1/(1−α)} with t ∈ [1, n^{1−α}]; Σ p − 1 is decreasing and convex
+in t, so Newton from t = 1 climbs to the root without overshoot (`_dense_t`). The same backward holds.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Union
 
 import torch
@@ -71,10 +76,12 @@ def _compute_dtype(dtype: torch.dtype, alpha: AlphaLike = 1.5) -> torch.dtype:
     1/(α−1)² factor cancels O(1) terms)."""
     if dtype == torch.float64:
         return torch.float64
+    # 0.9 < α < 1: the exponent −1/(1−α) < −10 amplifies rounding the same way
     if isinstance(alpha, Tensor):
-        if not torch.compiler.is_compiling() and bool(((alpha > 2) | ((alpha > 1) & (alpha < 1.1))).any()):
+        steep = (alpha > 2) | ((alpha > 1) & (alpha < 1.1)) | ((alpha > 0.9) & (alpha < 1))
+        if not torch.compiler.is_compiling() and bool(steep.any()):
             return torch.float64
-    elif alpha > 2 or 1 < alpha < 1.1:
+    elif alpha > 2 or 1 < alpha < 1.1 or 0.9 < alpha < 1:
         return torch.float64
     return torch.float32
 
@@ -107,8 +114,10 @@ def _alpha_view(alpha: Tensor, x: Tensor, dim: int) -> Tensor:
     return alpha
 
 
-def _check_alpha_values(alpha: AlphaLike) -> None:
-    """α must be finite and ≥ 1, as a number or in every entry of a tensor (α = 1 is softmax)."""
+def _check_alpha_values(alpha: AlphaLike, dense: bool = False) -> None:
+    """α must be finite and ≥ 1 (α = 1 is softmax), as a number or in every entry of a tensor; with ``dense``
+    any α > 0 (0 < α < 1: the dense Tsallis maps, which only the mapping functions take, not attention)."""
+    bound = "> 0 (1 is softmax, below 1 dense)" if dense else ">= 1 (1 is softmax)"
     if isinstance(alpha, Tensor):
         if torch.compiler.is_compiling():
             return
@@ -116,11 +125,13 @@ def _check_alpha_values(alpha: AlphaLike) -> None:
         if not bool(torch.isfinite(a).all()):
             bad = "NaN" if bool(a.isnan().any()) else "inf"
             raise ValueError(f"alpha must be finite; got a tensor containing {bad}")
-        if bool((a < 1).any()):
-            raise ValueError(f"alpha must be >= 1 (1 is softmax); got min {a.min().item():.4g}")
+        if bool((a <= 0).any() if dense else (a < 1).any()):
+            raise ValueError(f"alpha must be {bound}; got min {a.min().item():.4g}")
     else:
-        if not math.isfinite(alpha) or alpha < 1:
-            raise ValueError(f"alpha must be a finite number >= 1 (1 is softmax); got {alpha}")
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+            raise TypeError(f"alpha must be a number or a tensor; got {type(alpha).__name__}")
+        if not math.isfinite(alpha) or (alpha <= 0 if dense else alpha < 1):
+            raise ValueError(f"alpha must be a finite number {bound}; got {alpha}")
 
 
 # ----------------------------------------------------------------------------- the solver
@@ -193,6 +204,45 @@ def _newton_tau(X: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
     return tau
 
 
+def _dense_t(X: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
+    """0 < α < 1: the t > 0 with Σ (t + X)^{−1/(1−α)} = 1, X = (1−α)(max z − z) ≥ 0 (+inf where masked). The sum
+    is decreasing and convex in t and ≥ 1 at t = 1, ≤ 1 at t = n^{1−α}: Newton from t = 1 climbs monotonically;
+    a step leaving the bracket (round-off) is replaced by bisection."""
+    n = X.shape[dim]
+    beta = 1 - alpha
+    exponent = -1.0 / beta
+    shape = list(X.shape)
+    shape[dim] = 1
+    lo = X.new_ones(shape)  # f(lo) ≥ 0
+    hi = X.new_full(shape, float(n)) ** beta  # f(hi) ≤ 0
+    t = lo.clone()
+    tol = 4 * torch.finfo(X.dtype).eps
+    for _ in range(_MAX_ITER):
+        d = X + t
+        p = d.pow(exponent)
+        f = p.sum(dim, keepdim=True) - 1
+        fprime = exponent * (p / d).sum(dim, keepdim=True)  # < 0
+        lo = torch.where(f > 0, t, lo)
+        hi = torch.where(f < 0, t, hi)
+        step = t - f / fprime.clamp(max=-torch.finfo(X.dtype).tiny)
+        new_t = torch.where((step >= lo) & (step <= hi), step, (lo + hi) / 2)
+        new_t = torch.where(f == 0, t, new_t)
+        done = (new_t - t).abs() <= tol * new_t
+        t = new_t
+        if not torch.compiler.is_compiling() and bool(done.all()):
+            break
+    return t
+
+
+def _solve_dense(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
+    """α-entmax for 0 < α < 1 (every entry of a tensor α): dense on the unmasked entries, renormalised."""
+    X, masked = _shifted_scores(z, alpha - 1, dim)  # (α−1)(z − max) = (1−α)(max − z) ≥ 0
+    t = _dense_t(X, alpha, dim)
+    p = (X + t).pow(-1.0 / (1 - alpha))
+    p = p / p.sum(dim, keepdim=True).clamp_min(torch.finfo(X.dtype).tiny)
+    return torch.where(masked, p.new_zeros(()), p)
+
+
 def _finish_entmax15(X: Tensor, tau: Tensor, dim: int) -> Tensor:
     """Exact τ for α = 1.5 on the support {X > τ}: Σ_S (X − τ)² = 1."""
     support = X > tau
@@ -254,6 +304,13 @@ def entmax_forward(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
     if isinstance(alpha, float) and alpha == 1.0:
         _check_finite_rows(z.amax(dim, keepdim=True))
         return _safe_softmax(z, dim)
+    if isinstance(alpha, float) and alpha < 1:
+        return _solve_dense(z, alpha, dim)
+    if isinstance(alpha, Tensor) and (torch.compiler.is_compiling() or bool((alpha < 1).any())):
+        # rows with α < 1 take the dense solve, the others this function with a stand-in α on the dense rows
+        dense = alpha < 1
+        p = entmax_forward(z, torch.where(dense, torch.full_like(alpha, 2.0), alpha), dim)
+        return torch.where(dense, _solve_dense(z, torch.where(dense, alpha, torch.full_like(alpha, 0.5)), dim), p)
     if _use_kernel(z):
         return _kernel_forward(z, alpha, dim)
     if isinstance(alpha, Tensor) and (torch.compiler.is_compiling() or bool((alpha == 1).any())):
@@ -294,8 +351,10 @@ def _support_weights(p: Tensor, alpha: Union[float, Tensor]) -> Tensor:
 
 
 def entmax_jvp_backward(p: Tensor, grad: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
-    """∂L/∂z = u⊙g − u·(Σ u g)/(Σ u) with u = p^{2−α}; fully masked rows (Σ u = 0) give 0."""
-    if not (isinstance(alpha, float) and alpha == 1.0) and _use_kernel(p):
+    """∂L/∂z = u⊙g − u·(Σ u g)/(Σ u) with u = p^{2−α}; fully masked rows (Σ u = 0) give 0. The kernel takes
+    α ≥ 1 only: rows with α < 1 (dense) take the PyTorch form."""
+    dense = (alpha < 1) if isinstance(alpha, float) else (torch.compiler.is_compiling() or bool((alpha < 1).any()))
+    if not (isinstance(alpha, float) and alpha == 1.0) and not dense and _use_kernel(p):
         dz = _kernel.get().entmax_backward(_rows(p, dim), _rows(grad, dim), _row_alpha(alpha, p, dim))
         return dz.view(list(p.movedim(dim, -1).shape)).movedim(-1, dim)
     u = _support_weights(p, alpha)
@@ -374,7 +433,8 @@ class EntmaxAlphaFunction(torch.autograd.Function):
 
 
 def entmax(x: Tensor, alpha: AlphaLike = 1.5, dim: int = -1) -> Tensor:
-    """α-entmax along ``dim`` for any α ≥ 1 (1 → softmax, 1.5 → entmax15, 2 → sparsemax).
+    """α-entmax along ``dim`` for any α > 0 (1 → softmax, 1.5 → entmax15, 2 → sparsemax; below 1 the dense
+    Tsallis maps, as the ``entmax`` package's entmax_bisect). Same shape as ``x``.
 
     ``alpha`` is a number or a tensor broadcastable over the rows (the ``dim`` axis as size 1); a
     1-D tensor of length ``x.shape[1]`` is read as per-head α for (B, H, ...) scores; rows with
@@ -382,7 +442,7 @@ def entmax(x: Tensor, alpha: AlphaLike = 1.5, dim: int = -1) -> Tensor:
     gives zeros.
     """
     dim = _check_input(x, dim)
-    _check_alpha_values(alpha)
+    _check_alpha_values(alpha, dense=True)
     if x.numel() == 0:
         return x.clone()
     if isinstance(alpha, Tensor):
@@ -390,14 +450,25 @@ def entmax(x: Tensor, alpha: AlphaLike = 1.5, dim: int = -1) -> Tensor:
     return EntmaxFunction.apply(x, float(alpha), dim)
 
 
-def entmax15(x: Tensor, dim: int = -1) -> Tensor:
-    """1.5-entmax (exact)."""
-    return entmax(x, 1.5, dim)
+def check_speed_hint(name: str, value, minimum: int = 1) -> None:
+    """The ``entmax`` package's solver settings (``k``: partial-sort size, ``n_iter``: bisection steps) are
+    accepted for compatibility and do not change the result (the solves here are exact or converged); a value
+    the package could not take is still refused."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+        raise ValueError(f"{name} must be None or an integer >= {minimum}; got {value!r}")
 
 
-def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
-    """Sparsemax = 2-entmax (exact): the Euclidean projection onto the simplex."""
-    return entmax(x, 2.0, dim)
+def entmax15(X: Tensor, dim: int = -1, k: int | None = None) -> Tensor:
+    """1.5-entmax (exact) along ``dim``; same shape as ``X``. ``k``: the ``entmax`` package's sort hint, not needed."""
+    check_speed_hint("k", k)
+    return entmax(X, 1.5, dim)
+
+
+def sparsemax(X: Tensor, dim: int = -1, k: int | None = None) -> Tensor:
+    """Sparsemax = 2-entmax (exact): the Euclidean projection onto the simplex, along ``dim``; same shape as ``X``.
+    ``k``: the ``entmax`` package's sort hint, not needed."""
+    check_speed_hint("k", k)
+    return entmax(X, 2.0, dim)
 
 
 def bounded_alpha(raw: Tensor, max_alpha: float = 2.0) -> Tensor:
