@@ -224,6 +224,10 @@ def test_papers_config_layout():
         apply_papers_config(_llama(), method="softmax")
     with pytest.raises(ValueError, match="per-head alpha needs 4"):
         apply_papers_config(_llama(), alpha=[1.5, 2.0])
+    for bad in (dict(delta=float("nan")), dict(delta=-1.0), dict(gamma_range=float("inf"))):
+        # refused here, not as NaN queries at the first forward
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be a finite number >= 0"):
+            apply_papers_config(_llama(), **bad)
 
 
 def test_papers_config_trains():

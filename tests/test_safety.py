@@ -578,3 +578,88 @@ def test_a_run_failing_before_its_first_checkpoint_leaves_no_folder(tmp_path, ca
     monkeypatch.setattr(loop, "train_step", no_memory)
     assert main([*argv[:4], "3", *argv[5:]]) == 2
     assert (out / "checkpoints" / "last.pt").is_file()
+
+
+# ---- unclear errors: each a one-line message naming the file or the setting -----------------------------------
+def test_report_names_the_eval_file_whose_entry_lacks_a_length(tmp_path, capsys):
+    f = tmp_path / "r" / "eval" / "eval-1.json"
+    _fake_eval(f)
+    doc = json.loads(f.read_text())
+    del doc["results"][0]["length"]
+    f.write_text(json.dumps(doc))
+    assert main(["report", str(f), "--out", str(tmp_path / "rep")]) == 2
+    assert (
+        _err_line(capsys)
+        == f"longsparse report: error: {f}: results[0] lacks 'length' (a cut or hand-edited eval file?)"
+    )
+
+
+def test_lm_token_cache_with_a_cut_zip_directory_is_rebuilt(tmp_path):
+    """A cut near the end of the zip reads as OSError EINVAL ("[Errno 22] Invalid argument", no file name)."""
+    from longsparse.lm.streams import SAMPLE_DIR, prepare
+
+    data = {"dir": str(SAMPLE_DIR), "tokenizer": "bytes", "vocab_size": 258}
+    _, tokens = prepare(data, cache_dir=str(tmp_path), printer=lambda *_: None)
+    whole = (tmp_path / "tokens-bytes.pt").read_bytes()
+    for cut in range(len(whole) - 1, 0, -1):  # the longest cut that torch reads as EINVAL
+        (tmp_path / "tokens-bytes.pt").write_bytes(whole[:cut])
+        try:
+            torch.load(tmp_path / "tokens-bytes.pt", weights_only=True)
+        except OSError:
+            break
+        except Exception:  # noqa: BLE001 - other cuts fail otherwise; keep looking
+            continue
+    else:
+        pytest.fail("no cut of the token cache reads as OSError")
+    msgs = []
+    _, again = prepare(data, cache_dir=str(tmp_path), printer=msgs.append)
+    assert any("unreadable token cache (OSError); rebuilding it" in m for m in msgs)
+    assert again["test"].equal(tokens["test"])
+
+
+def test_a_binary_records_file_is_named(tmp_path, capsys):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "records.jsonl").write_bytes(b"\x80\x81\xfe binary")
+    argv = ["reproduce", "synthetic", "--config", str(_STUDY_FILE), "--store", str(store), "--report-only"]
+    assert main([*argv, "--report", str(tmp_path / "rep")]) == 2
+    err = _err_line(capsys)
+    assert f"{store / 'records.jsonl'}: not a JSON-lines text file" in err
+
+
+def test_report_only_on_an_empty_store_is_an_error(tmp_path, capsys):
+    argv = ["reproduce", "synthetic", "--config", str(_STUDY_FILE), "--store", str(tmp_path / "empty")]
+    assert main([*argv, "--report", str(tmp_path / "rep"), "--out", str(tmp_path / "runs"), "--report-only"]) == 2
+    err = _err_line(capsys)
+    assert "records.jsonl: no stored results" in err and "nothing was written" in err
+    assert not (tmp_path / "rep").exists() or not any((tmp_path / "rep").iterdir())
+
+
+def test_nan_weights_are_a_bad_checkpoint_not_a_nan_query(fresh_run, capsys):
+    from longsparse.io import atomic_torch_save
+
+    path = fresh_run / "checkpoints" / "last.pt"
+    payload = torch.load(path, weights_only=True)
+    name = next(k for k, v in payload["model"].items() if v.is_floating_point())
+    payload["model"][name] = torch.full_like(payload["model"][name], float("nan"))
+    atomic_torch_save(payload, path)
+    assert main(["eval", str(fresh_run), "--lengths", "8", "--samples", "2", "--checkpoint", "last"]) == 2
+    err = _err_line(capsys)
+    assert f"{path}: not a usable checkpoint: weight {name!r} holds NaN or inf" in err
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("model.method=hsa", "'hsa' is an architecture, not a method: use --arch hsa"),
+        ("model.d_model=abc", "invalid model config: d_model must be an integer, got 'abc'"),
+        ("model.n_heads=[1, 2]", "invalid model config: n_heads must be an integer, got [1, 2]"),
+        ("model.learn_alpha=1", "invalid model config: learn_alpha must be true or false, got 1"),
+        ("model.asentmax_delta=-1", "invalid model config: asentmax_delta must be a finite number >= 0, got -1"),
+    ],
+)
+def test_set_errors_name_the_setting(tmp_path, capsys, setting, message):
+    out = tmp_path / "r"
+    assert main(["train", "--task", "copy", "--set", setting, "--out", str(out)]) == 2
+    assert message in _err_line(capsys)
+    assert not out.exists()

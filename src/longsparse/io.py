@@ -288,9 +288,16 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def read_jsonl(path: str | os.PathLike, warn: Callable[[str], None] | None = None) -> list:
-    """The records of a JSON-lines log; a torn or invalid line (a writer killed mid-append) is skipped."""
+    """The records of a JSON-lines log; a torn or invalid line (a writer killed mid-append) is skipped. A file that
+    is not UTF-8 text at all is a ValueError naming it."""
     out = []
-    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path}: not a JSON-lines text file (byte {e.start} is not UTF-8: binary or damaged?)"
+        ) from None
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

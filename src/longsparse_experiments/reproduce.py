@@ -553,6 +553,11 @@ def update_archive(
     check_report_folder(report_dir, store)
     records = load_store(store)
     new = new_records(spec, out, records, printer)
+    if not records and not new:
+        raise ConfigError(
+            f"{result_store.records_path(store)}: no stored results, and no run folders under {out} to add; nothing "
+            f"was written (run the study first, or give --store the folder that holds its records.jsonl)"
+        )
     try:
         result_store.append_records(store, new)
         if store.resolve() == report_dir.resolve():  # the view is written over the archive it was read from
@@ -595,8 +600,9 @@ def build_report(
     """The store and the view (``update_archive``), then tables and plots from the view, in ``report_dir``."""
     report_dir = Path(report_dir)
     check_report_folder(report_dir, Path(store) if store is not None else report_dir)
-    claim_outputs(report_dir, report_outputs(spec), REPORT_WRITER)
+    check_outputs(report_dir, report_outputs(spec), REPORT_WRITER)
     data = update_archive(spec, out, report_dir, printer, store=store)
+    claim_outputs(report_dir, report_outputs(spec), REPORT_WRITER)
     tables = tables_markdown(data)
     atomic_write_text(report_dir / "tables.md", tables)
     pngs = plot(data, report_dir)

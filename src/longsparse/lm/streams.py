@@ -7,6 +7,7 @@ the quick LM study and the tests.
 
 from __future__ import annotations
 
+import errno
 import pickle
 import time
 from pathlib import Path
@@ -49,7 +50,9 @@ def prepare(data_cfg: dict, cache_dir: Optional[str] = None, printer: Callable =
     if tok_cache.exists():
         try:
             tokens = torch.load(tok_cache, weights_only=True)
-        except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # cut by an interrupted writer: rebuilt
+        except (RuntimeError, EOFError, pickle.UnpicklingError, OSError) as e:  # cut by an interrupted writer
+            if isinstance(e, OSError) and e.errno != errno.EINVAL:  # a cut zip directory reads as EINVAL
+                raise OSError(e.errno, e.strerror, str(tok_cache)) from None
             printer(f"warning: {tok_cache}: unreadable token cache ({type(e).__name__}); rebuilding it")
     if tokens is None:
         tokens = {}

@@ -87,6 +87,12 @@ def read_checkpoint(path: str, map_location="cpu") -> Dict[str, Any]:
     for key in ("config", "model"):
         if not isinstance(payload.get(key), dict):
             raise ValueError(f"{path}: checkpoint has no {key!r} dict")
+    for name, t in payload["model"].items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(
+                f"{path}: not a usable checkpoint: weight {name!r} holds NaN or inf (the run diverged, or the file "
+                f"was damaged); use another checkpoint"
+            )
     return payload
 
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from longsparse.attention import BACKENDS
 from longsparse.mappings.registry import METHODS
 from longsparse.nn.positions import NAPE_SLOPES, POSITIONS
-from longsparse.nn.scalers import ASENTMAX_INITS
+from longsparse.nn.scalers import ASENTMAX_INITS, check_scaler_constants
 
 ADATEMP_ORDERS = ("original", "reversed")
 ASENTMAX_SCALERS = ("adaptive", "static")
@@ -98,6 +100,9 @@ class AttentionSettings:
                     f"{key('learn_alpha')} needs 1 < alpha < max_alpha, got alpha={self.alpha}, "
                     f"max_alpha={self.max_alpha}"
                 )
+        check_scaler_constants(
+            self.asentmax_delta, self.asentmax_gamma_range, (key("asentmax_delta"), key("asentmax_gamma_range"))
+        )
         if not self.rope_theta > 0:
             raise ValueError(f"{key('rope_theta')} must be > 0, got {self.rope_theta}")
         if self.attn_chunk_size is not None:
@@ -179,15 +184,52 @@ def flat_attention_settings(*, names: Optional[Mapping[str, str]] = None, order:
     return decorate
 
 
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _field_kind(hint) -> tuple[Any, bool]:
+    """(int / float / bool / str or None for any other type, whether None is allowed) of a field's type hint."""
+    optional = False
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        hint = args[0] if len(args) == 1 else None
+    return (hint if hint in _KINDS else None), optional
+
+
+def check_field_types(cls, d: Mapping[str, Any]) -> None:
+    """ValueError naming the first key of ``d`` whose value has the wrong type for its field of ``cls`` (or of its
+    flat ``AttentionSettings``): ``d_model must be an integer, got 'abc'``, before any arithmetic on it would fail
+    with a Python operator error. A float field takes an integer; nothing takes a bool but a bool field."""
+    hints = typing.get_type_hints(cls)
+    names = getattr(cls, "ATTENTION_NAMES", None)
+    if names is not None:
+        settings = typing.get_type_hints(AttentionSettings)
+        hints.update({names.get(f, f): settings[f] for f in ATTENTION_FIELDS})
+    for key, value in d.items():
+        kind, optional = _field_kind(hints.get(key))
+        if kind is None or (value is None and optional):
+            continue
+        if kind is bool:
+            ok = isinstance(value, bool)
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, kind) and not isinstance(value, bool)
+        if not ok:
+            raise ValueError(f"{key} must be {_KINDS[kind]}{' or null' if optional else ''}, got {value!r}")
+
+
 def strict_from_dict(cls, d: Dict[str, Any]):
     """Build the config class ``cls`` (a dataclass, or one with ``flat_attention_settings``: ``STORED_KEYS``) from a
-    flat plain dict, rejecting unknown keys by name."""
+    flat plain dict, rejecting unknown keys and values of the wrong type by name."""
     if not isinstance(d, dict):
         raise ValueError(f"a {cls.__name__} must be built from a dict, got {type(d).__name__}")
     known = getattr(cls, "STORED_KEYS", None) or [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(d) - set(known))
     if unknown:
         raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
+    check_field_types(cls, d)
     return cls(**d)
 
 

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from longsparse.attention import attention
 from longsparse.nn.positions import NAPE_SLOPES, POSITIONS, position_setup
-from longsparse.nn.scalers import ASENTMAX_INITS, ASEntmaxScaler
+from longsparse.nn.scalers import ASENTMAX_INITS, ASEntmaxScaler, check_scaler_constants
 
 HF_NAMES = ("entmax", "asentmax")
 METHODS = HF_NAMES
@@ -321,6 +321,7 @@ def _make_settings(
         if not all(isinstance(a, (int, float)) and float(a) >= 1 and float(a) < float("inf") for a in values):
             raise ValueError(f"alpha must be a finite number >= 1 (1 is softmax) or a list of them; got {alpha}")
         alpha = [float(a) for a in values] if isinstance(alpha, (list, tuple)) else float(alpha)
+    check_scaler_constants(delta, gamma_range)
     scaler = {"init": init, "delta": float(delta), "gamma_range": float(gamma_range)} if method == "asentmax" else None
     return {"method": method, "positions": positions, "alpha": alpha, "nape_variant": nape_variant, "scaler": scaler}
 

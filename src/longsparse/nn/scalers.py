@@ -72,6 +72,14 @@ class SSMaxScaler(_Scaler):
         return self._expand(self.beta.to(dtype).view(1, -1, 1) * lp)
 
 
+def check_scaler_constants(delta, gamma_range, names=("delta", "gamma_range")) -> None:
+    """ValueError naming the first bad constant of the ASEntmax scale: δ and γ_r must be finite numbers ≥ 0 (a NaN
+    would only show at the first forward, as NaN queries)."""
+    for name, value in zip(names, (delta, gamma_range)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= float(value) < math.inf:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
 class ASEntmaxScaler(_Scaler):
     """Adaptive-scalable entmax scale δ + softplus(W_β h + b_β)·log(i+2)^{γ_r·tanh(W_γ h + b_γ)}."""
 
@@ -81,6 +89,7 @@ class ASEntmaxScaler(_Scaler):
         super().__init__(scalable)
         if init not in ASENTMAX_INITS:
             raise ValueError(f"unknown ASEntmax init {init!r}; choose one of {', '.join(ASENTMAX_INITS)}")
+        check_scaler_constants(delta, gamma_range)
         self.delta, self.gamma_range, self.init = float(delta), float(gamma_range), init
         self.beta_proj = nn.Linear(d_model, self.n_scaled)
         self.gamma_proj = nn.Linear(d_model, self.n_scaled)
@@ -123,6 +132,7 @@ class StaticASEntmaxScaler(_Scaler):
         super().__init__(scalable)
         if init not in ASENTMAX_INITS:
             raise ValueError(f"unknown ASEntmax init {init!r}; choose one of {', '.join(ASENTMAX_INITS)}")
+        check_scaler_constants(delta, gamma_range)
         self.delta, self.gamma_range, self.init = float(delta), float(gamma_range), init
         b0 = softplus_inverse(0.05) if init == "scale_aware" else 0.0
         self.beta_bias = nn.Parameter(torch.full((self.n_scaled,), b0))

@@ -40,9 +40,26 @@ def _read_result(path: Path) -> dict:
     return _check_result(path, d)
 
 
+# what the tables and plots read from each entry of an eval result's "results" list
+RESULT_FIELDS = {
+    "length": (int, "an integer"),
+    "n": (int, "an integer"),
+    "exact_match": ((int, float), "a number"),
+    "exact_match_ci": (list, "a [low, high] list"),
+}
+
+
 def _check_result(path: Path, d) -> dict:
     if not isinstance(d, dict) or d.get("format") != "longsparse-eval" or not isinstance(d.get("results"), list):
         raise ReportError(f"{path}: not a longsparse eval result (format tag missing)")
+    for i, r in enumerate(d["results"]):
+        if not isinstance(r, dict):
+            raise ReportError(f"{path}: results[{i}] is not an object")
+        for key, (kind, what) in RESULT_FIELDS.items():
+            if key not in r:
+                raise ReportError(f"{path}: results[{i}] lacks {key!r} (a cut or hand-edited eval file?)")
+            if isinstance(r[key], bool) or not isinstance(r[key], kind) or (kind is list and len(r[key]) != 2):
+                raise ReportError(f"{path}: results[{i}][{key!r}] must be {what}; got {r[key]!r}")
     return d
 
 

@@ -256,6 +256,9 @@ def build_config(
         )
     if method is not None and method in ARCHITECTURES:
         raise ConfigError(_not_a_method(method))
+    asked = _arch_override(overrides, sets, "method")  # before resolve reads an old run's method "hsa" as its arch
+    if isinstance(asked, str) and asked in ARCHITECTURES:
+        raise ConfigError(_not_a_method(asked))
     cfg = {s: copy.deepcopy(raw.get(s, {})) for s in SECTIONS}
     cfg["model"] = _model_table(raw, source, arch if arch is not None else _arch_override(overrides, sets))
     cfg["task"].setdefault("name", task)
@@ -292,15 +295,15 @@ def _not_a_method(name: str) -> str:
     )
 
 
-def _arch_override(overrides: Mapping | None, sets: Iterable[str]) -> str | None:
-    """The architecture the overrides ask for, or None: the last ``--set model.arch=NAME``, else ``model.arch`` of
-    ``overrides`` (the order ``build_config`` applies them in). A malformed ``overrides`` asks for none here;
-    ``apply_overrides`` refuses it."""
+def _arch_override(overrides: Mapping | None, sets: Iterable[str], key: str = "arch") -> str | None:
+    """The architecture the overrides ask for (``key`` = "method": the method), or None: the last ``--set
+    model.arch=NAME``, else ``model.arch`` of ``overrides`` (the order ``build_config`` applies them in). A
+    malformed ``overrides`` asks for none here; ``apply_overrides`` refuses it."""
     model = overrides.get("model") if isinstance(overrides, Mapping) else None
-    found = model.get("arch") if isinstance(model, Mapping) else None
+    found = model.get(key) if isinstance(model, Mapping) else None
     for item in sets or ():
-        key, sep, text = item.partition("=")
-        if sep and key.strip() == "model.arch":
+        name, sep, text = item.partition("=")
+        if sep and name.strip() == f"model.{key}":
             found = parse_value(text.strip())
     return found
 
