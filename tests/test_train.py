@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from longsparse.nn import read_checkpoint
-from longsparse.train import ConfigError, RunDirError, build_config, lr_at, train
+from longsparse.train import ConfigError, RunDirError, build_config, loop, lr_at, train
+from longsparse.train.config import RunConfig, config_hash
+from longsparse.train.loop import bucket_length, build_model_and_optimizer, compile_enabled, pad_batch
 
 TINY = [
     "model.d_model=32",
@@ -141,15 +143,20 @@ def _weights(path):
     return read_checkpoint(str(path))
 
 
-def test_resume_after_sigkill_gives_identical_weights(tmp_path):
+# compiled: each of the three processes compiles the step (about a minute each on a loaded 2-core machine)
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_resume_after_sigkill_gives_identical_weights(tmp_path, compiled):
     ref, killed = tmp_path / "ref", tmp_path / "killed"
-    _cli(["train", *RESUME_ARGS, "--out", str(ref)])
+    args = [*RESUME_ARGS, "--set", f"train.compile={str(compiled).lower()}"]
+    if compiled:  # a length range: the compiled step pads batches to their buckets
+        args += ["--set", "train.train_lengths=[12, 24]"]
+    _cli(["train", *args, "--out", str(ref)])
     # killed with SIGKILL right after step 7: last checkpoint at step 4, steps 5-7 are lost and redone
-    p = _cli(["train", *RESUME_ARGS, "--out", str(killed)], kill_after=7, check=False)
+    p = _cli(["train", *args, "--out", str(killed)], kill_after=7, check=False)
     assert p.returncode == -9, (p.returncode, p.stderr)
     mid = read_checkpoint(str(killed / "checkpoints" / "last.pt"))
     assert mid["extra"]["step"] == 4
-    p = _cli(["train", *RESUME_ARGS, "--out", str(killed)])
+    p = _cli(["train", *args, "--out", str(killed)])
     assert "resuming" in p.stdout and "at step 4" in p.stdout
     a, b = _weights(ref / "checkpoints" / "last.pt"), _weights(killed / "checkpoints" / "last.pt")
     assert a["extra"]["step"] == b["extra"]["step"] == 12
@@ -172,7 +179,7 @@ def test_resume_after_sigkill_gives_identical_weights(tmp_path):
     assert {"python", "torch", "longsparse", "git"} <= set(env)
     assert len((killed / "sessions.jsonl").read_text().splitlines()) == 2  # killed session + resume
     # a completed run rerun with the same command does nothing
-    p = _cli(["train", *RESUME_ARGS, "--out", str(ref)])
+    p = _cli(["train", *args, "--out", str(ref)])
     assert "already complete" in p.stdout
 
 
@@ -368,3 +375,82 @@ def test_torchrun_two_processes_match_single_process(tmp_path):
     la = [json.loads(x)["loss"] for x in (single / "metrics.jsonl").read_text().splitlines() if "loss" in x]
     lb = [json.loads(x)["loss"] for x in (dp / "metrics.jsonl").read_text().splitlines() if "loss" in x]
     assert len(la) == 4 and la == pytest.approx(lb, rel=1e-4)
+
+
+# ---- the compiled step ----------------------------------------------------------------------------------------
+COMPILE_TINY = TINY + ["model.n_layers=1", "train.batch_size=8", "train.val_lengths=[16]", "train.log_every=1"]
+
+
+def test_bucket_lengths_bound_the_shapes_and_the_padding():
+    lengths = range(1, 5000)
+    buckets = [bucket_length(n) for n in lengths]
+    assert all(b >= n for n, b in zip(lengths, buckets))
+    assert all(b <= 1.25 * n for n, b in zip(lengths, buckets) if n >= 32)
+    assert all(a <= b for a, b in zip(buckets, buckets[1:]))
+    for k in range(5, 12):  # at most four shapes per octave
+        assert len({bucket_length(n) for n in range(2**k + 1, 2 ** (k + 1) + 1)}) == 4
+    assert [bucket_length(n) for n in (64, 65, 80, 81, 135, 256)] == [64, 80, 80, 96, 160, 256]
+
+
+def test_padding_a_batch_to_its_bucket_leaves_the_loss_unchanged():
+    """The models are causal: right pads change no logit of a real token, and the loss ignores them."""
+    cfg = build_config("two_back", method="asentmax", positions="nape", steps=1, sets=COMPILE_TINY)
+    run = RunConfig.from_dict(cfg)
+    task = run.task.build()
+    model, _ = build_model_and_optimizer(run, task, torch.device("cpu"))
+    batch = task.batch((12, 24), 8, rng=task.rng(0, "train"))
+    padded = pad_batch(batch, bucket_length(batch.input_ids.shape[1]) + 8)
+    assert padded.input_ids.shape[1] > batch.input_ids.shape[1]
+    with torch.no_grad():
+        a = loop._loss_sum(model, batch.input_ids, batch.labels)
+        b = loop._loss_sum(model, padded.input_ids, padded.labels)
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-5)
+    assert padded.attention_mask.sum() == batch.attention_mask.sum()
+
+
+def _train_logged(compile_flag, monkeypatch=None, steps=6, method="asentmax"):
+    lines = []
+    cfg = build_config(
+        "two_back",
+        method=method,
+        positions="nape",
+        steps=steps,
+        sets=COMPILE_TINY + ["train.train_lengths=[12, 24]", f"train.compile={compile_flag}"],
+    )
+    res = train(cfg, None, printer=lines.append, progress=False)
+    losses = [float(x.split()[3]) for x in lines if x.startswith("step") and "loss" in x]
+    return res, losses, lines
+
+
+def test_compiled_training_equals_eager_within_float_tolerance(monkeypatch):
+    """train.compile=true on the CPU: the same losses and weights as the eager step after 6 updates of a tiny
+    model, batches of a length range padded to their buckets (the fused CPU kernel is outside the graph:
+    the step compiles with graph breaks and says so)."""
+    padded = []
+    real_pad = loop.pad_batch
+    monkeypatch.setattr(loop, "pad_batch", lambda b, n: padded.append((b.input_ids.shape[1], n)) or real_pad(b, n))
+    eager, eager_losses, _ = _train_logged("false")
+    assert not padded and not eager["compiled"]
+    comp, comp_losses, lines = _train_logged("true")
+    assert comp["compiled"] and len(padded) == 6 and all(n == bucket_length(t) for t, n in padded)
+    assert any(t != n for t, n in padded)  # some batch was padded
+    assert len(comp_losses) == 6
+    assert comp_losses == pytest.approx(eager_losses, rel=1e-4)
+    assert comp["last_loss"] == pytest.approx(eager["last_loss"], rel=1e-5)
+    a, b = eager["model"].state_dict(), comp["model"].state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    assert any("compiled" in x for x in lines)
+
+
+def test_train_compile_is_validated_and_not_part_of_the_run_identity():
+    with pytest.raises(ConfigError, match="train.compile must be auto, true or false"):
+        build_config("two_back", steps=1, sets=["train.compile=1"])
+    base = build_config("two_back", steps=1)
+    assert base["train"]["compile"] == "auto"
+    without = {**base, "train": {k: v for k, v in base["train"].items() if k != "compile"}}
+    on = build_config("two_back", steps=1, sets=["train.compile=true"])
+    assert config_hash(base) == config_hash(without) == config_hash(on)
+    assert not compile_enabled(RunConfig.from_dict(base).train, torch.device("cpu"))
+    assert compile_enabled(RunConfig.from_dict(base).train, torch.device("cuda"))
+    assert compile_enabled(RunConfig.from_dict(on).train, torch.device("cpu"))

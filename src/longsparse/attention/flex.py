@@ -287,11 +287,11 @@ class _Kernel:
         far = self.Nk + self.Nq  # a bound no key reaches
         lo, hi = {"all": (-far, 0 if self.causal else far), "left": (-far, 0), "right": (1, far)}[part]
         blocks, bounds = self._masks(lo, hi, q.device)
-        shapes = (tuple(q.shape), tuple(self.k.shape), tuple(v.shape), q.dtype)
-        fn = compiled(with_lse, q.device.type, shapes)
         args = (q, self.k, v, coef, bounds, self.key_start, self.key_end, blocks, self.scale, self.gqa)
         if torch.compiler.is_compiling():  # inside a compiled model: traced into its graph
-            return fn(*args)
+            return (_attend_lse if with_lse else _attend_out)(*args)
+        shapes = (tuple(q.shape), tuple(self.k.shape), tuple(v.shape), q.dtype)
+        fn = compiled(with_lse, q.device.type, shapes)
         try:
             return fn(*args)
         except torch.OutOfMemoryError:

@@ -254,6 +254,16 @@ def select_backend(
     return pick("reference", "no faster backend takes the call")
 
 
+def load_backends(device_type: str) -> None:
+    """Imports what the backends' `supports` load on first use (the Triton module, FlexAttention's build
+    check), so that a model traced by torch.compile finds them loaded instead of tracing the imports."""
+    from longsparse.attention import flex
+    from longsparse.attention.backends import triton_module
+
+    triton_module()
+    flex.build_reason(device_type)
+
+
 def resolve_backend(call: AttentionCall, backend: str) -> str:
     """The backend that runs the call: the auto policy's choice, or the named one if it supports the call
     (else ValueError with its reason: a named backend is never replaced)."""

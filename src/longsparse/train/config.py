@@ -74,6 +74,7 @@ class TrainConfig:
     ckpt_every: int = 100  # last.pt every N steps (and at the end)
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch.set_num_threads on CPU; 0 = leave torch's default
+    compile: Any = "auto"  # torch.compile the training step: auto (on for CUDA, off on the CPU) | true | false
 
     def as_dict(self) -> dict:
         """The JSON form (``config.json``'s ``train`` section): sequences as lists."""
@@ -476,6 +477,8 @@ def _check_train(tr: dict, task) -> None:
     tr["betas"] = [float(x) for x in b]
     if not isinstance(tr["bf16"], bool):
         raise ConfigError(f"train.bf16 must be true or false, got {tr['bf16']!r}")
+    if not (tr["compile"] == "auto" or isinstance(tr["compile"], bool)):
+        raise ConfigError(f"train.compile must be auto, true or false, got {tr['compile']!r}")
     if tr["device"] not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"train.device must be auto, cpu or cuda, got {tr['device']!r}")
     if tr["train_lengths"] is None:
@@ -503,10 +506,11 @@ def _check_train(tr: dict, task) -> None:
 
 
 # Settings that choose how a run is computed, not what it computes (every attention backend is tested equal to the
-# reference; a task's cache folder only says where derived files live): they are not part of a run's identity, so
-# a run resumes, and an archived result stays valid, under another choice, and configs written before such a
-# setting existed keep their identity. Each entry is a key path into the resolved config.
-NOT_IDENTITY = (("model", "attn_backend"), ("task", "params", "cache_dir"))
+# reference, the compiled training step to the eager one; a task's cache folder only says where derived files live):
+# they are not part of a run's identity, so a run resumes, and an archived result stays valid, under another choice,
+# and configs written before such a setting existed keep their identity. Each entry is a key path into the resolved
+# config.
+NOT_IDENTITY = (("model", "attn_backend"), ("task", "params", "cache_dir"), ("train", "compile"))
 
 
 def run_identity(cfg: Mapping) -> dict:

@@ -27,6 +27,7 @@ written: how tests inject faults (a SIGKILL after step N) without a hook in this
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -34,15 +35,18 @@ import random
 import shutil
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Union
 
 import torch
 import torch.nn.functional as F
 
+from longsparse.attention.policy import load_backends
 from longsparse.io import atomic_write_text, is_temp_name, read_jsonl
 from longsparse.nn import load_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
+from longsparse.tasks.base import PAD
 from longsparse.train.config import ConfigError, RunConfig, TrainConfig, build_model
 from longsparse.train.objectives import objective_of
 from longsparse.train.rundir import (
@@ -138,15 +142,93 @@ def _rows(batch: Batch, lo: int, hi: int) -> Batch:
 
 
 # ---- one update ---------------------------------------------------------------------------------------------
-def build_model_and_optimizer(cfg: Union[RunConfig, Mapping], task, device: torch.device):
+def build_model_and_optimizer(cfg: Union[RunConfig, Mapping], task, device: torch.device, *, fused: bool = False):
     """(model, AdamW) of a run config (``RunConfig`` or its resolved dict): the model initialised under
-    ``torch.manual_seed(train.seed)``."""
+    ``torch.manual_seed(train.seed)``. fused: AdamW's fused kernel (one launch per step instead of a few per
+    parameter group; its state dict is the same, so checkpoints move between the two)."""
     run = cfg if isinstance(cfg, RunConfig) else RunConfig.from_dict(cfg)
     tr = run.train
     torch.manual_seed(tr.seed)
     model = build_model(run.as_dict()["model"], task.vocab_size).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay, fused=fused or None
+    )
     return model, opt
+
+
+# ---- the compiled step ------------------------------------------------------------------------------------
+def compile_enabled(tr: TrainConfig, device: torch.device) -> bool:
+    """Whether ``train.compile`` compiles the training step on ``device``: auto = on CUDA, off on the CPU (there
+    compiling costs 12-70 s per process for a step at about 0.8× the eager time: short runs lose;
+    docs/training.md)."""
+    return device.type == "cuda" if tr.compile == "auto" else bool(tr.compile)
+
+
+def bucket_length(n: int) -> int:
+    """The padded length of an n-token batch: n rounded up to a quarter of its power of two (64, 80, 96, 112,
+    128, 160, …; multiples of 8 below 32), so batches of a length range take at most four shapes per octave
+    (each compiled once and captured once as a CUDA graph) and at most 25 % of padding."""
+    step = max(8, 1 << max(0, n.bit_length() - 3))
+    return -(-n // step) * step
+
+
+def pad_batch(batch: Batch, length: int) -> Batch:
+    """``batch`` right-padded to ``length`` tokens: PAD inputs, IGNORE_INDEX labels, attention_mask False. The
+    models are causal, so pads after a row's tokens change none of its logits, and the loss ignores them."""
+    extra = length - batch.input_ids.shape[1]
+    if extra <= 0:
+        return batch
+    return dataclasses.replace(
+        batch,
+        input_ids=F.pad(batch.input_ids, (0, extra), value=PAD),
+        labels=F.pad(batch.labels, (0, extra), value=IGNORE_INDEX),
+        attention_mask=F.pad(batch.attention_mask, (0, extra), value=False),
+    )
+
+
+def _loss_sum(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The cross-entropy summed over the target tokens of (B, N) input_ids / labels (IGNORE_INDEX: no loss)."""
+    logits = model(input_ids)
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+class CompiledLoss:
+    """`_loss_sum` (forward and, through autograd, backward) compiled by torch.compile, as one graph where the
+    model allows it (else with graph breaks, said in ``note``). On CUDA in mode "reduce-overhead": the step is
+    launch-bound (thousands of small kernels for a few-million-parameter model), and CUDA graphs replay the
+    forward and the backward as one launch each; "max-autotune-no-cudagraphs" would tune the matmuls instead,
+    which are not the bottleneck, at minutes of compile time. CUDA graphs need static shapes: the trainer pads
+    batches to `bucket_length`. On the CPU the default mode (no CUDA graphs)."""
+
+    def __init__(self, device: torch.device, backend: str = "inductor"):
+        """backend: torch.compile's backend ("eager": traced but not code-generated, for quick checks)."""
+        self.cuda = device.type == "cuda"
+        self.backend = backend
+        self.mode = "reduce-overhead" if self.cuda and backend == "inductor" else None
+        load_backends(device.type)
+        self.fullgraph = True
+        self.note: Optional[str] = None  # why the step compiled with graph breaks, until the trainer logs it
+        self.fn = self._compile(fullgraph=True)
+
+    def _compile(self, fullgraph: bool):
+        # a function of its own code: torch.compile's cache and recompile limit are per code object, and each
+        # trainer (a study trains many models in one process) gets its own graphs
+        own = types.FunctionType(_loss_sum.__code__.replace(), _loss_sum.__globals__, _loss_sum.__name__)
+        return torch.compile(own, fullgraph=fullgraph, mode=self.mode, backend=self.backend)
+
+    def __call__(self, model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.cuda:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are no longer read
+        try:
+            return self.fn(model, input_ids, labels)
+        except torch._dynamo.exc.Unsupported as exc:  # raised while tracing, before anything ran
+            if not self.fullgraph:
+                raise
+            self.fullgraph = False
+            first = (str(exc).strip().splitlines() or ["?"])[0][:200]
+            self.note = f"the training step does not compile as one graph ({first}); compiled with graph breaks"
+            self.fn = self._compile(fullgraph=False)
+            return self.fn(model, input_ids, labels)
 
 
 def train_step(
@@ -159,19 +241,25 @@ def train_step(
     grad_clip: float,
     autocast,
     dist: Optional[Dist] = None,
+    loss_fn: Optional[CompiledLoss] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One AdamW update on ``batch`` (this rank's rows; input_ids / labels (B, N)): the cross-entropy summed over
     its target tokens, divided by ``n_target`` (the global batch's count, so that ranks sum to the global mean),
     backward under ``autocast`` for the forward, gradients summed over the ranks of ``dist``, norm clipped to
     ``grad_clip``, the step at learning rate ``lr``, gradients cleared. Returns (the loss sum, detached; the
-    gradient norm before clipping). `longsparse bench train-step` times exactly this."""
+    gradient norm before clipping). loss_fn: the compiled forward and loss (`CompiledLoss`; None: eager).
+    `longsparse bench train-step` times exactly this."""
     for g in opt.param_groups:
         g["lr"] = lr
-    with autocast:
-        logits = model(batch.input_ids)
-    loss_sum = F.cross_entropy(
-        logits.float().flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
+    if loss_fn is not None:
+        with autocast:
+            loss_sum = loss_fn(model, batch.input_ids, batch.labels)
+    else:
+        with autocast:
+            logits = model(batch.input_ids)
+        loss_sum = F.cross_entropy(
+            logits.float().flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
     (loss_sum / max(1, n_target)).backward()
     if dist is not None:
         _sum_grads(model, dist)
@@ -253,7 +341,8 @@ def train(
     ``out=None`` trains in memory (no files, no resume). ``callbacks`` are called as ``cb(step)`` after every
     update (after that step's checkpoint, if one was due). Returns a summary dict with the final step, the last
     logged loss, the first logged loss, the validation history, the seconds spent in updates over all sessions
-    (``train_seconds``) and the model (key ``model``)."""
+    (``train_seconds``), whether the step ran compiled (``compiled``, ``train.compile``) and the model (key
+    ``model``)."""
     run = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
     _check_device(run.train)  # before anything is created: a refused run leaves no folder
     d = Dist()
@@ -315,7 +404,9 @@ def _train(
     task = run.task.build()
     objective = objective_of(task)
     log = _Log(out, d.main, printer)
-    model, opt = build_model_and_optimizer(run, task, dev)  # before the run folder gets files: it may not fit
+    compiled = compile_enabled(tr, dev)
+    # before the run folder gets files: the model may not fit
+    model, opt = build_model_and_optimizer(run, task, dev, fused=compiled and dev.type == "cuda")
     if out is not None and d.main:
         init_run_dir(out, cfg, environment(d.world, str(dev)))
         stale = remove_stale_temps_in_run(out)  # run_lock is held: no other writer is active here
@@ -326,6 +417,7 @@ def _train(
             )
     d.barrier()
 
+    loss_fn = CompiledLoss(dev) if compiled else None
     data_rng = task.rng(tr.seed, "train")
     step, best, first_loss, last_loss = 0, None, None, None
     loss_acc, n_acc = 0.0, 0  # loss sum / count of the steps since the last logged record
@@ -363,6 +455,7 @@ def _train(
             f"[{now()}] new run {out}: task={task.name} method={cfg['model']['method']} "
             f"positions={cfg['model']['positions']} params={model.num_parameters():,} steps={tr.steps} "
             f"batch={tr.batch_size} ranks={d.world} device={dev}"
+            + (f" compiled ({loss_fn.mode or 'default'} mode)" if loss_fn is not None else "")
         )
     d.barrier()
 
@@ -383,6 +476,7 @@ def _train(
             "resumed": resumed,
             "trained_steps": trained,
             "train_seconds": train_seconds,
+            "compiled": loss_fn is not None,
         }
 
     def save_last():
@@ -446,11 +540,18 @@ def _train(
         t_step = time.perf_counter()
         gbatch = task.batch(lengths, tr.batch_size, rng=data_rng)
         n_global = int((gbatch.labels != IGNORE_INDEX).sum())
-        b = _rows(gbatch, lo_row, lo_row + per_rank).to(dev)
+        b = _rows(gbatch, lo_row, lo_row + per_rank)
+        if loss_fn is not None:  # static shapes for the compiled step: 20 batches of the MQMTAR paper preset's
+            # lengths 32-64 had 15 token counts, in 3 buckets
+            b = pad_batch(b, bucket_length(b.input_ids.shape[1]))
+        b = b.to(dev)
         lr = lr_at(step, tr)
         loss_sum, gnorm = train_step(
-            model, opt, b, n_target=n_global, lr=lr, grad_clip=tr.grad_clip, autocast=autocast, dist=d
+            model, opt, b, n_target=n_global, lr=lr, grad_clip=tr.grad_clip, autocast=autocast, dist=d, loss_fn=loss_fn
         )
+        if loss_fn is not None and loss_fn.note is not None:
+            log(f"note: {loss_fn.note}")
+            loss_fn.note = None
         step += 1
         tok_count += int(gbatch.attention_mask.sum())
         ls_ = d.all_reduce_(loss_sum.reshape(1).clone())
