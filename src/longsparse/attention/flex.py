@@ -24,8 +24,8 @@ Adaptive temperature takes two passes. The first, without gradient, gets each ro
 H = lse − E_p[z], from FlexAttention's log-sum-exp and an output over the values [k | j]:
 E_p[z] = scale · q·E_p[k] − m · (pos_i − E_p[j]) (under the symmetric non-causal bias the keys left and right
 of pos_i are two calls, combined by their log-sum-exps). The second is the softmax of θ·z. The first pass
-runs in float32 (E_p[j] holds key positions); its rounding, about Nk · 2⁻²⁴ in E_p[j], moves θ by less than
-m · that.
+runs in float32 (E_p[j] holds key positions); its rounding, about Nk · 2⁻²⁴ in E_p[j], moves H by m times
+that (0.002 at 64K keys and slope 1/2), and θ = P(H) with it.
 
 Where it runs (`supports`): CUDA (forward and backward; float16, bfloat16, float32; head dims ≥ 16), and CPU
 inference in float32 / 16-bit (torch's CPU FlexAttention has no backward and returns no log-sum-exp, so no
