@@ -295,8 +295,8 @@ class FusedSpec:
             key_start=self.key_start if self.key_start.numel() else None,
             key_end=self.key_end if self.key_end.numel() else None,
         )
-        self.band_lo = torch.zeros((B, H, Nq), dtype=torch.int32)
-        self.band_hi = torch.full((B, H, Nq), Nk, dtype=torch.int32)
+        self.band_lo = torch.zeros((B, H, Nq), dtype=torch.int32, device="cpu")
+        self.band_hi = torch.full((B, H, Nq), Nk, dtype=torch.int32, device="cpu")
         self.band_lo[:, heads] = first
         self.band_hi[:, heads] = last
 
