@@ -13,6 +13,11 @@ The keys on which LB_i is measured, and the row's largest logit, are never dead,
 band finds the same max and the same support as one that visits every key.
 
 Kernels compute the logits in finite precision; `ROUNDING_MARGIN` widens the band for that (see its comment).
+`alibi_live_keys` computes the band before a kernel runs (the fused CPU kernel's calls). The Triton kernel
+applies the same bound inside its max pass instead (`triton_entmax._band_reach` / `_band_dead`, with this
+module's `ROUNDING_MARGIN`): walking out from the diagonal it takes for LB_i the row max of the tiles it has
+already computed, which costs no extra launch and tightens as it goes; computing the band in torch before each
+launch cost more GPU time than it saved (docs/benchmarks.md, "The rewritten Triton kernel on an H200").
 Cost: O(B·H·(Nq·NEAREST_KEYS + Nk)·D) arithmetic (the Nk term: every key's norm, which a decoding step pays in
 full), no host synchronisation, shapes independent of the data (it may run inside CUDA-graph-captured steps).
 """

@@ -1,0 +1,163 @@
+"""What the Triton α-entmax forward does per query block, counted by the kernel itself (`solver_counts`) on the
+CPU, in Triton's interpreter with CUDA's 64×64 tiles and solver settings: QKᵀ passes (key tiles whose logits
+were computed, over every pass, per tile of the block's causal range), solver sweeps, blocks at the sweep cap,
+and rows that ended renormalised rather than certified. Two kinds of input:
+
+* random: q, k, v ~ N(0, 1), 8 heads of dim 64 (NAPE: 4 ALiBi heads with slopes 1/h, 4 NoPE heads);
+* trained: the q (times its q-scale) and k of every layer of a trained model (a run folder's last checkpoint)
+  on one test example of the run's task at each length, scored as 1.5-entmax with the model's slopes.
+
+    TRITON_INTERPRET=1 python benchmarks/kernel_counts.py --out benchmarks/results/FILE.json \\
+        [--lengths 1024 4096] [--run RUN_FOLDER]
+    python benchmarks/kernel_counts.py --table benchmarks/results/FILE.json
+
+The counts are exact and device-independent up to floating-point rounding (a GPU run counts the same way:
+benchmarks/gpu_check.py); they take minutes at 4K keys in the interpreter.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch
+
+from longsparse.attention import triton_entmax as te
+
+TILE = 64  # the CUDA configuration's BM = BN
+
+
+def _summary(counts: dict, heads, label: str, N: int, source: str) -> dict:
+    sweeps = counts["sweeps"][:, heads].float()
+    visited = counts["tiles_visited"][:, heads].float()
+    causal = counts["causal_tiles"][:, heads].float()
+    return {
+        "source": source,
+        "N": N,
+        "heads": label,
+        "qk_passes_mean": (visited / causal.clamp(min=1)).mean().item(),
+        "qk_passes_max": (visited / causal.clamp(min=1)).max().item(),
+        "qk_passes_pooled": (visited.sum() / causal.sum()).item(),
+        "sweeps_mean": sweeps.mean().item(),
+        "sweeps_max": sweeps.max().item(),
+        "blocks_at_cap": int((counts["sweeps"][:, heads] >= te._MAX_SWEEPS_EXACT).sum()),
+        "uncertified_rows": int(counts["uncertified"][:, heads].sum()),
+        "blocks": int(sweeps.numel()),
+    }
+
+
+def random_rows(N: int, seed: int = 0) -> list:
+    H, D = 8, 64
+    g = torch.Generator().manual_seed(seed + N)
+    q, k, v = (torch.randn(1, H, N, D, generator=g) for _ in range(3))
+    slopes = torch.tensor([1.0 / (h + 1) if h < H // 2 else 0.0 for h in range(H)])
+    counts = te.solver_counts(q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes)
+    return [
+        _summary(counts, slice(0, H // 2), "alibi", N, "random"),
+        _summary(counts, slice(H // 2, H), "nope", N, "random"),
+    ]
+
+
+def trained_rows(run: str, N: int) -> list:
+    """Counts on the per-layer q, k of a trained model at length N (one test example)."""
+    import random
+
+    from longsparse.evaluate.sweep import load_run_model
+    from longsparse.nn import attention as nn_attention
+    from longsparse.train.config import make_task
+
+    model, cfg, _ = load_run_model(run, "last")
+    task = make_task(cfg["task"])
+    batch = task.batch(N, 1, rng=random.Random(20261127))
+    seen = []
+    original = nn_attention.attention
+
+    def recording(q, k, v, **kw):
+        seen.append((q.detach(), k.detach(), kw.get("q_scale"), kw.get("alibi_slopes"), kw.get("scale")))
+        return original(q, k, v, **kw)
+
+    nn_attention.attention = recording
+    try:
+        with torch.no_grad():
+            model.eval()(batch.input_ids[:, :N])
+    finally:
+        nn_attention.attention = original
+    rows = []
+    for layer, (q, k, q_scale, slopes, scale) in enumerate(seen):
+        if q_scale is not None:
+            q = q * (q_scale if q_scale.dim() == 4 else q_scale.unsqueeze(-1))
+        H = q.shape[1]
+        v = torch.zeros_like(k)
+        counts = te.solver_counts(
+            q.float(), k.float(), v.float(), alpha=1.5, is_causal=True, alibi_slopes=slopes, scale=scale
+        )
+        kinds = slopes if slopes is not None else torch.zeros(H)
+        for label, heads in (("alibi", (kinds > 0).nonzero().flatten()), ("nope", (kinds == 0).nonzero().flatten())):
+            if len(heads):
+                rows.append({**_summary(counts, heads, label, N, f"trained:{Path(run).name}"), "layer": layer})
+    return rows
+
+
+def table(path: str) -> str:
+    """A stored result as a markdown table (per source, length, layer and head kind)."""
+    data = json.loads(Path(path).read_text())
+    lines = [
+        "| input | N | layer | heads | QKᵀ passes mean / max | sweeps mean / max | blocks at cap | uncertified rows |",
+        "|---|---:|---:|---|---|---|---:|---:|",
+    ]
+    for r in data["rows"]:
+        lines.append(
+            f"| {r['source']} | {r['N']} | {r.get('layer', '-')} | {r['heads']} | {r['qk_passes_mean']:.2f} / "
+            f"{r['qk_passes_max']:.0f} | {r['sweeps_mean']:.2f} / {r['sweeps_max']:.0f} | {r['blocks_at_cap']} | "
+            f"{r['uncertified_rows']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="JSON file to write")
+    ap.add_argument("--table", metavar="JSON", help="print a stored result as a markdown table, and stop")
+    ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096])
+    ap.add_argument("--run", help="a trained run folder: also count on its layers' q, k")
+    args = ap.parse_args(argv)
+    if args.table:
+        print(table(args.table), end="")
+        return 0
+    if not args.out:
+        ap.error("--out is required (the JSON file to write), unless --table")
+    if not te._interpreter_mode():
+        ap.error("set TRITON_INTERPRET=1 before the kernels are built (this script counts in the interpreter)")
+    if args.run and not Path(args.run, "config.json").is_file():
+        ap.error(f"--run {args.run}: not a run folder (no config.json)")
+    te.INTERPRETER_BLOCK = TILE
+    data = {
+        "benchmark": "kernel_counts",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "solver_points": {str(k): list(v) for k, v in te.SOLVER_POINTS.items()},
+        "tile": TILE,
+        "rows": [],
+    }
+    out = Path(args.out)
+    for N in args.lengths:
+        t0 = time.perf_counter()
+        rows = random_rows(N) + (trained_rows(args.run, N) if args.run else [])
+        for r in rows:
+            r["seconds"] = round(time.perf_counter() - t0, 1)
+            print(json.dumps(r), flush=True)
+        data["rows"] += rows
+        tmp = out.with_suffix(out.suffix + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
