@@ -32,6 +32,43 @@ def test_bootstrap_interval():
     assert paired.bootstrap_mean_interval(xs) == (lo, hi)  # seeded: the same on every rebuild
 
 
+# Student t 0.975 quantiles from the standard tables (df: value, 3 decimals)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 10: 2.228, 30: 2.042}
+
+
+@pytest.mark.parametrize("df", sorted(T975))
+def test_t_quantile_matches_the_tables(df):
+    assert round(paired.t_quantile(0.975, df), 3) == T975[df]
+
+
+def test_t_quantile_against_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for df in range(1, 41):
+        for q in (0.6, 0.9, 0.95, 0.975, 0.995):
+            assert paired.t_quantile(q, df) == pytest.approx(stats.t.ppf(q, df), abs=1e-8)
+
+
+@pytest.mark.parametrize("q, df", [(0.5, 3), (1.0, 3), (0.975, 0), (0.975, 2.5)])
+def test_t_quantile_bad_input(q, df):
+    with pytest.raises(ValueError, match="t_quantile"):
+        paired.t_quantile(q, df)
+
+
+def test_t_interval():
+    xs = [32.5, 33.0, 69.0, 43.0, 54.0, 23.5]
+    half = 2.5705818356 * statistics.stdev(xs) / 6**0.5
+    lo, hi = paired.t_mean_interval(xs)
+    assert lo == pytest.approx(statistics.fmean(xs) - half) and hi == pytest.approx(statistics.fmean(xs) + half)
+    assert paired.t_mean_interval([5.0]) is None and paired.t_mean_interval([]) is None
+    assert paired.t_mean_interval([100.0, 0.0]) == (-100.0, 100.0)  # clipped to the range a difference can take
+    wide = paired.t_mean_interval([100.0, 0.0], bounds=(-float("inf"), float("inf")))
+    assert wide[0] < -100 and wide[1] > 100
+    # with few seeds the bootstrap cannot reach past the seeds themselves; the t-interval does
+    b_lo, b_hi = paired.bootstrap_mean_interval([1.0, 9.0])
+    t_lo, t_hi = paired.t_mean_interval([1.0, 9.0])
+    assert b_lo >= 1.0 and b_hi <= 9.0 and t_lo < b_lo and t_hi > b_hi
+
+
 def test_intercept_recovers_a_line():
     delta = [0.0, 1.0, 2.0, 3.0, 4.0]
     r = paired.intercept_interval([2.0 + 3.0 * x for x in delta], delta)
@@ -95,6 +132,11 @@ def test_compare_and_analyse():
     md = paired.markdown(res)
     assert "+20.3 points" in md and "inconclusive" in md and "| 100 | 90.0 | 50.0 | +40.0* | +0.0 |" in md
     assert "Seeds where both reach ≥ 99 % at 1× (2)" in md
+    # every interval is reported as a t-interval beside the bootstrap (which covers far less than 95 % at 3 seeds)
+    assert r["t_ci"] == pytest.approx(paired.t_mean_interval([40.0, 20.0, 1.0]))
+    lo, hi = r["t_ci"]
+    assert f"t-interval [{lo:+.1f}, {hi:+.1f}]" in md and "| 95 % t-interval |" in md
+    assert f"| 3 | +20.3 | [{lo:+.1f}, {hi:+.1f}] | {paired._fmt_ci(r['ci'])} | 0.250 |" in md
 
 
 def test_markdown_says_when_no_seed_has_both_runs_converged():

@@ -1,5 +1,5 @@
 """The comparisons of docs/findings.md that `longsparse reproduce synthetic --analyse` cannot make, computed with
-the same functions (longsparse.report.paired: seed-level bootstrap interval, exact sign-flip p, "robust").
+the same functions (longsparse.report.paired: seed-level t- and bootstrap intervals, exact sign-flip p, "robust").
 
 `--analyse` pairs methods *by name* inside the selected studies and merges the studies' records, so it cannot
 compare one method with itself across two studies (NAPE vs RoPE, reference vs scale-aware init, a rerun vs the
@@ -16,6 +16,7 @@ results/hsa and results/lm. Run from the repository root (reads only committed f
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -370,6 +371,8 @@ def lm():
                     "b_ppl": [ppl[(*b, s)][L]["ppl"] for s in seeds],
                     "mean": statistics.fmean(d),
                     "ci": paired.bootstrap_mean_interval(d),
+                    # perplexity differences are unbounded, unlike exact-match points
+                    "t_ci": paired.t_mean_interval(d, bounds=(-math.inf, math.inf)),
                     "p": paired.sign_flip_p(d),
                 }
             )
@@ -388,14 +391,15 @@ def lm():
     lines = [
         note,
         "",
-        "| A − B | length | seeds | per seed (A / B) | mean | 95 % interval | sign-flip p |",
-        "|---|---|---|---|---|---|---|",
+        "| A − B | length | seeds | per seed (A / B) | mean | 95 % t-interval | 95 % bootstrap | sign-flip p |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ps = ", ".join(f"{x:.2f} / {y:.2f}" for x, y in zip(r["a_ppl"], r["b_ppl"]))
         lines.append(
             f"| {r['a']} − {r['b']} | {r['length']} ({r['length'] // 128}×) | {len(r['seeds'])} | {ps} | "
-            f"{r['mean']:+.2f} | [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}] | {r['p']:.3f} |"
+            f"{r['mean']:+.2f} | [{r['t_ci'][0]:+.2f}, {r['t_ci'][1]:+.2f}] | [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}] | "
+            f"{r['p']:.3f} |"
         )
     lines += [
         "",

@@ -3,8 +3,12 @@
 For methods A and B trained on the same seeds, the per-seed paired difference D_s = EM_A,s − EM_B,s (percentage
 points) at one test length is summarised by
 
-* its mean over seeds with a 95 % percentile bootstrap interval (resampling the seeds' differences with
-  replacement, a fixed generator seed, so the interval is the same on every rebuild);
+* its mean over seeds with a 95 % Student-t interval (mean ± t · sd / √n, n − 1 degrees of freedom; exact
+  coverage for normal differences at any n ≥ 2, clipped to the ±100 points a difference can take), and a 95 %
+  percentile bootstrap interval (resampling the seeds' differences with replacement, a fixed generator seed, so
+  the interval is the same on every rebuild) — the interval the pre-registered protocol fixed. With few seeds the
+  bootstrap covers less than its nominal 95 % (its resamples cannot spread wider than the seeds themselves), so
+  it is reported beside the t-interval, never alone;
 * an exact two-sided sign-flip test: under "no difference" every D_s is as likely to have either sign, so p is the
   fraction of the 2^n sign patterns whose mean is at least as far from 0 as the observed one (exact for n ≤ 16);
 * "robust": the same sign in every seed with the two runs' Wilson intervals disjoint in every seed;
@@ -19,6 +23,7 @@ length and seed); nothing from models.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import statistics
 from collections.abc import Sequence
@@ -40,6 +45,53 @@ def bootstrap_mean_interval(
     lo = means[int((1 - level) / 2 * resamples)]
     hi = means[min(resamples - 1, int((1 + level) / 2 * resamples))]
     return lo, hi
+
+
+def _t_two_sided_mass(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with integer ``df`` degrees of freedom (the closed forms of Abramowitz & Stegun
+    26.7.3-4: a finite series in cos(theta), theta = atan(t / sqrt(df)))."""
+    theta = math.atan(t / math.sqrt(df))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if df % 2:  # odd: (2/pi)(theta + sin cos (1 + (2/3)cos^2 + (2*4)/(3*5)cos^4 + ... up to cos^(df-3)))
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 3) // 2 + 1):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        return 2 / math.pi * (theta + s * math.cos(theta) * total)
+    term, total = 1.0, 1.0  # even: sin (1 + (1/2)cos^2 + (1*3)/(2*4)cos^4 + ... up to cos^(df-2))
+    for k in range(1, (df - 2) // 2 + 1):
+        term *= c2 * (2 * k - 1) / (2 * k)
+        total += term
+    return s * total
+
+
+def t_quantile(q: float, df: int) -> float:
+    """The ``q`` quantile (0.5 < q < 1) of Student's t with integer ``df`` >= 1 degrees of freedom, by bisection
+    on the exact two-sided mass (|error| < 1e-10)."""
+    if not 0.5 < q < 1:
+        raise ValueError(f"t_quantile takes 0.5 < q < 1, got {q!r}")
+    if not isinstance(df, int) or df < 1:
+        raise ValueError(f"t_quantile needs an integer df >= 1, got {df!r}")
+    mass, lo, hi = 2 * q - 1, 0.0, 1.0
+    while _t_two_sided_mass(hi, df) < mass:
+        hi *= 2
+    while hi - lo > 1e-10:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_two_sided_mass(mid, df) < mass else (lo, mid)
+    return (lo + hi) / 2
+
+
+def t_mean_interval(
+    xs: Sequence[float], *, level: float = 0.95, bounds: tuple[float, float] = (-100.0, 100.0)
+) -> tuple[float, float] | None:
+    """Student-t interval of the mean of ``xs`` (n − 1 degrees of freedom), clipped to ``bounds`` (the range a
+    difference of two percentages can take); None for fewer than 2 values (no spread to estimate)."""
+    n = len(xs)
+    if n < 2:
+        return None
+    half = t_quantile((1 + level) / 2, n - 1) * statistics.stdev(xs) / math.sqrt(n)
+    m = statistics.fmean(xs)
+    return max(bounds[0], m - half), min(bounds[1], m + half)
 
 
 def sign_flip_p(xs: Sequence[float]) -> float:
@@ -151,6 +203,7 @@ def compare(
     out.update(
         mean=statistics.fmean(d),
         ci=bootstrap_mean_interval(d),
+        t_ci=t_mean_interval(d),
         p=sign_flip_p(d),
         positive=sum(x > 0 for x in d),
         negative=sum(x < 0 for x in d),
@@ -188,7 +241,7 @@ def converged_subset(
     }
     if kept:
         d = [r["d"] for r in kept]
-        out.update(mean=statistics.fmean(d), ci=bootstrap_mean_interval(d), p=sign_flip_p(d))
+        out.update(mean=statistics.fmean(d), ci=bootstrap_mean_interval(d), t_ci=t_mean_interval(d), p=sign_flip_p(d))
     return out
 
 
@@ -248,8 +301,9 @@ def markdown(result: dict, train_length: int = 64) -> str:
             f"**Primary endpoint** ({prim['a']} − {prim['b']} at {result['endpoint']} tokens, "
             f"{result['endpoint'] // train_length}×, {result['checkpoint']} checkpoint, {n} seeds): "
             + (
-                f"{p['mean']:+.1f} points, 95 % bootstrap interval {_fmt_ci(p['ci'])}, sign-flip "
-                f"p = {p['p']:.3f} → **{prim['verdict']}** (margin ±{result['margin']:g} points)."
+                f"{p['mean']:+.1f} points, 95 % bootstrap interval {_fmt_ci(p['ci'])} (the decision's), "
+                f"t-interval {_fmt_ci(p.get('t_ci'))}, sign-flip p = {p['p']:.3f} → **{prim['verdict']}** "
+                f"(margin ±{result['margin']:g} points)."
                 if n
                 else "no seed has both runs yet."
             )
@@ -264,8 +318,8 @@ def markdown(result: dict, train_length: int = 64) -> str:
         bar = f"{100 * c['bar']:g} %"
         if c["seeds"]:
             lines.append(
-                f"Seeds where both reach ≥ {bar} at 1× ({len(c['seeds'])}): {c['mean']:+.1f} "
-                f"{_fmt_ci(c['ci'])}, p = {c['p']:.3f}."
+                f"Seeds where both reach ≥ {bar} at 1× ({len(c['seeds'])}): {c['mean']:+.1f}, t-interval "
+                f"{_fmt_ci(c.get('t_ci'))}, bootstrap {_fmt_ci(c['ci'])}, p = {c['p']:.3f}."
             )
         elif n and "at_bar" in c:
             lines.append(
@@ -274,8 +328,9 @@ def markdown(result: dict, train_length: int = 64) -> str:
             )
         lines.append("")
     lines += [
-        "| A − B | length | × | seeds | mean (points) | 95 % interval | sign-flip p | + / − | robust |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| A − B | length | × | seeds | mean (points) | 95 % t-interval | 95 % bootstrap (below 95 % at few seeds) "
+        "| sign-flip p | + / − | robust |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["pairs"]:
         for L, r in row["by_length"].items():
@@ -283,7 +338,7 @@ def markdown(result: dict, train_length: int = 64) -> str:
                 continue
             lines.append(
                 f"| {row['a']} − {row['b']} | {L} | {int(L) // train_length} | {len(r['seeds'])} | "
-                f"{r['mean']:+.1f} | {_fmt_ci(r['ci'])} | {r['p']:.3f} | {r['positive']} / "
+                f"{r['mean']:+.1f} | {_fmt_ci(r.get('t_ci'))} | {_fmt_ci(r['ci'])} | {r['p']:.3f} | {r['positive']} / "
                 f"{r['negative']} | {'yes' if r['robust'] else 'no'} |"
             )
     if prim is not None and prim["primary"]["seeds"]:
@@ -304,8 +359,8 @@ def markdown(result: dict, train_length: int = 64) -> str:
 
 
 def forest_plot(result: dict, path, train_length: int = 64):
-    """Per-seed differences (dots) and the mean with its bootstrap interval (bar) for every pair and length;
-    returns the path, or None without matplotlib."""
+    """Per-seed differences (dots) and the mean with its t-interval (bar; none for one seed) for every pair and
+    length; returns the path, or None without matplotlib."""
     try:
         import matplotlib
 
@@ -323,12 +378,13 @@ def forest_plot(result: dict, path, train_length: int = 64):
         return None
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
     for y, (_, r) in enumerate(reversed(rows)):
-        ax.plot(r["ci"], [y, y], color="black", lw=2)
+        if r.get("t_ci"):
+            ax.plot(r["t_ci"], [y, y], color="black", lw=2)
         ax.plot([r["mean"]], [y], "D", color="black")
         ax.scatter([s["d"] for s in r["per_seed"]], [y + 0.18] * len(r["per_seed"]), s=12, color="tab:blue")
     ax.axvline(0, color="grey", lw=1)
     ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)], fontsize=8)
-    ax.set_xlabel("exact match difference, points (dots: seeds; bar: mean, 95 % bootstrap interval)")
+    ax.set_xlabel("exact match difference, points (dots: seeds; bar: mean, 95 % t-interval over seeds)")
     fig.tight_layout()
     atomic_savefig(fig, path, dpi=100)
     plt.close(fig)
