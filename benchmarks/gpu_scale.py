@@ -8,7 +8,8 @@ with a time guard per length, and hand back the result records and the checkpoin
 
 Usually through ``[STUDY=FILE] bash benchmarks/gpu_scale.sh OUTDIR [SECONDS] [RESUME_DIR]``. The study file
 (``--study``) defaults to the preset ``gpu_scale.toml``; run folders go to ``runs/<study file name>``. ``run``
-starts one ``worker`` process per shard (``--shard K/N`` over the study's cells in `longsparse reproduce`'s order), each of which
+starts one ``worker`` process per shard (``--shard K/N`` over the study's cells in `longsparse reproduce`'s
+order), each of which
 
 * trains its cells with `longsparse.train.train` into the run folders `longsparse reproduce` uses (same config,
   same path), stopped by a training time guard (the last checkpoint then holds what was reached);
