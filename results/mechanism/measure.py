@@ -1,4 +1,4 @@
-"""Attention mass on the queried pair in mqmtar_inline models (protocol: docs/reports/2026-11-27-mechanism-first-look.md).
+"""Attention mass on the queried pair in mqmtar_inline models (docs/reports/2026-11-27-mechanism-first-look.md).
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python results/mechanism/measure.py RUN_DIR [RUN_DIR ...] --out FILE.json
 
