@@ -9,6 +9,7 @@ records; run from the repository root:
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from longsparse.report import store
@@ -80,6 +81,27 @@ def main() -> None:
     for s in sorted(ser["64"]["per_seed"], key=int):
         vals = " / ".join(f"{100 * ser[L]['per_seed'][s]['exact_match']:.1f}" for L in ("64", "1024", "4096"))
         print(f"  s{s}: {runs[f'prereg_primary/softmax-nape-s{s}']['final_loss']}; {vals}")
+    # every trained softmax model of this recipe at 64x: the archive's three, the six pre-registered ones and the
+    # retrained seed 1 (one model: arms with identical weights count once), by the rank of the archive's runs
+    archived = {}
+    for rec in store.read_records(ROOT / "results" / "synthetic"):
+        if rec["study"] == "mqmtar_inline_3l_lr4e-3_4k" and rec["method"] == "softmax":
+            for r in rec["results"]:
+                if r["checkpoint"] == "last" and r["length"] == 4096:
+                    archived[rec["seed"]] = 100 * r["exact_match"]
+    later = [100 * ser["4096"]["per_seed"][s]["exact_match"] for s in ser["4096"]["per_seed"]]
+    later.append(100 * b1[(20261126, 4096)][0])
+    print(
+        f"\nSoftmax at 64x, archive seeds {sorted(archived)}: {[archived[s] for s in sorted(archived)]}; later models "
+        f"(pre-registered seeds and the retrained seed 1): {sorted(later)}"
+    )
+    for keep in (sorted(archived), [s for s in sorted(archived) if s != 0]):
+        n_all, k = len(later) + len(keep), len(keep)
+        top = all(archived[s] > max(later) for s in keep)
+        print(
+            f"  archive seeds {keep} all above every later model: {top}; chance of that if all {n_all} models were "
+            f"exchangeable draws: 1/C({n_all},{k}) = {1 / math.comb(n_all, k):.3f}"
+        )
 
 
 if __name__ == "__main__":
