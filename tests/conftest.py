@@ -140,6 +140,13 @@ def spaced_scores(*shape, spacing: float = 0.3, seed: int = 0, dtype=torch.float
     return (perm * spacing + jitter).reshape(shape)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_built_once():
+    """Build (or load) the fused CPU kernel before the first test: its build announces itself on stderr, which
+    tests of one-line error messages must not see."""
+    kernel_available()
+
+
 @pytest.fixture(autouse=True)
 def _seed_torch():
     """Deterministic torch.randn & co. in every test (hypothesis draws its own data)."""

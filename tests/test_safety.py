@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -663,3 +664,78 @@ def test_set_errors_name_the_setting(tmp_path, capsys, setting, message):
     assert main(["train", "--task", "copy", "--set", setting, "--out", str(out)]) == 2
     assert message in _err_line(capsys)
     assert not out.exists()
+
+
+# ---- the CPU kernel build: said while it runs, left out of the ETA, cached across checkouts and venvs ----------
+def test_a_kernel_build_is_left_out_of_the_eta(monkeypatch):
+    """A first step that includes the kernel build (a minute) would put hours into the ETA of a long run."""
+    from longsparse.mappings import _kernel
+    from longsparse.train import loop
+
+    real_step, built = loop.train_step, [0.0]
+
+    def step_with_a_build(*a, **k):
+        if not built[0]:
+            time.sleep(2.0)  # what the build costs the first step, recorded as build time
+            built[0] = 2.0
+        return real_step(*a, **k)
+
+    class Stop(Exception):
+        pass
+
+    def stop(step):
+        if step == 1:
+            raise Stop
+
+    monkeypatch.setattr(loop, "train_step", step_with_a_build)
+    monkeypatch.setattr(_kernel, "build_seconds", lambda: built[0])
+    logs = []
+    cfg = build_config("copy", method="softmax", positions="nape", steps=10_000, sets=TINY + COPY)
+    with pytest.raises(Stop):
+        train(cfg, None, printer=logs.append, progress=False, callbacks=[stop])
+    (line,) = [m for m in logs if m.startswith("step")]
+    eta = re.search(r"ETA (\S+)", line).group(1)
+    assert "h" not in eta, line  # 2 s x 9,999 steps would be 5h33m
+
+
+def test_the_kernel_build_says_what_it_builds(monkeypatch, tmp_path, capsys):
+    from torch.utils import cpp_extension
+
+    from longsparse.mappings import _kernel
+
+    monkeypatch.setenv("LONGSPARSE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(_kernel, "_module", None)
+    monkeypatch.setattr(_kernel, "_failed", False)
+    monkeypatch.setattr(_kernel, "_build_seconds", 0.0)
+    calls = []
+
+    def fake_load(**kw):
+        calls.append(kw)
+        return object()
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    assert _kernel.get() is not None and len(calls) == 1
+    folder = tmp_path / _kernel._build_name()
+    assert calls[0]["build_directory"] == str(folder) and calls[0]["sources"] == [str(folder / "_entmax_cpu.cpp")]
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"longsparse: building the fused CPU kernel in {folder} (once per machine")
+    assert re.fullmatch(r"longsparse: kernel built in \d+ s", err[1]) and _kernel.build_seconds() > 0
+
+
+def test_a_built_kernel_is_reused_from_another_checkout(tmp_path):
+    """Another checkout (or a venv with the same torch and Python) finds the finished build and imports it, no
+    compiler run: torch's loader rebuilt whenever the source's or torch's absolute paths changed."""
+    from longsparse.mappings import _kernel
+
+    if _kernel.get() is None:
+        pytest.skip("the kernel cannot be built here")
+    name = _kernel._build_name()
+    shutil.copytree(_kernel.cache_root() / name, tmp_path / "cache" / name)
+    shutil.copytree(SRC, tmp_path / "other" / "longsparse", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "other"), "LONGSPARSE_KERNEL_CACHE": str(tmp_path / "cache")}
+    probe = "from longsparse.mappings import _kernel; m = _kernel.get(); print(_kernel.__file__, m.__file__, _kernel.build_seconds())"
+    res = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    where, lib, seconds = res.stdout.split()
+    assert where.startswith(str(tmp_path / "other")) and lib.startswith(str(tmp_path / "cache" / name))
+    assert float(seconds) == 0 and "building" not in res.stderr

@@ -1,39 +1,112 @@
 """Builds and loads the fused CPU entmax kernel (_entmax_cpu.cpp) on first use.
 
-The build needs a C++ compiler and ninja (both on the project's machines); it takes ~30–60 s once and
-is cached by torch under ~/.cache/torch_extensions. If it cannot be built, or LONGSPARSE_KERNEL=0 is
-set, everything falls back to the pure-PyTorch solver (same results, slower) with one warning.
+The build needs a C++ compiler and ninja; it takes about a minute, once per machine, torch version and Python
+version, and says so on stderr while it runs. If it cannot be built, or LONGSPARSE_KERNEL=0 is set, everything
+falls back to the pure-PyTorch solver (same results, slower) with one warning.
+
+The cache. Each build lives in its own folder under ``$XDG_CACHE_HOME/longsparse/kernels`` (default
+``~/.cache/longsparse/kernels``; ``LONGSPARSE_KERNEL_CACHE`` overrides it), named by a hash of what the binary
+depends on: the source, the CPU (``-march=native``), the torch version and the Python ABI. A finished build is
+imported directly. torch's own loader is used only to build: it re-runs ninja whenever the recorded absolute
+paths change (another virtual environment's torch headers, another checkout of the source), which rebuilt the
+same binary every time one switched environments.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import platform
+import shutil
+import sys
+import time
 import warnings
 from pathlib import Path
 
 import torch
 
 _SOURCE = Path(__file__).with_name("_entmax_cpu.cpp")
+_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+_LDFLAGS = ["-fopenmp"]
 _module = None
 _failed = False
+_build_seconds = 0.0
 
 
 def _build_name() -> str:
-    # -march=native code is only valid on the CPU it was built for: key the cache on the CPU too
+    # -march=native code is only valid on the CPU it was built for; the binary links against this torch and Python
     cpu = platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             cpu += next((line for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    digest = hashlib.sha1(_SOURCE.read_bytes() + cpu.encode()).hexdigest()[:12]
+    key = "\0".join([cpu, torch.__version__, sys.implementation.cache_tag or "", *_CFLAGS, *_LDFLAGS])
+    digest = hashlib.sha1(_SOURCE.read_bytes() + key.encode()).hexdigest()[:12]
     return f"longsparse_entmax_cpu_{digest}"
+
+
+def cache_root() -> Path:
+    """The folder that holds one subfolder per kernel build."""
+    env = os.environ.get("LONGSPARSE_KERNEL_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longsparse" / "kernels"
 
 
 def enabled() -> bool:
     return os.environ.get("LONGSPARSE_KERNEL", "1") != "0"
+
+
+def build_seconds() -> float:
+    """Seconds this process has spent compiling the kernel (0 when it was cached): a training loop leaves them
+    out of its speed and ETA."""
+    return _build_seconds
+
+
+def _import_built(name: str, folder: Path):
+    """The finished build in ``folder`` as a module, or None (not built yet, a build in progress, unloadable)."""
+    lib = folder / f"{name}.so"
+    if not lib.is_file() or (folder / "lock").exists():  # torch's build holds "lock" until the library is whole
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, lib)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except (ImportError, OSError):
+        return None
+
+
+def _build(name: str, folder: Path):
+    global _build_seconds
+    from torch.utils.cpp_extension import load
+
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / _SOURCE.name
+    if not source.is_file() or source.read_bytes() != _SOURCE.read_bytes():
+        tmp = folder / f".{_SOURCE.name}.tmp-{os.getpid()}"
+        shutil.copyfile(_SOURCE, tmp)
+        os.replace(tmp, source)  # a fixed path and content: ninja sees the same source on every later build
+    print(
+        f"longsparse: building the fused CPU kernel in {folder} (once per machine, torch and Python version; "
+        f"about a minute)...",
+        file=sys.stderr,
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    module = load(
+        name=name,
+        sources=[str(source)],
+        extra_cflags=_CFLAGS,
+        extra_ldflags=_LDFLAGS,
+        build_directory=str(folder),
+        verbose=False,
+    )
+    _build_seconds += time.perf_counter() - t0
+    print(f"longsparse: kernel built in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return module
 
 
 def get():
@@ -42,15 +115,9 @@ def get():
     if _module is not None or _failed or not enabled():
         return _module
     try:
-        from torch.utils.cpp_extension import load
-
-        _module = load(
-            name=_build_name(),
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        name = _build_name()
+        folder = cache_root() / name
+        _module = _import_built(name, folder) or _build(name, folder)
     except Exception as exc:  # noqa: BLE001 - any build failure means: use the fallback
         _failed = True
         warnings.warn(

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from longsparse.attention.policy import load_backends
 from longsparse.io import atomic_write_text, is_temp_name, read_jsonl
+from longsparse.mappings import _kernel
 from longsparse.nn import load_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
 from longsparse.tasks.base import PAD
@@ -536,8 +537,9 @@ def _train(
     log.bar = bar
     model.train()
     t0, tok_count = time.perf_counter(), 0
+    built0 = _kernel.build_seconds()  # a kernel build during the first steps is left out of speed and ETA
     while step < tr.steps:
-        t_step = time.perf_counter()
+        t_step, built_step = time.perf_counter(), _kernel.build_seconds()
         gbatch = task.batch(lengths, tr.batch_size, rng=data_rng)
         n_global = int((gbatch.labels != IGNORE_INDEX).sum())
         b = _rows(gbatch, lo_row, lo_row + per_rank)
@@ -557,7 +559,7 @@ def _train(
         ls_ = d.all_reduce_(loss_sum.reshape(1).clone())
         loss_acc += float(ls_) / max(1, n_global)
         n_acc += 1
-        train_seconds += time.perf_counter() - t_step
+        train_seconds += time.perf_counter() - t_step - (_kernel.build_seconds() - built_step)
         if bar is not None:
             bar.update(1)
         if step % tr.log_every == 0 or step == tr.steps or step == 1:
@@ -566,7 +568,7 @@ def _train(
             if first_loss is None:
                 first_loss = mean
             last_loss = mean
-            dt = time.perf_counter() - t0
+            dt = time.perf_counter() - t0 - (_kernel.build_seconds() - built0)
             rec = {
                 "step": step,
                 "loss": mean,
