@@ -1,5 +1,6 @@
 # The two entry points of the README. Torch is pinned and installed first: a plain "torch"
-# requirement on a clean machine would resolve to the multi-GB CUDA build.
+# requirement on a clean machine would resolve to the multi-GB CUDA build. Every command runs through
+# $(PY), so `make demo PY=/path/to/venv/bin/python` works without activating that environment.
 PY ?= python
 
 .PHONY: setup setup-dev demo test lint
@@ -13,7 +14,7 @@ setup-dev:
 	$(PY) -m pip install -e ".[dev,plot,lm]"
 
 demo: setup
-	longsparse demo
+	$(PY) -m longsparse_experiments.cli demo
 
 test: setup-dev
 	$(PY) -m ruff format --check .

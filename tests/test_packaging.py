@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from venv_helper import checked, venv_reusing_these_packages
 
 from longsparse.cli import main
 from longsparse.train import ConfigError, build_config, configs_dir, train
@@ -147,32 +148,39 @@ def test_pyproject_declares_tomli_and_ships_the_presets():
 
 
 # ---- 14: a wheel installed elsewhere runs the commands that need presets ----------------------------------
+def test_a_venv_reusing_these_packages_works_from_a_venv_too(tmp_path):
+    """The helper works from a plain interpreter and from inside a venv (the case `venv --system-site-packages`
+    got wrong): torch imports in the venv it makes, and in one it makes from inside that venv."""
+    probe = "import sys, torch; print(sys.prefix)"
+    py = venv_reusing_these_packages(tmp_path / "outer")
+    assert checked([py, "-c", probe]).stdout.strip() == str(tmp_path / "outer")
+    make_inner = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
+        f"from venv_helper import venv_reusing_these_packages as v; print(v(Path({str(tmp_path / 'inner')!r})))"
+    )
+    inner_py = checked([py, "-c", make_inner], timeout=300).stdout.strip()
+    assert checked([inner_py, "-c", probe]).stdout.strip() == str(tmp_path / "inner")
+
+
 def test_wheel_install_runs_presets_from_another_folder(tmp_path):
     """Build the wheel from a copy of the sources, install it (no deps) into a fresh venv that reuses this
-    torch, and from a folder outside the checkout: both packages come from the wheel, the demo's task preset and
-    the study and LM presets resolve inside it, a run trains and a study dry-runs."""
+    interpreter's torch, and from a folder outside the checkout: both packages come from the wheel, the demo's
+    task preset and the study and LM presets resolve inside it, a run trains and a study dry-runs. Passes from a
+    plain interpreter and from inside a venv."""
     src = tmp_path / "src-copy"
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "*.so")
     shutil.copytree(ROOT / "src", src / "src", ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     dist = tmp_path / "dist"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
-        check=True,
-        capture_output=True,
-        timeout=300,
+    checked(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, src], timeout=300
     )
     (wheel,) = dist.glob("longsparse-*.whl")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
-    py, cli = venv / "bin" / "python", venv / "bin" / "longsparse"
-    subprocess.run(
-        [str(py), "-m", "pip", "install", "--no-deps", "--ignore-installed", "-q", str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    py = venv_reusing_these_packages(venv)
+    cli = venv / "bin" / "longsparse"
+    checked([py, "-m", "pip", "install", "--no-deps", "--ignore-installed", "-q", wheel], timeout=300)
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("LONGSPARSE_CONFIGS", "PYTHONPATH")}
@@ -184,9 +192,9 @@ def test_wheel_install_runs_presets_from_another_folder(tmp_path):
         assert res.returncode == 0, (args, res.stdout[-2000:], res.stderr[-2000:])
         return res.stdout
 
-    where = subprocess.run(
+    where = checked(
         [
-            str(py),
+            py,
             "-c",
             textwrap.dedent("""
         from longsparse.train import configs_dir
@@ -202,9 +210,6 @@ def test_wheel_install_runs_presets_from_another_folder(tmp_path):
         ],
         cwd=work,
         env=env,
-        capture_output=True,
-        text=True,
-        check=True,
     ).stdout.split()
     assert len(where) == 5 and all(w.startswith(str(venv)) for w in where), where  # the wheel's, not the checkout's
     out = run("presets")
@@ -227,3 +232,15 @@ def test_wheel_install_runs_presets_from_another_folder(tmp_path):
     assert "would train" in run(
         "reproduce", "synthetic", "--quick", "--dry-run", "--out", "rep", "--report", "rep-report"
     )
+
+
+@pytest.mark.parametrize("target", ["demo", "test", "setup", "setup-dev", "lint"])
+def test_make_targets_run_through_the_given_python(target):
+    """`make demo PY=/path/to/python` must not need that environment activated: every command of every README
+    target starts with $(PY) (a bare `longsparse` was looked up on PATH: `longsparse: No such file`)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    py = "/opt/some-venv/bin/python"
+    lines = checked(["make", "-n", "-C", ROOT, target, f"PY={py}"]).stdout.splitlines()
+    commands = [ln for ln in lines if ln.strip() and not ln.startswith("make")]
+    assert commands and all(c.startswith(py + " ") for c in commands), commands
