@@ -244,3 +244,17 @@ def test_make_targets_run_through_the_given_python(target):
     lines = checked(["make", "-n", "-C", ROOT, target, f"PY={py}"]).stdout.splitlines()
     commands = [ln for ln in lines if ln.strip() and not ln.startswith("make")]
     assert commands and all(c.startswith(py + " ") for c in commands), commands
+
+
+def test_no_numpy_warning_without_numpy():
+    """torch warns "Failed to initialize NumPy" on import when NumPy is absent; longsparse (which needs no NumPy)
+    must not show it on every command, even --help."""
+    code = (
+        "import sys; sys.modules['numpy'] = None\n"  # as if NumPy were not installed
+        "from longsparse_experiments.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "import longsparse, torch; print(longsparse.entmax15(torch.zeros(3)).tolist())"
+    )
+    res = checked([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=120)
+    assert "NumPy" not in res.stderr and "numpy" not in res.stderr.lower(), res.stderr
+    assert "[0.3333" in res.stdout
