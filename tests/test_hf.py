@@ -1,5 +1,6 @@
 """The Hugging Face transformers adapter (longsparse.nn.hf) on tiny models built from configs."""
 
+import json
 import os
 
 import pytest
@@ -186,7 +187,14 @@ def test_asentmax_scalers_survive_save_and_load(tmp_path):
         assert torch.equal(sd[k], sd2[k]), k
     with torch.no_grad():
         assert torch.equal(back(ids, attention_mask=mask).logits, m(ids, attention_mask=mask).logits)
-    # a plain transformers load never comes back as silent softmax
+    # a plain transformers load never comes back as silent softmax: it stops before loading any weight, in one
+    # line that names the right loader, with longsparse's attention registered or not
+    with pytest.raises(ValueError, match=r"load this model with longsparse\.nn\.hf\.from_pretrained\(path\)") as e:
+        LlamaForCausalLM.from_pretrained(tmp_path)
+    assert "\n" not in str(e.value)
+    # a folder saved before that (config.json naming the registered attention) fails at its first forward
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "attn_implementation": "asentmax"}))
     plain = LlamaForCausalLM.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="longsparse.nn.hf.from_pretrained"):
         plain(ids)

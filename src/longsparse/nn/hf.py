@@ -15,8 +15,11 @@ the heads that ``longsparse.nn.positions.position_setup`` marks scalable (under 
 the submodule ``longsparse_scaler`` of every attention module, so they train with the model and are in
 its state dict. The settings are stored in ``config.longsparse`` (a JSON dict) and the attention
 implementation in ``config.json``, so ``save_pretrained`` keeps both; ``from_pretrained`` here rebuilds
-the model from them. A plain transformers ``from_pretrained`` refuses such a folder: without longsparse
-imported transformers does not know the attention name, with it the first forward raises.
+the model from them. A plain transformers ``from_pretrained`` refuses such a folder before loading anything:
+config.json names the attention ``"<method> from longsparse: load this model with
+longsparse.nn.hf.from_pretrained(path)"`` (`saved_attention_name`), which transformers reports as an unsupported
+``attn_implementation`` in one line. (Folders saved before that name was used load in transformers when longsparse
+registered its attention, and then their first forward raises with the same advice.)
 
 Lower level: ``register_hf_attention()`` registers "entmax" and "asentmax" (α from
 ``config.entmax_alpha``, default 1.5; float or per-head list) for ``attn_implementation=...``, and
@@ -349,14 +352,22 @@ def _setup(model: nn.Module, settings: dict[str, Any]) -> int:
     if method == "asentmax":
         getattr(model, "base_model", model).register_forward_pre_hook(_fill_position_ids, with_kwargs=True)
     setattr(cfg, CONFIG_KEY, settings)
-    # transformers reads this key of config.json as the attention implementation, so a saved model
-    # never loads silently as softmax
-    cfg.attn_implementation = method
+    # transformers reads this key of config.json as the attention implementation (the running model dispatches on
+    # config._attn_implementation, set below): a name no one registers makes transformers' own from_pretrained stop
+    # at once, before loading weights, with a message that says how to load it, instead of loading as softmax or
+    # listing the scaler weights as unexpected keys. longsparse's from_pretrained passes the real name.
+    cfg.attn_implementation = saved_attention_name(method)
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(method)
     else:
         cfg._attn_implementation = method
     return len(mods)
+
+
+def saved_attention_name(method: str) -> str:
+    """What config.json names as the attention of a model with longsparse attention ``method``: not a registered
+    name, so a plain transformers load fails in one line that says what to do."""
+    return f"{method} from longsparse: load this model with longsparse.nn.hf.from_pretrained(path)"
 
 
 def add_asentmax_scalers(
