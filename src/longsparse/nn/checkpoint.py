@@ -30,9 +30,11 @@ def save_checkpoint(
     optimizer: Optional[torch.optim.Optimizer] = None,
     extra: Optional[Dict[str, Any]] = None,
     overwrite: bool = False,
+    model_state: Optional[Dict[str, torch.Tensor]] = None,
 ) -> str:
     """Save ``model`` (its config and state dict), optionally the optimizer state and ``extra``
-    (plain python values / tensors). Raises FileExistsError if ``path`` exists and not overwrite."""
+    (plain python values / tensors). ``model_state``: the weights to store instead of ``model.state_dict()``
+    (the whole model gathered from FSDP shards). Raises FileExistsError if ``path`` exists and not overwrite."""
     path = os.fspath(path)
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
@@ -49,7 +51,7 @@ def save_checkpoint(
         "version": VERSION,
         "arch": arch,
         "config": cfg.to_dict(),
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "model": {k: v.detach().cpu() for k, v in (model.state_dict() if model_state is None else model_state).items()},
     }
     if optimizer is not None:
         payload["optimizer"] = optimizer.state_dict()

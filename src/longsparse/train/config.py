@@ -75,6 +75,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch.set_num_threads on CPU; 0 = leave torch's default
     compile: Any = "auto"  # torch.compile the training step: auto (on for CUDA, off on the CPU) | true | false
+    parallel: str = "ddp"  # several ranks (torchrun): ddp (replicated model) | fsdp (FSDP2, sharded; train/fsdp.py)
 
     def as_dict(self) -> dict:
         """The JSON form (``config.json``'s ``train`` section): sequences as lists."""
@@ -82,6 +83,7 @@ class TrainConfig:
 
 
 TRAIN_DEFAULTS: dict[str, Any] = TrainConfig().as_dict()
+PARALLEL = ("ddp", "fsdp")
 SECTIONS = ("task", "model", "train")
 SCALES = ("cpu", "paper")
 
@@ -479,6 +481,8 @@ def _check_train(tr: dict, task) -> None:
         raise ConfigError(f"train.bf16 must be true or false, got {tr['bf16']!r}")
     if not (tr["compile"] == "auto" or isinstance(tr["compile"], bool)):
         raise ConfigError(f"train.compile must be auto, true or false, got {tr['compile']!r}")
+    if tr["parallel"] not in PARALLEL:
+        raise ConfigError(f"train.parallel must be one of {', '.join(PARALLEL)}, got {tr['parallel']!r}")
     if tr["device"] not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"train.device must be auto, cpu or cuda, got {tr['device']!r}")
     if tr["train_lengths"] is None:
@@ -506,11 +510,16 @@ def _check_train(tr: dict, task) -> None:
 
 
 # Settings that choose how a run is computed, not what it computes (every attention backend is tested equal to the
-# reference, the compiled training step to the eager one; a task's cache folder only says where derived files live):
-# they are not part of a run's identity, so a run resumes, and an archived result stays valid, under another choice,
-# and configs written before such a setting existed keep their identity. Each entry is a key path into the resolved
-# config.
-NOT_IDENTITY = (("model", "attn_backend"), ("task", "params", "cache_dir"), ("train", "compile"))
+# reference, the compiled training step to the eager one; a task's cache folder only says where derived files live;
+# DDP and FSDP compute the same update): they are not part of a run's identity, so a run resumes, and an archived
+# result stays valid, under another choice, and configs written before such a setting existed keep their identity.
+# Each entry is a key path into the resolved config.
+NOT_IDENTITY = (
+    ("model", "attn_backend"),
+    ("task", "params", "cache_dir"),
+    ("train", "compile"),
+    ("train", "parallel"),
+)
 
 
 def run_identity(cfg: Mapping) -> dict:

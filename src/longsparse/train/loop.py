@@ -27,6 +27,7 @@ written: how tests inject faults (a SIGKILL after step N) without a hook in this
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -48,6 +49,7 @@ from longsparse.mappings import _kernel
 from longsparse.nn import load_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
 from longsparse.tasks.base import PAD
+from longsparse.train import fsdp
 from longsparse.train.config import ConfigError, RunConfig, TrainConfig, build_model
 from longsparse.train.objectives import objective_of
 from longsparse.train.rundir import (
@@ -143,14 +145,19 @@ def _rows(batch: Batch, lo: int, hi: int) -> Batch:
 
 
 # ---- one update ---------------------------------------------------------------------------------------------
-def build_model_and_optimizer(cfg: Union[RunConfig, Mapping], task, device: torch.device, *, fused: bool = False):
+def build_model_and_optimizer(
+    cfg: Union[RunConfig, Mapping], task, device: torch.device, *, fused: bool = False, shard: bool = False
+):
     """(model, AdamW) of a run config (``RunConfig`` or its resolved dict): the model initialised under
-    ``torch.manual_seed(train.seed)``. fused: AdamW's fused kernel (one launch per step instead of a few per
-    parameter group; its state dict is the same, so checkpoints move between the two)."""
+    ``torch.manual_seed(train.seed)``; with ``shard`` (FSDP, under torchrun) sharded before the optimizer sees it.
+    fused: AdamW's fused kernel (one launch per step instead of a few per parameter group; its state dict is the
+    same, so checkpoints move between the two)."""
     run = cfg if isinstance(cfg, RunConfig) else RunConfig.from_dict(cfg)
     tr = run.train
     torch.manual_seed(tr.seed)
     model = build_model(run.as_dict()["model"], task.vocab_size).to(device)
+    if shard:
+        fsdp.shard_model(model)
     opt = torch.optim.AdamW(
         model.parameters(), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay, fused=fused or None
     )
@@ -265,6 +272,8 @@ def train_step(
     if dist is not None:
         _sum_grads(model, dist)
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if hasattr(gnorm, "full_tensor"):  # the norm over FSDP shards is a replicated DTensor
+        gnorm = gnorm.full_tensor()
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss_sum.detach(), gnorm
@@ -406,8 +415,9 @@ def _train(
     objective = objective_of(task)
     log = _Log(out, d.main, printer)
     compiled = compile_enabled(tr, dev)
+    sharded = tr.parallel == "fsdp" and d.world > 1
     # before the run folder gets files: the model may not fit
-    model, opt = build_model_and_optimizer(run, task, dev, fused=compiled and dev.type == "cuda")
+    model, opt = build_model_and_optimizer(run, task, dev, fused=compiled and dev.type == "cuda", shard=sharded)
     if out is not None and d.main:
         init_run_dir(out, cfg, environment(d.world, str(dev)))
         stale = remove_stale_temps_in_run(out)  # run_lock is held: no other writer is active here
@@ -427,8 +437,21 @@ def _train(
     chash = run.hash
 
     last = checkpoint_path(out, "last") if out is not None else None
-    if mode == "resume" and last is not None and last.exists():
-        model, extra = load_checkpoint(str(last), map_location=dev, optimizer=opt, model=model)
+    shards = fsdp.sharded_checkpoint(last.parent) if mode == "resume" and last is not None else None
+    if shards is not None and not sharded:
+        raise ConfigError(
+            f"{shards}: this run was trained with FSDP (a sharded checkpoint); resume it under torchrun with "
+            f"--set train.parallel=fsdp"
+        )
+    if sharded and shards is None and mode == "resume" and last is not None and last.exists():
+        raise ConfigError(
+            f"{last}: this run was trained without FSDP; resume it with train.parallel = ddp (or on one process)"
+        )
+    if mode == "resume" and (shards is not None or (last is not None and last.exists())):
+        if shards is not None:
+            extra = fsdp.load_sharded(shards, model, opt)
+        else:
+            model, extra = load_checkpoint(str(last), map_location=dev, optimizer=opt, model=model)
         if extra.get("config_hash") != chash:
             raise ValueError(
                 f"{last}: checkpoint belongs to another config (hash {extra.get('config_hash')} "
@@ -481,7 +504,7 @@ def _train(
         }
 
     def save_last():
-        if out is None or not d.main:
+        if out is None or (not d.main and not sharded):
             return
         extra = {
             "step": step,
@@ -497,18 +520,26 @@ def _train(
             "config_hash": chash,
             "time": now(),
         }
-        save_checkpoint(str(checkpoint_path(out, "last")), model, opt, extra=extra, overwrite=True)
+        path = str(checkpoint_path(out, "last"))
+        if sharded:  # the sharded checkpoint resumes; last.pt (the whole model, no optimizer) is for eval & co.
+            fsdp.save_sharded(Path(path).parent, model, opt, extra, d)
+            state = fsdp.full_model_state(model)
+            if d.main:
+                save_checkpoint(path, model, None, extra=extra, overwrite=True, model_state=state)
+            return
+        save_checkpoint(path, model, opt, extra=extra, overwrite=True)
 
     def validate():
         nonlocal best
-        if d.main:
+        if d.main or sharded:  # FSDP units gather their weights collectively: every rank runs the same passes
             t_val = time.perf_counter()
-            res = {
-                str(L): objective.measure(
-                    model, task, L, tr.val_samples, seed=tr.seed, autocast_dtype=torch.bfloat16 if tr.bf16 else None
-                )
-                for L in tr.val_lengths
-            }
+            with fsdp.gathered(model) if sharded else contextlib.nullcontext():
+                res = {
+                    str(L): objective.measure(
+                        model, task, L, tr.val_samples, seed=tr.seed, autocast_dtype=torch.bfloat16 if tr.bf16 else None
+                    )
+                    for L in tr.val_lengths
+                }
             model.train()
             means = objective.summary(res)
             rec = {"step": step, "val": res, **means, "seconds": round(time.perf_counter() - t_val, 3), "time": now()}
@@ -519,13 +550,16 @@ def _train(
             if best is None or key > best["key"]:
                 best = {"key": key, "step": step}
                 if out is not None:
-                    save_checkpoint(
-                        str(checkpoint_path(out, "best")),
-                        model,
-                        None,
-                        extra={"step": step, "val": res, "config_hash": chash},
-                        overwrite=True,
-                    )
+                    state = fsdp.full_model_state(model) if sharded else None
+                    if d.main:
+                        save_checkpoint(
+                            str(checkpoint_path(out, "best")),
+                            model,
+                            None,
+                            extra={"step": step, "val": res, "config_hash": chash},
+                            overwrite=True,
+                            model_state=state,
+                        )
         d.barrier()
 
     if step >= tr.steps:
@@ -549,7 +583,15 @@ def _train(
         b = b.to(dev)
         lr = lr_at(step, tr)
         loss_sum, gnorm = train_step(
-            model, opt, b, n_target=n_global, lr=lr, grad_clip=tr.grad_clip, autocast=autocast, dist=d, loss_fn=loss_fn
+            model,
+            opt,
+            b,
+            n_target=n_global,
+            lr=lr,
+            grad_clip=tr.grad_clip,
+            autocast=autocast,
+            dist=None if sharded else d,
+            loss_fn=loss_fn,
         )
         if loss_fn is not None and loss_fn.note is not None:
             log(f"note: {loss_fn.note}")
