@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from longsparse.nn import read_checkpoint
 from longsparse.train import build_config, train
 from longsparse_experiments.cli import main
 
@@ -573,12 +574,18 @@ def test_a_run_failing_before_its_first_checkpoint_leaves_no_folder(tmp_path, ca
         "shorter lengths or a smaller --batch-tokens"
     )
     assert not out.exists()
+    # failing at step 3 of a run that checkpoints every step: its folder (and step 2's checkpoint) stays, to resume
     monkeypatch.undo()
-    assert main(argv) == 0  # trains; then a later session that fails keeps the folder and its checkpoint
-    capsys.readouterr()
-    monkeypatch.setattr(loop, "train_step", no_memory)
-    assert main([*argv[:4], "3", *argv[5:]]) == 2
-    assert (out / "checkpoints" / "last.pt").is_file()
+    real, calls = loop.train_step, []
+
+    def no_memory_at_third(*a, **k):
+        calls.append(1)
+        return no_memory() if len(calls) == 3 else real(*a, **k)
+
+    monkeypatch.setattr(loop, "train_step", no_memory_at_third)
+    assert main([*argv[:4], "4", *argv[5:], "--set", "train.ckpt_every=1"]) == 2
+    assert "out of memory" in _err_line(capsys)
+    assert read_checkpoint(str(out / "checkpoints" / "last.pt"))["extra"]["step"] == 2
 
 
 # ---- unclear errors: each a one-line message naming the file or the setting -----------------------------------
