@@ -194,8 +194,7 @@ def test_non_causal_alibi_is_symmetric_on_every_backend(backend, alpha, nq):
 def test_non_causal_alibi_favours_near_keys_in_both_directions(backend):
     """With equal content scores, query 0 of 12 at slope 0.5 puts its largest weight on itself and almost
     none on the farthest (future) key; the signed form gave that key the largest bias (39 % of softmax)."""
-    q = torch.zeros(1, 1, 12, 4)
-    k, v = torch.zeros(1, 1, 12, 4), torch.eye(12)[None, None]
+    q, k, v = torch.zeros(1, 1, 12, 12), torch.zeros(1, 1, 12, 12), torch.eye(12)[None, None]
     kw = dict(mapping="softmax", is_causal=False, alibi_slopes=torch.tensor([0.5]))
     p = ls.attention(q, k, v, backend=backend, **kw)[0, 0]  # v = identity: the rows are the weights
     assert p[0].argmax() == 0 and p[0, -1] < 0.01

@@ -50,14 +50,15 @@ def attention(
 ) -> Tensor:
     """Attention on (B, H, N, D) tensors with any mapping; returns (B, H, Nq, Dv).
 
-    q (B, H, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv), H a multiple of Hkv (GQA), Nq ≤ Nk: the queries sit at the last
-    Nq key positions (decoding), causal masking is bottom-right aligned.
+    q (B, H, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv), H a multiple of Hkv (GQA), Nq ≤ Nk: the queries
+    sit at the last Nq key positions (decoding), causal masking is bottom-right aligned.
     mapping: softmax | entmax (α = ``alpha``: float ≥ 1 or per-head (H,) tensor; 1 is softmax) | sparsemax |
     topk (softmax over the ``topk`` largest logits) | adatemp (adaptive temperature, ``adatemp_order``
     original or reversed). The model methods ssmax / asentmax are accepted as softmax / entmax *with* their
     scales in q_scale (without, they raise).
     alibi_slopes: (H,) slopes m, bias −m·|i − j| with i the query's key position: Press et al.'s −m·(i − j)
-    on the keys a causal row sees, symmetric in the distance when not causal (flash-attn's form). q_scale: (B, H, Nq) multiplier of q (not of the bias).
+    on the keys a causal row sees, symmetric in the distance when not causal (flash-attn's form).
+    q_scale: (B, H, Nq) multiplier of q (not of the bias).
     attn_mask: bool (True = attend) or float (added), broadcastable to (B, H, Nq, Nk); integer masks are
     refused, as are NaN or ±inf in q, k, v, q_scale, alibi_slopes, scale (and NaN / +inf in a float mask).
     key_start, key_end: (B,) integer tensors (None: 0 and Nk): batch row b attends only to the keys
