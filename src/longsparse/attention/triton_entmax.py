@@ -434,9 +434,9 @@ def _band_reach(qn, kmax, am1, row_lim, EPS: tl.constexpr):
 def _band_dead(reach, m, slope, dist_lo, EPS: tl.constexpr):
     """Whether every key at distance ≥ dist_lo (BM,) from its row is provably dead for every row of the block,
     given the row maxima m seen so far (a lower bound of the true ones). dist_lo may be negative (no bound)."""
-    excess = reach - m - slope * (1.0 - EPS) * dist_lo.to(tl.float32)
-    excess = tl.where(reach > float("-inf"), excess, float("-inf"))  # (−inf − −inf is NaN)
-    return tl.max(excess, 0) <= 0
+    sees = reach > float("-inf")
+    excess = reach - tl.where(sees, m, 0.0) - slope * (1.0 - EPS) * dist_lo.to(tl.float32)  # (−inf − −inf: NaN)
+    return tl.max(tl.where(sees, excess, float("-inf")), 0) <= 0
 
 
 def _query_block(
