@@ -608,7 +608,7 @@ def _fwd_kernel(
     t_lo = t0
     t_hi = t1
     if BAND & (slope > 0):
-        qn = tl.sqrt(_rsum(q.to(tl.float32) * q.to(tl.float32), 1)) * scale  # scale·‖q_i‖ (BM,)
+        qn = tl.sqrt(_rsum(q.to(tl.float32) * q.to(tl.float32), 1)) * tl.abs(scale)  # |scale|·‖q_i‖ (BM,)
         kmax = tl.load(KNorm + bh // GROUP)  # the kv head's largest ‖k_j‖ over the row's keys
         reach = _band_reach(qn, kmax, am1, row_lim, BAND_EPS)
         t_mid = tl.minimum(tl.maximum(tl.max(tl.where(rmask, qpos, 0), 0) // BN, t0), t1 - 1)
