@@ -7,8 +7,11 @@ and rows that ended renormalised rather than certified. Two kinds of input:
 * trained: the q (times its q-scale) and k of every layer of a trained model (a run folder's last checkpoint)
   on one test example of the run's task at each length, scored as 1.5-entmax with the model's slopes.
 
+--alpha sets α of the random rows (1.5 and 2 certify in closed form, others stop at a Newton step);
+--tolerance counts the opt-in tolerance mode (rows may stop where |Σp − 1| ≤ EPS) instead of the exact solve.
+
     TRITON_INTERPRET=1 python benchmarks/kernel_counts.py --out benchmarks/results/FILE.json \\
-        [--lengths 1024 4096] [--run RUN_FOLDER]
+        [--lengths 1024 4096] [--run RUN_FOLDER] [--alpha 1.5] [--tolerance EPS]
     python benchmarks/kernel_counts.py --table benchmarks/results/FILE.json
 
 The counts are exact and device-independent up to floating-point rounding (a GPU run counts the same way:
@@ -52,15 +55,16 @@ def _summary(counts: dict, heads, label: str, N: int, source: str) -> dict:
     }
 
 
-def random_rows(N: int, seed: int = 0) -> list:
+def random_rows(N: int, seed: int = 0, alpha: float = 1.5, tolerance: float | None = None) -> list:
     H, D = 8, 64
     g = torch.Generator().manual_seed(seed + N)
     q, k, v = (torch.randn(1, H, N, D, generator=g) for _ in range(3))
     slopes = torch.tensor([1.0 / (h + 1) if h < H // 2 else 0.0 for h in range(H)])
-    counts = te.solver_counts(q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes)
+    counts = te.solver_counts(q, k, v, alpha=alpha, is_causal=True, alibi_slopes=slopes, tolerance=tolerance)
+    solve = {"alpha": alpha, "tolerance": tolerance}
     return [
-        _summary(counts, slice(0, H // 2), "alibi", N, "random"),
-        _summary(counts, slice(H // 2, H), "nope", N, "random"),
+        {**_summary(counts, slice(0, H // 2), "alibi", N, "random"), **solve},
+        {**_summary(counts, slice(H // 2, H), "nope", N, "random"), **solve},
     ]
 
 
@@ -108,12 +112,15 @@ def table(path: str) -> str:
     """A stored result as a markdown table (per source, length, layer and head kind)."""
     data = json.loads(Path(path).read_text())
     lines = [
-        "| input | N | layer | heads | QKᵀ passes mean / max | sweeps mean / max | blocks at cap | uncertified rows |",
-        "|---|---:|---:|---|---|---|---:|---:|",
+        "| input | α | tolerance | N | layer | heads | QKᵀ passes mean / max | sweeps mean / max | blocks at cap "
+        "| uncertified rows |",
+        "|---|---:|---|---:|---:|---|---|---|---:|---:|",
     ]
     for r in data["rows"]:
+        tol = r.get("tolerance")
         lines.append(
-            f"| {r['source']} | {r['N']} | {r.get('layer', '-')} | {r['heads']} | {r['qk_passes_mean']:.2f} / "
+            f"| {r['source']} | {r.get('alpha', 1.5)} | {'exact' if tol is None else tol} | {r['N']} | "
+            f"{r.get('layer', '-')} | {r['heads']} | {r['qk_passes_mean']:.2f} / "
             f"{r['qk_passes_max']:.0f} | {r['sweeps_mean']:.2f} / {r['sweeps_max']:.0f} | {r['blocks_at_cap']} | "
             f"{r['uncertified_rows']} |"
         )
@@ -126,6 +133,8 @@ def main(argv=None) -> int:
     ap.add_argument("--table", metavar="JSON", help="print a stored result as a markdown table, and stop")
     ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096])
     ap.add_argument("--run", help="a trained run folder: also count on its layers' q, k")
+    ap.add_argument("--alpha", type=float, default=1.5, help="α of the random rows, in (1, 2]")
+    ap.add_argument("--tolerance", type=float, help="count the tolerance mode with this bound on |Σp − 1|")
     args = ap.parse_args(argv)
     if args.table:
         print(table(args.table), end="")
@@ -134,6 +143,13 @@ def main(argv=None) -> int:
         ap.error("--out is required (the JSON file to write), unless --table")
     if not te._interpreter_mode():
         ap.error("set TRITON_INTERPRET=1 before the kernels are built (this script counts in the interpreter)")
+    if not 1.0 < args.alpha <= 2.0:
+        ap.error(f"--alpha {args.alpha} outside (1, 2]")
+    problem = te.tolerance_problem(args.tolerance)
+    if problem:
+        ap.error(f"--tolerance: {problem}")
+    if Path(args.out).exists():
+        ap.error(f"--out {args.out} exists: choose a new file (stored results are not overwritten)")
     if args.run and not Path(args.run, "config.json").is_file():
         ap.error(f"--run {args.run}: not a run folder (no config.json)")
     te.INTERPRETER_BLOCK = TILE
@@ -148,7 +164,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     for N in args.lengths:
         t0 = time.perf_counter()
-        rows = random_rows(N) + (trained_rows(args.run, N) if args.run else [])
+        rows = random_rows(N, alpha=args.alpha, tolerance=args.tolerance)
+        rows += trained_rows(args.run, N) if args.run else []
         for r in rows:
             r["seconds"] = round(time.perf_counter() - t0, 1)
             print(json.dumps(r), flush=True)

@@ -326,6 +326,128 @@ def test_solver_counts_bound_the_passes():
     assert counts["sweeps"].max() <= 4, counts["sweeps"]
 
 
+def _tolerance_oracle(q, k, v, alpha, slopes, inv, up):
+    """What the tolerance mode promises, from float64 autograd: the output is α-entmax of the logits times
+    c = S^{1−α} per row (S = the unnormalised Σp the kernel stopped at, 1/stats[2]), and the backward is
+    α-entmax's at that output (the logits' gradient taken as if c·z were z: c carries no gradient).
+    Returns (out, grads of <out, up> w.r.t. q, k, v, the exact α-entmax output)."""
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    rq, rk, rv = leaves
+    group = q.shape[1] // k.shape[1]
+    rk_h, rv_h = rk.repeat_interleave(group, 1), rv.repeat_interleave(group, 1)
+    sl = None if slopes is None else slopes.double()
+    z = dense_logits(rq, rk_h, scale=q.shape[-1] ** -0.5, alibi_slopes=sl, is_causal=True)
+    if isinstance(alpha, torch.Tensor):  # per-head (H,)
+        am1, a = (alpha.double() - 1.0).view(1, -1, 1), alpha.double().view(1, -1, 1, 1)
+    else:
+        am1, a = alpha - 1.0, alpha
+    c = (1.0 / inv.double()) ** (-am1)  # (B, H, Nq)
+    zc = torch.where(torch.isfinite(z), z * c[..., None], z)
+    zc = zc.detach() + (z - z.detach()).masked_fill(~torch.isfinite(z), 0.0)  # value c·z, gradient of z
+    out = ls.entmax(zc, a) @ rv_h
+    grads = torch.autograd.grad((out * up.double()).sum(), leaves)
+    exact = ls.entmax(z.detach(), a) @ rv_h.detach()
+    return out.detach(), grads, exact
+
+
+@pytest.mark.parametrize(
+    "alpha,decode",
+    [(1.5, False), (2.0, False), (1.25, False), ("per-head", False), (1.5, True)],
+    ids=["1.5", "2", "1.25", "per-head", "1.5-decode"],
+)
+@pytest.mark.parametrize("tolerance", [1e-2, 1e-1])
+def test_tolerance_mode_is_entmax_of_rescaled_logits(alpha, decode, tolerance):
+    """The opt-in tolerance mode stops a row at some τ̂ with |S − 1| ≤ ε (S = Σp(τ̂)) and renormalises:
+    the result is exactly α-entmax of the logits scaled by S^{1−α}, within 2ε·max‖v‖ of the exact output,
+    and its gradients are α-entmax's at that output. It never takes more sweeps than the exact solve."""
+    H = 4 if alpha == "per-head" else 2
+    alpha = torch.tensor([1.25, 1.5, 1.75, 2.0]) if alpha == "per-head" else alpha
+    slopes = NAPE4 if H == 4 else NAPE2
+    Nq = 3 if decode else 77
+    leaves, up = _inputs(H=H, Nq=Nq, Nk=77, seed=21)
+    q, k, v = leaves
+    kw = dict(alpha=alpha, is_causal=True, alibi_slopes=slopes, decode=decode)
+    out = te.entmax_attention_triton(q, k, v, tolerance=tolerance, **kw)
+    grads = torch.autograd.grad((out * up).sum(), (q, k, v))
+    _, stats, _ = te.threshold_stats(q.detach(), k.detach(), v.detach(), tolerance=tolerance, **kw)
+    S = 1.0 / stats[2]
+    assert (S - 1).abs().max() <= tolerance + 1e-5
+    ref, ref_grads, exact = _tolerance_oracle(q, k, v, alpha, slopes, stats[2], up)
+    torch.testing.assert_close(out.double(), ref, atol=TOL, rtol=TOL)
+    for name, a, b in zip("qkv", grads, ref_grads):
+        torch.testing.assert_close(a.double(), b, atol=TOL, rtol=TOL, msg=lambda m, n=name: f"d{n}: {m}")
+    bound = 2 * (S.double() - 1).abs() * v.detach().double().norm(dim=-1).max() + 1e-5
+    assert ((out.double() - exact).norm(dim=-1) <= bound).all()
+    if not decode:
+        fast = te.solver_counts(q.detach(), k.detach(), v.detach(), tolerance=tolerance, **kw)
+        exact_counts = te.solver_counts(q.detach(), k.detach(), v.detach(), **kw)
+        assert (fast["sweeps"] <= exact_counts["sweeps"]).all()
+
+
+def test_tolerance_mode_saves_sweeps_for_general_alpha():
+    """General α (no closed form) stops at a Newton step below 1e-6 when exact; a tolerance of 0.05 on Σp
+    ends rows sweeps earlier."""
+    q, k, v = (t.detach() for t in _inputs(H=2, Nq=77, Nk=77, seed=22)[0])
+    exact = te.solver_counts(q, k, v, alpha=1.25, is_causal=True)
+    fast = te.solver_counts(q, k, v, alpha=1.25, is_causal=True, tolerance=0.05)
+    assert fast["sweeps"].sum() < exact["sweeps"].sum()
+
+
+def test_tolerance_none_is_the_exact_solve():
+    q, k, v = (t.detach() for t in _inputs(H=2, Nq=40, Nk=40, seed=23)[0])
+    a = te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True)
+    b = te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True, tolerance=None)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 0.6, float("nan"), True, "0.1"])
+def test_tolerance_bad_values_are_refused(bad):
+    q, k, v = (t.detach() for t in _inputs(Nq=8, Nk=8)[0])
+    assert "tolerance" in te.supports(q, k, v, tolerance=bad)
+    with pytest.raises(ValueError, match="tolerance"):
+        ls.attention(q, k, v, tolerance=bad, backend="triton")
+    with pytest.raises(ValueError, match="tolerance"):
+        ls.attention(q, k, v, tolerance=bad, **REF)
+
+
+def test_tolerance_through_attention_and_exact_backends():
+    """ls.attention passes the tolerance to the Triton kernels; backends that solve exactly meet it as is;
+    mappings that are not α-entmax refuse it."""
+    q, k, v = (t.detach() for t in _inputs(H=2, Nq=40, Nk=40, seed=24)[0])
+    via = ls.attention(q, k, v, alpha=1.25, tolerance=0.1, backend="triton")
+    direct = te.entmax_attention_triton(q, k, v, alpha=1.25, is_causal=True, tolerance=0.1)
+    assert torch.equal(via, direct)
+    exact = ls.attention(q, k, v, alpha=1.25, **REF)
+    assert torch.equal(ls.attention(q, k, v, alpha=1.25, tolerance=0.1, **REF), exact)
+    with pytest.raises(ValueError, match="α-entmax"):
+        ls.attention(q, k, v, mapping="topk", tolerance=0.1)
+
+
+def test_kernel_counts_script_refuses_what_it_would_overwrite(tmp_path, capsys):
+    """benchmarks/kernel_counts.py: an existing --out, α outside (1, 2] and a bad tolerance stop it before any
+    work; its table names α and the solve (exact, or the tolerance)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import kernel_counts
+
+    existing = tmp_path / "counts.json"
+    existing.write_text("{}")
+    for argv, needle in (
+        (["--out", str(existing)], "exists"),
+        (["--out", str(tmp_path / "a.json"), "--alpha", "2.5"], "outside (1, 2]"),
+        (["--out", str(tmp_path / "b.json"), "--tolerance", "0"], "tolerance"),
+    ):
+        with pytest.raises(SystemExit):
+            kernel_counts.main(argv)
+        assert needle in capsys.readouterr().err
+    assert existing.read_text() == "{}" and not (tmp_path / "a.json").exists()
+    row = dict(source="random", N=64, heads="nope", qk_passes_mean=4.5, qk_passes_max=6, sweeps_mean=2.5)
+    row.update(sweeps_max=4, blocks_at_cap=0, uncertified_rows=0)
+    existing.write_text(json.dumps({"rows": [row, {**row, "alpha": 1.25, "tolerance": 0.01}]}))
+    text = kernel_counts.table(str(existing))
+    assert "| random | 1.5 | exact | 64 | - | nope | 4.50 / 6 |" in text
+    assert "| random | 1.25 | 0.01 | 64 | - | nope |" in text
+
+
 def test_supports_names_what_it_refuses(monkeypatch):
     q, k, v = (t.detach() for t in _inputs(Nq=8, Nk=8)[0])
     assert te.supports(q, k, v, alpha=1.5, is_causal=True) is None
@@ -583,11 +705,12 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         blk = dict(D=D, BM=cfg["BM"], BN=cfg["BN"], MODE=mode, DOT_PREC=cfg["prec"])
         dec = dict(D=D, BM=16, BN=cfg["dec_BN"], DOT_PREC=cfg["prec"])
         p0, p1 = te.SOLVER_POINTS[mode]
-        solve = dict(P0=p0, P=p1, MAX_SWEEPS=24, TOL=1e-6)
+        solve = dict(P0=p0, P=p1, MAX_SWEEPS=24, TOL=1e-6, FTOL=0.0)
         stages = cfg["stages"]
         fwd = dict(blk, **solve, BAND_EPS=te.ROUNDING_MARGIN, COUNT=False)
         plan = [("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True), cfg["fwd"], stages),
                 ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=False), cfg["fwd"], stages),
+                ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=True, FTOL=1e-2), cfg["fwd"], stages),
                 ("_bwd_prep_kernel", blk, cfg["prep"], stages),
                 ("_bwd_dkdv_kernel", blk, cfg["dkdv"], stages),
                 ("_bwd_dq_kernel", blk, cfg["dq"], stages),
@@ -619,7 +742,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
             regs = [int(x) for x in re.findall(r"Used (\\d+) registers", r.stdout + r.stderr)]
             ptx = ck.asm["ptx"]
             results.append(dict(kernel=name, D=D, dtype=dtype_name, mode=mode, ptxas_rc=r.returncode,
-                                consts={k: v for k, v in consts.items() if k in ("BAND", "STORE_UV")},
+                                consts={k: v for k, v in consts.items() if k in ("BAND", "STORE_UV", "FTOL")},
                                 shared=ck.metadata.shared, spill_bytes=max(spills, default=0),
                                 registers=max(regs, default=0), warps=warps,
                                 async_copies=ptx.count("cp.async.cg") + ptx.count("cp.async.ca")

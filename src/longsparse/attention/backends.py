@@ -344,6 +344,7 @@ def _triton_supports(call: AttentionCall) -> Optional[str]:
         attn_mask=call.attn_mask,
         key_start=call.key_start,
         key_end=call.key_end,
+        tolerance=call.tolerance,
     )
 
 
@@ -362,6 +363,7 @@ def _triton_run(call: AttentionCall) -> Tensor:
         scale=call.scale,
         key_start=call.key_start,
         key_end=call.key_end,
+        tolerance=call.tolerance,
     )
 
 

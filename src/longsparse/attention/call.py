@@ -45,6 +45,7 @@ class AttentionCall:
     chunk_size: Optional[int]
     key_start: Optional[Tensor] = None
     key_end: Optional[Tensor] = None
+    tolerance: Optional[float] = None
     device_type: str = ""
     _kv: Optional[tuple] = field(default=None, repr=False)
     _masked: Optional["AttentionCall"] = field(default=None, repr=False)
@@ -187,6 +188,20 @@ def _key_bound(name: str, t: Optional[Tensor], B: int, device: torch.device) -> 
     return t.to(device=device, dtype=torch.long)
 
 
+MAX_TOLERANCE = 0.5  # ‖p̂ − p‖₁ ≤ 2ε: beyond 0.5 the bound says little
+
+
+def tolerance_problem(tolerance) -> str | None:
+    """None when `tolerance` is None (exact τ) or a float in (0, MAX_TOLERANCE], else a one-line reason."""
+    if tolerance is None:
+        return None
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)):
+        return f"tolerance must be a float in (0, {MAX_TOLERANCE}] or None; got {tolerance!r}"
+    if not 0.0 < float(tolerance) <= MAX_TOLERANCE:
+        return f"tolerance {tolerance!r} outside (0, {MAX_TOLERANCE}] (None solves τ exactly)"
+    return None
+
+
 def make_call(
     q: Tensor,
     k: Tensor,
@@ -204,9 +219,13 @@ def make_call(
     adatemp_order: str = "original",
     key_start: Optional[Tensor] = None,
     key_end: Optional[Tensor] = None,
+    tolerance: Optional[float] = None,
 ) -> AttentionCall:
     """Validates `attention`'s arguments (shapes, dtypes, finiteness, the mapping's options) into a call."""
     _check_shapes(q, k, v)
+    problem = tolerance_problem(tolerance)
+    if problem is not None:
+        raise ValueError(problem)
     name = mapping
     if mapping in SCALED_METHODS:
         if q_scale is None:
@@ -217,6 +236,8 @@ def make_call(
             )
         name = SCALED_METHODS[mapping]
     bound = get_mapping(name, alpha=alpha, topk=topk, adatemp_order=adatemp_order)
+    if tolerance is not None and bound.alpha is None:
+        raise ValueError(f"tolerance applies to α-entmax mappings; {mapping!r} has no threshold τ to solve")
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     if alibi_slopes is not None and alibi_slopes.shape != (H,):
@@ -256,4 +277,5 @@ def make_call(
         chunk_size=chunk_size,
         key_start=key_start,
         key_end=key_end,
+        tolerance=None if tolerance is None else float(tolerance),
     )

@@ -45,6 +45,7 @@ def attention(
     adatemp_order: str = "original",
     key_start: Optional[Tensor] = None,
     key_end: Optional[Tensor] = None,
+    tolerance: Optional[float] = None,
     backend: str = "auto",
     path: Optional[str] = None,
 ) -> Tensor:
@@ -68,6 +69,9 @@ def attention(
     other backend as the equivalent (B, 1, 1, Nk) bool mask.
     A query that can attend to nothing gets a zero output.
     chunk_size: queries per block of the chunked backends (None = automatic).
+    tolerance: α-entmax only. None (default): τ is exact on every backend. A float ε in (0, 0.5] lets the
+    Triton kernels stop a row's threshold solve once |Σp − 1| ≤ ε and renormalise (‖p̂ − p‖₁ ≤ 2ε per row;
+    docs/architecture.md, "Tolerance mode"); the other backends solve exactly, which meets any ε.
     backend: "auto" (the policy of `longsparse.attention.policy.select_backend`; `explain_attention` says
     what it picks and why) or one of reference, chunked, fused_cpu, sdpa, triton, adasplash: a named backend
     that cannot take the call raises with the reason. Only reference differentiates alpha, alibi_slopes
@@ -92,6 +96,7 @@ def attention(
         adatemp_order=adatemp_order,
         key_start=key_start,
         key_end=key_end,
+        tolerance=tolerance,
     )
     return BACKENDS[_chosen(call, backend, via_path)].run(call)
 

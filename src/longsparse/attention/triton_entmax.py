@@ -30,6 +30,7 @@ dispatched longest first):
    (every support entry stays positive) or from above (every other entry stays non-positive)
    (`_bracket_update`). Other α finish when the Newton step is below ``_TOL`` (output renormalised). A row
    whose bracket closes to rounding ends at its lower bound, renormalised; ``solver_counts`` reports those.
+   The opt-in tolerance mode (``tolerance=ε``) also ends a row at the first point with |f| ≤ ε.
 3. output pass: p = [X − τ]₊^{1/(α−1)} / Σp, O = p·V, and for training Σ u·V / Σ u (u = p^{2−α}) per row,
    from which the backward's δ is one dot product (no extra pass over K).
 
@@ -82,6 +83,7 @@ import torch
 from torch import Tensor
 
 from .band import ROUNDING_MARGIN
+from .call import tolerance_problem
 
 try:  # the kernels need Triton; without it, `supports` says so and nothing else is built
     import triton
@@ -297,6 +299,7 @@ def _bracket_update(
     GEOM: tl.constexpr,
     MODE: tl.constexpr,
     TOL,
+    FTOL: tl.constexpr,
 ):
     """Folds a sweep's sums at the points of `_point(a, b, ·)` into each active row's bracket lo ≤ τ* ≤ hi
     and finishes rows.
@@ -312,6 +315,8 @@ def _bracket_update(
     (largest outside gap `dneg` ≤ τ_S − t); one of the two is automatic on each side of the root. Other α
     finish when the Newton step from below falls under TOL. A row whose bracket this sweep could not tighten
     (rounding: the next points would repeat) ends at lo, where Σp ≥ 1: the output pass renormalises it.
+    FTOL > 0 (the opt-in tolerance mode): a row without an exact finish ends at the first point with
+    |Σp − 1| ≤ FTOL, renormalised by the output pass.
     Returns (lo, hi, tau, active, certified), the last the rows finished exactly here."""
     done = active == 0
     new_tau = tau
@@ -353,6 +358,10 @@ def _bracket_update(
             certified = certified | fin
         new_tau = tl.where(fin, t + s, new_tau)
         done = done | fin
+        if FTOL > 0:
+            near = active & (done == 0) & (tl.abs(f) <= FTOL)
+            new_tau = tl.where(near, t, new_tau)
+            done = done | near
     # a sweep that could not tighten the bracket (its points repeat: rounding) ends the row at lo, as does a
     # bracket that rounding closed or crossed
     closed = active & (done == 0) & (((lo <= lo_in) & (hi >= hi_in)) | (hi <= lo))
@@ -559,6 +568,7 @@ def _fwd_kernel(
     P: tl.constexpr,
     MAX_SWEEPS: tl.constexpr,
     TOL: tl.constexpr,
+    FTOL: tl.constexpr,
     DOT_PREC: tl.constexpr,
     BAND: tl.constexpr,
     BAND_EPS: tl.constexpr,
@@ -670,7 +680,7 @@ def _fwd_kernel(
     tl.debug_barrier()
     was = active
     lo, hi, tau, active, cert = _bracket_update(
-        lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, lo, hi, tau, active, am1, P0, True, MODE, TOL
+        lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, lo, hi, tau, active, am1, P0, True, MODE, TOL, FTOL
     )
     uncertified += (was & (active == 0) & (cert == 0)).to(tl.int32)
     sweeps = 1
@@ -697,7 +707,7 @@ def _fwd_kernel(
         n_live = n_next
         was = active
         lo, hi, tau, active, cert = _bracket_update(
-            pa, pb, cnt, sw, sp, mind, dneg, lo, hi, tau, active, am1, P, False, MODE, TOL
+            pa, pb, cnt, sw, sp, mind, dneg, lo, hi, tau, active, am1, P, False, MODE, TOL, FTOL
         )
         uncertified += (was & (active == 0) & (cert == 0)).to(tl.int32)
         n_active = tl.sum(active.to(tl.int32), 0)
@@ -1200,6 +1210,7 @@ def _dec_solve_kernel(
     P: tl.constexpr,
     MAX_SWEEPS: tl.constexpr,
     TOL: tl.constexpr,
+    FTOL: tl.constexpr,
 ):
     """Grid (B·H·Nq,): τ of one row by the block kernel's sweeps (`_bracket_update`) over the row's candidates
     (`_dec_filter_kernel`). Writes Stats[0] = M, Stats[1] = τ (Stats[2] is set after the output reduction)."""
@@ -1219,7 +1230,7 @@ def _dec_solve_kernel(
         zrow, Cand, Cnt, row, start, lim, n_split, cap, overflow, m, lhi, lhi, am1, BLOCK_J, P0, True, MODE
     )
     lo, hi, tau, active, _ = _bracket_update(
-        lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, lo, hi, tau, active, am1, P0, True, MODE, TOL
+        lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, lo, hi, tau, active, am1, P0, True, MODE, TOL, FTOL
     )
     sweeps = 1
     n_active = tl.sum(active.to(tl.int32), 0)
@@ -1229,7 +1240,7 @@ def _dec_solve_kernel(
             zrow, Cand, Cnt, row, start, lim, n_split, cap, overflow, m, pa, pb, am1, BLOCK_J, P, False, MODE
         )
         lo, hi, tau, active, _ = _bracket_update(
-            pa, pb, cnt, sw, sp, mind, dneg, lo, hi, tau, active, am1, P, False, MODE, TOL
+            pa, pb, cnt, sw, sp, mind, dneg, lo, hi, tau, active, am1, P, False, MODE, TOL, FTOL
         )
         n_active = tl.sum(active.to(tl.int32), 0)
         sweeps += 1
@@ -1553,6 +1564,7 @@ def _forward_impl(
     is_causal: bool,
     decode: bool,
     need_uv: bool,
+    tolerance: float = 0.0,
     counts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     _kernels()
@@ -1610,6 +1622,7 @@ def _forward_impl(
             P=p_later,
             MAX_SWEEPS=max_sweeps,
             TOL=_TOL,
+            FTOL=tolerance,
             DOT_PREC=cfg["prec"],
             BAND=band,
             BAND_EPS=ROUNDING_MARGIN,
@@ -1701,6 +1714,7 @@ def _forward_impl(
         P=p_later,
         MAX_SWEEPS=max_sweeps,
         TOL=_TOL,
+        FTOL=tolerance,
     )
     opart = torch.empty((rows, n_split, D), dtype=torch.float32, device=q.device)
     lpart = torch.empty((rows, n_split), dtype=torch.float32, device=q.device)
@@ -1878,15 +1892,20 @@ def _attention_op(
     is_causal: bool,
     decode: bool,
     need_uv: bool,
+    tolerance: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(O (B, H, Nq, D), stats (3, B, H, Nq) fp32 = row max, τ, 1/Σp, tile mask int8 (B, H, ⌈Nq/BM⌉,
     ⌈Nk/BN⌉) or (0,) from the decode path, and with need_uv (block path) Σ_j u_ij v_j / Σ_j u_ij (B, H, Nq, D)
-    fp32 for the backward's δ, else (0,))."""
-    return _forward_impl(q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode, need_uv)
+    fp32 for the backward's δ, else (0,)). tolerance: 0 (exact τ) or the opt-in mode's bound on |Σp − 1|."""
+    return _forward_impl(
+        q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode, need_uv, tolerance
+    )
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode, need_uv):
+def _attention_fake(
+    q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode, need_uv, tolerance
+):
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     o = q.new_empty((B, H, Nq, D))
@@ -1927,7 +1946,7 @@ def _attention_backward_fake(
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, _decode, _need_uv = inputs
+    q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, _decode, _need_uv, _tol = inputs
     _, stats, tile_mask, uv = output
     ctx.save_for_backward(q, k, v, stats, tile_mask, uv, alpha_heads, slopes, key_start, key_end)
     ctx.alpha, ctx.scale, ctx.is_causal = alpha, scale, is_causal
@@ -1939,7 +1958,7 @@ def _backward(ctx, do, _dstats, _dmask, _duv):
     dq, dk, dv = _attention_backward_op(
         do, q, k, v, stats, tile_mask, uv, ctx.alpha, alpha_heads, slopes, key_start, key_end, ctx.scale, ctx.is_causal
     )
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -1967,6 +1986,7 @@ def supports(
     key_start: Tensor | None = None,
     key_end: Tensor | None = None,
     decode: bool | None = None,
+    tolerance: float | None = None,
     **other,
 ) -> str | None:
     """None when `entmax_attention_triton` can take this call, else a one-line reason.
@@ -1978,7 +1998,7 @@ def supports(
     float16 / bfloat16 / float32 or mixed; head dims other than 16, 32, 64, 128; shapes that are not
     (B, H, N, D) with H divisible by H_kv and Nq ≤ Nk; an attn_mask; ALiBi slopes requiring grad or not
     of shape (H,); q_scale not (B, H, Nq) / (B, H, Nq, 1); key_start / key_end not integer (B,)
-    tensors; decode=True with more than 16 queries."""
+    tensors; decode=True with more than 16 queries; a tolerance that is not a float in (0, 0.5]."""
     if _TRITON_ERROR is not None:
         return _TRITON_ERROR
     for key in other:
@@ -2049,7 +2069,7 @@ def supports(
         return f"the decode path takes at most {DECODE_MAX_QUERIES} queries; got {Nq}"
     if scale is not None and not math.isfinite(float(scale)):
         return f"scale {scale!r} is not finite"
-    return None
+    return tolerance_problem(tolerance)
 
 
 def entmax_attention_triton(
@@ -2065,6 +2085,7 @@ def entmax_attention_triton(
     key_start: Tensor | None = None,
     key_end: Tensor | None = None,
     decode: bool | None = None,
+    tolerance: float | None = None,
 ) -> Tensor:
     """α-entmax attention through the Triton kernels; returns (B, H, Nq, D) in q's dtype.
 
@@ -2079,6 +2100,10 @@ def entmax_attention_triton(
     only the keys key_start[b] ≤ j < key_end[b] (left / right padding; positions stay the key indices);
     the keys outside get zero gradients (if finite: the dk/dv kernel loads whole key tiles).
     decode: force (True) or forbid (False) the split-K decode path; None = Nq ≤ 16 and Nk ≥ 1024.
+    tolerance: None (default) solves τ exactly. A float ε in (0, 0.5] is the opt-in fast mode: a row's solve
+    may stop at a τ̂ whose unnormalised Σp = S has |S − 1| ≤ ε, and p̂ = p(τ̂)/S. Then p̂ is exactly
+    α-entmax of the logits times c = S^{1−α}, and ‖p̂ − p‖₁ ≤ 2|S − 1| ≤ 2ε (each row's output moves by at most
+    2ε·max‖v_j‖); the backward differentiates α-entmax at p̂ (see docs/architecture.md, "Tolerance mode").
     Rows that can attend to nothing give zeros. Differentiable in q, k, v (not α, not the slopes).
     Raises ValueError with `supports`' reason when the call is not supported."""
     out, _, _, _ = _attention_op(
@@ -2094,6 +2119,7 @@ def entmax_attention_triton(
             key_start=key_start,
             key_end=key_end,
             decode=decode,
+            tolerance=tolerance,
         )
     )
     return out
@@ -2120,7 +2146,7 @@ def solver_counts(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> dict:
     n_qb = triton.cdiv(Nq, cfg["BM"])
     counts = torch.zeros((B, H, n_qb, 4), dtype=torch.int32, device=q.device)
     with torch.no_grad():
-        _forward_impl(*args[:-1], False, counts)
+        _forward_impl(*args[:11], False, args[12], counts)
     out = dict(zip(("sweeps", "tiles_visited", "causal_tiles", "uncertified"), counts.unbind(-1)))
     out["qk_passes"] = out["tiles_visited"].float() / out["causal_tiles"].clamp(min=1).float()
     return out
@@ -2139,6 +2165,7 @@ def _op_args(
     key_start: Tensor | None = None,
     key_end: Tensor | None = None,
     decode: bool | None = None,
+    tolerance: float | None = None,
 ) -> tuple:
     """Checks the call (`supports`) and turns it into the custom op's arguments."""
     reason = supports(
@@ -2153,6 +2180,7 @@ def _op_args(
         key_start=key_start,
         key_end=key_end,
         decode=decode,
+        tolerance=tolerance,
     )
     if reason is not None:
         raise ValueError(f"entmax_attention_triton: {reason}")
@@ -2177,4 +2205,5 @@ def _op_args(
         decode = Nq <= DECODE_MAX_QUERIES and Nk >= DECODE_MIN_KEYS
     # the forward keeps Σ u·v for the backward's δ only when a gradient can be asked for
     need_uv = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    return q, k, v, float(alpha), alpha_heads, slopes, start, end, scale, bool(is_causal), bool(decode), need_uv
+    tol = 0.0 if tolerance is None else float(tolerance)
+    return q, k, v, float(alpha), alpha_heads, slopes, start, end, scale, bool(is_causal), bool(decode), need_uv, tol
