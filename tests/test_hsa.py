@@ -624,7 +624,7 @@ def test_config_roundtrip():
         HSAConfig.from_dict({**c.to_dict(), "bogus": 1})
 
 
-# ------------------------------------------- initialisation (docs/hsa.md section 2: branch_gain)
+# ------------------------------------------- initialisation (docs/hsa.md: branch_gain)
 def test_branch_gain_init_keeps_token_identity_and_in_chunk_gradients():
     """Regression: with the sandwich post-norms at gain 1, the chunk encoder (and the lower sliding-window
     layers) overwrote each token's state with a chunk/window average at init (within-chunk spread of the

@@ -1,5 +1,5 @@
 """The HSA study's results store (results/hsa/records.jsonl) and docs/hsa/tables.py, which renders the tables of
-docs/hsa.md and the report pages docs/hsa/report*/ from it."""
+the study's report (docs/reports/2026-11-21-hsa-development.md) and the report pages docs/hsa/report*/ from it."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def wilson_by_roots(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def test_page_and_report_tables_are_rebuilt_from_the_store(capsys):
-    """Every generated block of docs/hsa.md and the table of every report page equal the store's rendering."""
+    """Every generated block of the study's report and the table of every report page equal the store's rendering."""
     assert tables.main(["--check"]) == 0, capsys.readouterr().err
 
 

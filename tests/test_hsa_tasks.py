@@ -145,8 +145,8 @@ def test_too_short_length_rejected():
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=False,
-    reason="known open problem (docs/hsa.md §2): with lower sliding-window layers and "
-    "the chunk encoder this layout stays at chance on CPU budgets; never seen passing",
+    reason="known open problem (docs/reports/2026-11-21-hsa-development.md section 4.1): with lower "
+    "sliding-window layers and the chunk encoder this layout stays at chance on CPU budgets; never seen passing",
 )
 def test_tiny_hsa_learns_passkey():
     """Slow (minutes on a shared 2-core CPU; not reliably achievable in 60 s): a tiny HSA reaches

@@ -238,7 +238,7 @@ def max_retrieval_1024x():
     )
 
 
-# 6. HSA study (docs/hsa.md section 4): full layout, ablations, decoder baselines ---------------------------
+# 6. HSA study (docs/reports/2026-11-21-hsa-development.md section 4): full layout, ablations, decoder baselines ---------------------------
 HSA_RUNS = {
     "hsa": "fl_full",
     "hsa.meanlm": "fl_mean",
@@ -292,7 +292,7 @@ def hsa():
         lengths=[1024, 4096, 16384, 262144],
         id_length=256,
         train_length=256,
-        note="HSA passkey study (docs/hsa.md section 4; records results/hsa), last checkpoint, trained on "
+        note="HSA passkey study (docs/reports/2026-11-21-hsa-development.md section 4; records results/hsa), last checkpoint, trained on "
         "64–256 tokens (× = length / 256). hsa = fl_full (top-4 softmax over CLS landmarks, bypass); "
         "dec.* = full-attention decoders on the same data (softmax with RoPE, ASEntmax with NAPE: the "
         "mapping and the positions differ, so dec.asentmax_nape − dec.softmax_rope is confounded; softmax with NAPE, "

@@ -1,14 +1,15 @@
-"""The tables of docs/hsa.md and the report pages docs/hsa/report*/, rebuilt from the HSA study's results store
-``results/hsa/records.jsonl`` (one record per `longsparse eval` result file of a study run; results/README.md).
-Run from anywhere; reads only the store (nothing from models or run folders, except with --add):
+"""The tables of the HSA study's report (``PAGE``, docs/reports/2026-11-21-hsa-development.md) and the report
+pages docs/hsa/report*/, rebuilt from the HSA study's results store ``results/hsa/records.jsonl`` (one record per
+`longsparse eval` result file of a study run; results/README.md). Run from anywhere; reads only the store (nothing
+from models or run folders, except with --add):
 
     python docs/hsa/tables.py NAME ...                  # print blocks (stripped, full, decoders, decoders4, tasks)
-    python docs/hsa/tables.py --check                   # exit 1 if a block of docs/hsa.md or a report table differs
+    python docs/hsa/tables.py --check                   # exit 1 if a block of PAGE or a report table differs
     python docs/hsa/tables.py --write                   # rewrite those blocks, and the report pages with their plots
     python docs/hsa/tables.py --add STUDY RUN_DIR ...   # append the evaluations of run folders to the store
 
-A block of docs/hsa.md is the text between the lines ``<!-- tables.py NAME -->`` and ``<!-- /tables.py -->``;
-nothing else in the page is written. For a length a run was evaluated at more than once, the later record wins
+A block of ``PAGE`` is the text between the lines ``<!-- tables.py NAME -->`` and ``<!-- /tables.py -->``; nothing
+else in the page is written. For a length a run was evaluated at more than once, the later record wins
 (the store's rule). ``--add`` reads a run folder's ``eval/*.json``, its ``metrics.jsonl`` (the logged training
 losses) and the ``train wall N s`` line (the wall clock of `longsparse train`, written by the queue that ran it)
 of ``RUN_DIR/train.log`` or ``RUNS/<run>.train.log``; a result file already stored (same run, same date) is not
@@ -31,7 +32,7 @@ from longsparse.train.config import config_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "results" / "hsa"
-PAGE = ROOT / "docs" / "hsa.md"
+PAGE = ROOT / "docs" / "reports" / "2026-11-21-hsa-development.md"
 PAGES_DIR = ROOT / "docs" / "hsa"
 # "left the loss plateau": the first logged step below this (chance on single-token passkey, 16 values: 1.39)
 PLATEAU_LOSS = 1.0
@@ -46,7 +47,7 @@ DIAGNOSTICS_NOTE = (
 
 @dataclass(frozen=True)
 class Block:
-    """One generated block of docs/hsa.md: the exact-match table of ``runs`` (rows, in this order) and below it
+    """One generated block of ``PAGE``: the exact-match table of ``runs`` (rows, in this order) and below it
     the needle diagnostics (``diagnostics``) and a training table (``training``: ``"full"`` = wall clock, final
     loss, plateau exit; ``"wall"`` = wall clock only; ``"inline"`` = wall clock and final loss as two more
     columns of the exact-match table). ``ratio_header``: length columns read ``L (L/train×)``."""
@@ -294,7 +295,7 @@ def page_blocks(text: str) -> dict[str, tuple[int, int]]:
 
 
 def render_page(text: str, records: list[dict]) -> str:
-    """``text`` (docs/hsa.md) with every block rebuilt from ``records``."""
+    """``text`` (``PAGE``) with every block rebuilt from ``records``."""
     spans = sorted(page_blocks(text).items(), key=lambda kv: kv[1])
     out, pos = [], 0
     for name, (start, end) in spans:
@@ -343,8 +344,8 @@ def main(argv=None) -> int:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("blocks", nargs="*", help=f"blocks to print: {', '.join(BLOCKS)}")
-    ap.add_argument("--check", action="store_true", help="exit 1 if docs/hsa.md or a report table is stale")
-    ap.add_argument("--write", action="store_true", help="rewrite the blocks of docs/hsa.md and the report pages")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a block of PAGE or a report table is stale")
+    ap.add_argument("--write", action="store_true", help="rewrite the blocks of PAGE and the report pages")
     ap.add_argument("--add", nargs="+", metavar=("STUDY", "RUN_DIR"), help="append run folders' evaluations")
     ap.add_argument("--store", default=str(STORE), help="the results store (default results/hsa)")
     args = ap.parse_args(argv)
