@@ -758,7 +758,8 @@ def _methods(
 ) -> dict:
     """name → callable(q, k, v) giving the causal output: SDPA flash (the anchor), the current kernel
     (`triton_*`) and, given a baseline module, the earlier one (`prev_*`), each at α = 1.5 without and with
-    NAPE slopes; with `extras` also α = 1.25 and per-head α; with `adasplash` (forward + backward only: its
+    NAPE slopes; with `extras` also α = 1.25 (exact, and the current kernel's tolerance mode at ε = 10⁻²) and
+    per-head α; with `adasplash` (forward + backward only: its
     first call at a shape autotunes) AdaSplash-2, which takes causal α = 1.5 without bias; with `softmax`
     softmax with NAPE through the flex backend and (forward only) the sdpa backend; `variants` (names of
     KERNEL_VARIANTS) the current kernel with NAPE under each."""
@@ -790,6 +791,10 @@ def _methods(
             methods[f"{prefix}_per_head_alpha_nape"] = lambda q, k, v, mod=mod: mod.entmax_attention_triton(
                 q, k, v, alpha=per_head, is_causal=True, alibi_slopes=slopes
             )
+    if extras:  # the opt-in tolerance mode (current kernel only) where it saves most: general α
+        methods["triton_entmax125_nape_tol1e-2"] = lambda q, k, v: te.entmax_attention_triton(
+            q, k, v, alpha=1.25, is_causal=True, alibi_slopes=slopes, tolerance=1e-2
+        )
     for variant in variants:
 
         def run(q, k, v, variant=variant):
