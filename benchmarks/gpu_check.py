@@ -33,9 +33,9 @@ mean nothing):
     land in Triton's on-disk cache.
 (b) counts: what the block forward did per query block, counted by the kernel (`solver_counts`): QKᵀ
     passes, solver sweeps, blocks at the sweep cap, uncertified rows, key tiles per pass on ALiBi heads.
-(c) timings, side by side in one process: the current kernel (`triton_*`) and, with --baseline FILE (an
-    earlier attention/triton_entmax.py, e.g. `git show REF:src/longsparse/attention/triton_entmax.py`), the
-    earlier one (`prev_*`), at α = 1.5 without and with NAPE slopes (and α = 1.25, per-head α at two
+(c) timings, side by side in one process: the current kernel (`triton_*`) and, with --baseline PATH (an
+    earlier version's src/longsparse/attention folder, or its one triton_entmax.py from before the kernels
+    moved to attention/triton_kernels/: `load_baseline`), the earlier one (`prev_*`), at α = 1.5 without and with NAPE slopes (and α = 1.25, per-head α at two
     shapes), against SDPA flash (the anchor), AdaSplash-2 (forward + backward; its autotuning runs in the
     worker pool with Triton's autotuning cache) and softmax with NAPE through the flex and sdpa backends:
     causal bf16, B = 1, H = 16, groups N:D:direction in priority order (--groups). Each group's methods are
@@ -58,6 +58,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -640,14 +641,47 @@ def _pool_task(kind: str, name: str, spec: dict, device: str, dry: bool, baselin
 
 
 def load_baseline(path: str):
-    """The kernel module of an earlier version (a copy of attention/triton_entmax.py, e.g. written by
-    `git show REF:src/longsparse/attention/triton_entmax.py`), loaded beside the current one: its custom
-    ops are registered under the namespace `longsparse_baseline`, so both can run in one process."""
+    """The kernel module of an earlier version, loaded beside the current one with its custom ops registered
+    under the namespace `longsparse_baseline`, so both can run in one process. `path` is either a copy of
+    attention/triton_entmax.py from before the kernels moved to attention/triton_kernels/ (e.g. written by
+    `git show REF:src/longsparse/attention/triton_entmax.py`), or a copy of a later version's
+    src/longsparse/attention folder (e.g. `git archive REF src/longsparse/attention | tar -x -C DIR`)."""
+    import importlib
+
+    if Path(path).is_dir():
+        folder = Path(path)
+        if not (folder / "triton_entmax.py").is_file():
+            raise ValueError(f"{path}: not a copy of src/longsparse/attention (no triton_entmax.py in it)")
+        files = {f.relative_to(folder): f.read_text() for f in sorted(folder.rglob("*.py"))}
+        _check_baseline_source(path, files[Path("triton_entmax.py")])
+        # only the modules the kernel file imports run: the folder's __init__ (which would register the
+        # backends a second time) is replaced by an empty one
+        files[Path("__init__.py")] = ""
+        files[Path("triton_entmax.py")] = files[Path("triton_entmax.py")].replace(
+            '"longsparse::', '"longsparse_baseline::'
+        )
+        digest = zlib.crc32("".join(f"{k}\0{v}" for k, v in sorted(files.items(), key=str)).encode())
+        name = f"longsparse_baseline_{digest:08x}"
+        parent = Path(tempfile.gettempdir()) / "longsparse_baselines"
+        package = parent / name
+        if not package.exists():  # triton.jit reads a kernel's source from its file: the copy stays on disk
+            tmp = parent / f"{name}.{os.getpid()}.tmp"
+            for rel, text in files.items():
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / rel).write_text(text)
+            try:
+                os.replace(tmp, package)
+            except OSError:  # another worker of the pool wrote the same copy first
+                if not package.exists():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+        if str(parent) not in sys.path:
+            sys.path.insert(0, str(parent))
+        return importlib.import_module(f"{name}.triton_entmax")
     import importlib.util
 
     src = Path(path).read_text()
-    if '"longsparse::triton_entmax_attention"' not in src:
-        raise ValueError(f"{path}: not a copy of longsparse/attention/triton_entmax.py (its custom op is missing)")
+    _check_baseline_source(path, src)
     src = src.replace('"longsparse::', '"longsparse_baseline::')
     if "from .band import" in src:  # a later version: its relative import names the current package
         src = src.replace("from .band import", "from longsparse.attention.band import")
@@ -661,6 +695,16 @@ def load_baseline(path: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _check_baseline_source(path, src: str) -> None:
+    if '"longsparse::triton_entmax_attention"' not in src:
+        raise ValueError(f"{path}: not a copy of longsparse/attention/triton_entmax.py (its custom op is missing)")
+    if "from .triton_kernels" in src and not Path(path).is_dir():
+        raise ValueError(
+            f"{path}: this version keeps its kernels in attention/triton_kernels/: pass a copy of its "
+            "src/longsparse/attention folder instead of the one file"
+        )
 
 
 def _sync(device: str) -> None:
@@ -1065,9 +1109,10 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--baseline",
-        metavar="PY",
-        help="an earlier attention/triton_entmax.py (e.g. from `git show REF:src/longsparse/attention/"
-        "triton_entmax.py`), timed beside the current kernel (rows prev_*)",
+        metavar="PATH",
+        help="an earlier version's src/longsparse/attention folder (from `git archive REF src/longsparse/attention`),"
+        " or for versions before attention/triton_kernels/ its triton_entmax.py, timed beside the current kernel"
+        " (rows prev_*)",
     )
     ap.add_argument("--workers", type=int, default=None, help="processes for the checks (compilation in parallel)")
     ap.add_argument("--groups", type=_parse_group, nargs="*", default=[_parse_group(g) for g in DEFAULT_GROUPS])
@@ -1088,8 +1133,8 @@ def main(argv=None) -> int:
         return 0
     if not args.out:
         ap.error("--out is required (the JSON file to write)")
-    if args.baseline and not Path(args.baseline).is_file():
-        ap.error(f"--baseline {args.baseline}: no such file")
+    if args.baseline and not Path(args.baseline).exists():
+        ap.error(f"--baseline {args.baseline}: no such file or folder")
 
     dry = args.dry_run
     if dry:

@@ -281,9 +281,9 @@ def test_cached_generation_of_a_left_padded_batch_equals_each_row_alone(backend,
     if backend == "triton":
         from longsparse.attention import triton_entmax as te
 
-        op = te._attention_op
+        op = te._attention_op  # its arguments: q, k, v, α, α per head, slopes, key ranges, scale, causal, decode, …
         monkeypatch.setattr(te, "DECODE_MIN_KEYS", 9)
-        monkeypatch.setattr(te, "_attention_op", lambda *args: decode_flags.append(args[-2]) or op(*args))
+        monkeypatch.setattr(te, "_attention_op", lambda *args: decode_flags.append(args[10]) or op(*args))
     dtype = torch.float32 if backend == "triton" else torch.float64
     model = _model(backend, method, dtype=dtype)
     pads = (3, 0)

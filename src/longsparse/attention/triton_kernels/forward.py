@@ -1,0 +1,249 @@
+"""The block forward: row max (walking only the ALiBi band on ALiBi heads), the threshold sweeps over
+live-tile lists, and the output pass (O, row statistics, the tile mask, Σ u·V for the backward).
+
+Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_entmax.py)."""
+
+from .lang import tl
+from .solve import _bracket_hi, _bracket_update, _later_bounds, _powers, _sweep_sums, _sweep_tile
+from .tiles import _band_dead, _band_reach, _block_scores, _dot, _in_range, _load_tile, _query_block, _rmax, _rsum
+
+
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    O,  # noqa: E741 (the output pointer; Q, K, V, O as in the attention formula)
+    Stats,
+    UV,
+    TileMask,
+    Live,
+    Counts,
+    KNorm,
+    Alpha,
+    Slopes,
+    Starts,
+    Ends,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sob,
+    soh,
+    son,
+    sod,
+    H,
+    GROUP,
+    Nq,
+    Nk,
+    n_qb,
+    n_kt,
+    scale,
+    causal,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    MODE: tl.constexpr,
+    P0: tl.constexpr,
+    P: tl.constexpr,
+    MAX_SWEEPS: tl.constexpr,
+    TOL: tl.constexpr,
+    FTOL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    BAND: tl.constexpr,
+    BAND_EPS: tl.constexpr,
+    STORE_UV: tl.constexpr,
+    COUNT: tl.constexpr,
+):
+    """Grid (B·H, ⌈Nq/BM⌉). Writes O, Stats[0..2] = (row max M, τ, 1/Σp), the tile mask bits of the key
+    tiles holding some p > 0 (the caller zeroes the rest), with STORE_UV the backward's Σ_j u_ij v_j / Σ_j u_ij
+    per row (UV, fp32), and with COUNT the program's counters (Counts: sweeps, key tiles visited over all
+    passes, key tiles of the block's causal range, rows finished uncertified). Live: (B·H·⌈Nq/BM⌉, 2·n_kt)
+    int32 scratch, the blocks' lists of live key tiles. BAND: ALiBi heads bound their tiles in-kernel, with
+    KNorm (B·H_kv,) fp32 the largest ‖k_j‖ over each batch row's keys."""
+    (bh, pid_m, rows, rmask, qpos, start, row_lim, kend, t0, t1, ti0, ti1, am1, slope, q, k_base, v_base) = (
+        _query_block(
+            Q,
+            K,
+            V,
+            Alpha,
+            Slopes,
+            Starts,
+            Ends,
+            sqb,
+            sqh,
+            sqn,
+            sqd,
+            skb,
+            skh,
+            svb,
+            svh,
+            H,
+            GROUP,
+            Nq,
+            Nk,
+            n_qb,
+            causal,
+            D,
+            BM,
+            BN,
+            MODE,
+        )
+    )
+
+    # 1. row max. ALiBi heads walk out from the diagonal and stop once `_band_dead` proves every farther key
+    # tile holds no support, so every later pass visits only [t_lo, t_hi); other heads take every tile in a
+    # plain (pipelined) loop.
+    m = tl.full([BM], float("-inf"), tl.float32)
+    t_lo = t0
+    t_hi = t1
+    if BAND & (slope > 0):
+        qn = tl.sqrt(_rsum(q.to(tl.float32) * q.to(tl.float32), 1)) * tl.abs(scale)  # |scale|·‖q_i‖ (BM,)
+        kmax = tl.load(KNorm + bh // GROUP)  # the kv head's largest ‖k_j‖ over the row's keys
+        reach = _band_reach(qn, kmax, am1, row_lim, BAND_EPS)
+        t_mid = tl.minimum(tl.maximum(tl.max(tl.where(rmask, qpos, 0), 0) // BN, t0), t1 - 1)
+        t = t_mid
+        go = t >= t0
+        while go:
+            kpos, z = _block_scores(
+                q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+            )
+            m = tl.maximum(m, _rmax(z, 1))
+            t_lo = t
+            t -= 1
+            # keys of the tiles before t + 1 sit at least qpos − (t + 1)·BN + 1 before each row
+            go = (t >= t0) & (_band_dead(reach, m, slope, qpos - (t + 1) * BN + 1, BAND_EPS) == 0)
+        t = t_mid + 1
+        go = t < t1
+        while go:
+            kpos, z = _block_scores(
+                q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+            )
+            m = tl.maximum(m, _rmax(z, 1))
+            t += 1
+            t_hi = t
+            # keys of the tiles from t on sit at least t·BN − qpos after each row (non-causal rows only)
+            go = (t < t1) & (_band_dead(reach, m, slope, t * BN - qpos, BAND_EPS) == 0)
+    else:
+        for t in range(t0, t1):
+            kpos, z = _block_scores(
+                q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+            )
+            m = tl.maximum(m, _rmax(z, 1))
+    m = tl.where(row_lim > 0, m, 0.0)
+    visited = 2 * (t_hi - t_lo)  # the max pass and the first sweep
+
+    # 2. threshold: a first sweep at P0 points spread over the bracket, then sweeps at P points (see
+    # `_bracket_update`) until every row of the block has finished. Each sweep also lists the key tiles that
+    # hold an entry above its rows' floor (lo, or τ once finished): τ only rises from there, so the other
+    # tiles hold no support and later sweeps and the output pass skip them. Two lists per block (`Live`),
+    # one read while the other is written, a barrier between sweeps.
+    lo = tl.full([BM], -1.0, tl.float32)
+    hi = _bracket_hi(tl.maximum(row_lim - start, 0), am1, MODE)
+    tau = lo
+    active = (row_lim - start) > 1
+    uncertified = tl.zeros([BM], tl.int32)
+    lhi = tl.log2(-hi)
+    lists = Live + (bh.to(tl.int64) * n_qb + pid_m) * (2 * n_kt)
+    n_live = 0
+    # (the first sweep's sums have P0 columns: names of their own, since loop-carried values keep one type)
+    cnt0, sw0, sp0, mind0, dneg0 = _sweep_sums(BM, P0)
+    for t in range(t_lo, t_hi):
+        kpos, z = _block_scores(
+            q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+        )
+        X = am1 * (z - m[:, None])
+        cnt0, sw0, sp0, mind0, dneg0 = _sweep_tile(X, lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, True, MODE)
+        alive = _rmax(_rmax(X - lo[:, None], 1), 0) > 0
+        tl.store(lists + n_kt + n_live, t, mask=alive)
+        n_live += alive.to(tl.int32)
+    tl.debug_barrier()
+    was = active
+    lo, hi, tau, active, cert = _bracket_update(
+        lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, lo, hi, tau, active, am1, P0, True, MODE, TOL, FTOL
+    )
+    uncertified += (was & (active == 0) & (cert == 0)).to(tl.int32)
+    sweeps = 1
+    n_active = tl.sum(active.to(tl.int32), 0)
+    while (sweeps < MAX_SWEEPS) & (n_active > 0):
+        pa, pb = _later_bounds(lo, hi, MODE)
+        floor = tl.where(active, lo, tau)
+        read = lists + (sweeps % 2) * n_kt
+        write = lists + ((sweeps + 1) % 2) * n_kt
+        visited += n_live
+        n_next = 0
+        cnt, sw, sp, mind, dneg = _sweep_sums(BM, P)
+        for i in range(n_live):
+            t = tl.load(read + i)
+            kpos, z = _block_scores(
+                q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+            )
+            X = am1 * (z - m[:, None])
+            cnt, sw, sp, mind, dneg = _sweep_tile(X, pa, pb, cnt, sw, sp, mind, dneg, am1, P, False, MODE)
+            alive = _rmax(_rmax(X - floor[:, None], 1), 0) > 0
+            tl.store(write + n_next, t, mask=alive)
+            n_next += alive.to(tl.int32)
+        tl.debug_barrier()
+        n_live = n_next
+        was = active
+        lo, hi, tau, active, cert = _bracket_update(
+            pa, pb, cnt, sw, sp, mind, dneg, lo, hi, tau, active, am1, P, False, MODE, TOL, FTOL
+        )
+        uncertified += (was & (active == 0) & (cert == 0)).to(tl.int32)
+        n_active = tl.sum(active.to(tl.int32), 0)
+        sweeps += 1
+    tau = tl.where(active, lo, tau)  # rows still open at the sweep cap end at their lower bound
+    uncertified += active.to(tl.int32)
+
+    # 3. output over the last list; the tile mask records the tiles holding some p > 0 (what the backward
+    # visits; the caller zeroed it)
+    acc = tl.zeros([BM, D], tl.float32)
+    lsum = tl.zeros([BM], tl.float32)
+    uacc = tl.zeros([BM, D], tl.float32)
+    usum = tl.zeros([BM], tl.float32)
+    mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
+    read = lists + (sweeps % 2) * n_kt
+    visited += n_live
+    for i in range(n_live):
+        t = tl.load(read + i)
+        kpos, z = _block_scores(
+            q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+        )
+        p, w = _powers(am1 * (z - m[:, None]) - tau[:, None], am1, MODE)
+        v = _load_tile(v_base, kpos, _in_range(kpos, start, kend), svn, svd, D)
+        acc = _dot(p.to(v.dtype), v, acc, DOT_PREC)
+        lsum += _rsum(p, 1)
+        if STORE_UV:
+            uacc = _dot(w.to(v.dtype), v, uacc, DOT_PREC)
+            usum += _rsum(w, 1)
+        tl.store(mask_row + t, (_rmax(_rmax(p, 1), 0) > 0).to(tl.int8))
+    inv = tl.where(lsum > 0, 1.0 / tl.where(lsum > 0, lsum, 1.0), 0.0)
+    dcol = tl.arange(0, D)
+    tl.store(
+        O + (bh // H).to(tl.int64) * sob + (bh % H) * soh + rows[:, None] * son + dcol[None, :] * sod,
+        (acc * inv[:, None]).to(O.dtype.element_ty),
+        mask=rmask[:, None],
+    )
+    row0 = bh.to(tl.int64) * Nq
+    if STORE_UV:
+        uinv = tl.where(usum > 0, 1.0 / tl.where(usum > 0, usum, 1.0), 0.0)
+        tl.store(UV + (row0 + rows[:, None]) * D + dcol[None, :], uacc * uinv[:, None], mask=rmask[:, None])
+    srow = Stats + row0 + rows
+    plane = tl.num_programs(0).to(tl.int64) * Nq  # B·H·Nq
+    tl.store(srow, m, mask=rmask)
+    tl.store(srow + plane, tau, mask=rmask)
+    tl.store(srow + 2 * plane, inv, mask=rmask)
+    if COUNT:
+        crow = Counts + (bh.to(tl.int64) * n_qb + pid_m) * 4
+        n_causal = (kend + BN - 1) // BN - start // BN
+        tl.store(crow, sweeps)
+        tl.store(crow + 1, visited)
+        tl.store(crow + 2, n_causal)
+        tl.store(crow + 3, tl.sum(uncertified, 0))
