@@ -1,7 +1,9 @@
 """The Hugging Face transformers adapter (longsparse.nn.hf) on tiny models built from configs."""
 
+import contextlib
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -10,7 +12,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers", reason="transformers (optional extra) is not installed")
 
 from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
+import longsparse.nn.hf as hf
 from longsparse.nn.hf import (
     NoRotaryEmbedding,
     add_asentmax_scalers,
@@ -282,3 +286,212 @@ def test_papers_config_survives_save_and_load(build, tmp_path):
     with torch.no_grad():
         assert torch.equal(back(ids, attention_mask=mask).logits, before)
     _assert_same_decoding(_generate(back, ids, mask, 4, None), _generate(m, ids, mask, 4, None))
+
+
+# ----------------------------------------------------------------------------- masks: key ranges, not dense masks
+
+
+@contextlib.contextmanager
+def _attention_calls():
+    """Records what reaches ls.attention from the adapter: one dict per call (k's length, the attention
+    keywords, the dtypes of q, k, v)."""
+    calls = []
+    inner = hf.attention
+
+    def recorded(q, k, v, **kw):
+        calls.append({"Nk": k.shape[2], "dtypes": {q.dtype, k.dtype, v.dtype}, **kw})
+        return inner(q, k, v, **kw)
+
+    hf.attention = recorded
+    try:
+        yield calls
+    finally:
+        hf.attention = inner
+
+
+@contextlib.contextmanager
+def _dense_masks():
+    """The adapter as it was before key ranges: every mask the dense (B, 1, L, S) bool mask of transformers'
+    sdpa builder with its causal skip off (the attention function's 4-D branch is that path)."""
+
+    def dense(*args, **kwargs):
+        kwargs["allow_is_causal_skip"] = False
+        return sdpa_mask(*args, **kwargs)
+
+    saved = {name: ALL_MASK_ATTENTION_FUNCTIONS[name] for name in hf.HF_NAMES}
+    for name in hf.HF_NAMES:
+        AttentionMaskInterface.register(name, dense)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", hf.HFDenseMaskWarning)
+            yield
+    finally:
+        for name, fn in saved.items():
+            AttentionMaskInterface.register(name, fn)
+
+
+def _padded_batch(kind):
+    """(ids, mask) of 3 rows of 10 tokens: 'right' (training: rows 1, 2 end early), 'left' (generation:
+    rows 0, 2 start late) or 'both' (row 2 padded on both sides)."""
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(1, VOCAB, (3, 10), generator=g)
+    mask = torch.ones(3, 10, dtype=torch.long)
+    if kind == "right":
+        mask[1, 7:] = 0
+        mask[2, 4:] = 0
+    elif kind == "left":
+        mask[0, :3] = 0
+        mask[2, :6] = 0
+    else:
+        mask[0, :2] = 0
+        mask[1, 8:] = 0
+        mask[2, :3] = 0
+        mask[2, 7:] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def _converted(build, **kw):
+    m = apply_papers_config(build(), **kw)
+    _randomise_scalers(m)
+    return m
+
+
+@pytest.mark.parametrize("build", [_llama, _gemma2], ids=["llama", "gemma2"])
+@pytest.mark.parametrize("kind", ["right", "both"])
+def test_padded_training_batch_reaches_attention_as_key_ranges(build, kind):
+    m = _converted(build).train()
+    ids, mask = _padded_batch(kind)
+    labels = ids.masked_fill(mask == 0, -100)
+
+    def step():
+        m.zero_grad()
+        out = m(ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        return out.logits.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+    with _attention_calls() as calls:
+        logits, grads = step()
+    assert len(calls) == m.config.num_hidden_layers
+    for c in calls:
+        assert c.get("attn_mask") is None and c["is_causal"] and c["Nk"] == 10
+        want_end = mask.shape[1] - mask.flip(1).argmax(1)
+        assert torch.equal(c["key_end"], want_end)
+        if kind == "both":
+            assert torch.equal(c["key_start"], mask.argmax(1))
+        else:
+            assert c.get("key_start") is None
+    with _dense_masks(), _attention_calls() as dense_calls:
+        want_logits, want_grads = step()
+    assert all(c["attn_mask"] is not None for c in dense_calls)  # the comparison is against the dense path
+    torch.testing.assert_close(logits, want_logits, atol=1e-5, rtol=1e-5)  # every position, pads included
+    assert grads.keys() == want_grads.keys()
+    for n in grads:
+        torch.testing.assert_close(grads[n], want_grads[n], atol=1e-5, rtol=1e-4, msg=lambda s, n=n: f"{n}: {s}")
+
+
+@pytest.mark.parametrize("build", [_llama, _gemma2], ids=["llama", "gemma2"])
+@pytest.mark.parametrize("cache", [None, "static"])
+def test_left_padded_generation_reaches_attention_as_key_ranges(build, cache):
+    m = _converted(build)
+    ids, mask = _padded_batch("left")
+    with _attention_calls() as calls:
+        got = _generate(m, ids, mask, 5, cache)
+    layers = m.config.num_hidden_layers
+    assert len(calls) == 5 * layers
+    for step in range(5):
+        for c in calls[step * layers : (step + 1) * layers]:
+            # a static cache's keys are cut to the ones in use: prefill 10, then one more per step
+            assert c.get("attn_mask") is None and c["Nk"] == 10 + step, (step, c["Nk"])
+            assert c["is_causal"] == (step == 0)
+            assert torch.equal(c["key_start"], torch.tensor([3, 0, 6])) and c.get("key_end") is None
+    with _dense_masks():
+        want = _generate(m, ids, mask, 5, cache)
+    _assert_same_decoding(got, want, f"cache {cache}")
+
+
+@pytest.mark.parametrize("impl", ["entmax", "asentmax"])
+def test_unpadded_static_cache_cuts_the_keys_without_a_mask(impl):
+    m = _llama(impl)
+    if impl == "asentmax":
+        add_asentmax_scalers(m, init="reference")
+    ids, _ = _batch(pad=0)
+    with _attention_calls() as calls:
+        got = _generate(m, ids, None, 4, "static")
+    assert [c["Nk"] for c in calls[:: m.config.num_hidden_layers]] == [10, 11, 12, 13]
+    assert all(c.get("attn_mask") is None and c.get("key_start") is None and c.get("key_end") is None for c in calls)
+    with _dense_masks():
+        want = _generate(m, ids, None, 4, "static")
+    _assert_same_decoding(got, want)
+
+
+@pytest.mark.parametrize("build", [_llama, _gemma2], ids=["llama", "gemma2"])
+def test_packed_sequences_fall_back_to_the_dense_mask_with_one_warning(build):
+    m = _converted(build)
+    ids, _ = _batch(pad=0)
+    packed = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]]).expand(2, -1)
+    hf._WARNED.clear()
+    with _attention_calls() as calls, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            got = m(ids, position_ids=packed, use_cache=False).logits
+            again = m(ids, position_ids=packed, use_cache=False).logits
+    said = [str(w.message) for w in caught if issubclass(w.category, hf.HFDenseMaskWarning)]
+    assert len(said) == 1 and "packed sequences" in said[0], said
+    assert calls and all(c["attn_mask"].shape == (2, 1, 10, 10) and not c["is_causal"] for c in calls)
+    assert torch.equal(got, again)
+    with torch.no_grad():  # each packed sequence equals itself alone (no mixing across the boundaries)
+        alone = m(ids[:, 4:7], position_ids=packed[:, 4:7], use_cache=False).logits
+    torch.testing.assert_close(got[:, 4:7], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_gemma2_sliding_layers_keep_the_dense_mask_and_no_unread_mask_is_built():
+    ids, mask = _padded_batch("left")
+    sliding = _gemma2("entmax", attn_logit_softcapping=None, sliding_window=4)  # layer 0 slides, layer 1 is full
+    hf._WARNED.clear()
+    with _attention_calls() as calls, pytest.warns(hf.HFDenseMaskWarning, match="sliding-window layer"):
+        with torch.no_grad():
+            sliding(ids, attention_mask=mask)
+    assert calls[0]["attn_mask"] is not None and calls[1].get("attn_mask") is None
+    # after apply_papers_config every layer is full: the sliding mask Gemma-2 asks for is not built
+    full = _converted(_gemma2)
+    built = []
+    import transformers.masking_utils as mu
+
+    original = mu.sdpa_mask  # the adapter imports it at each call
+    mu.sdpa_mask = lambda *a, **kw: built.append(kw) or original(*a, **kw)
+    try:
+        with torch.no_grad():
+            full(ids, attention_mask=mask)
+    finally:
+        mu.sdpa_mask = original
+    assert built == []
+    assert hf.hf_attention_mask(3, 10, 10, local_size=4, config=full.config) is hf._UNREAD
+    with pytest.raises(ValueError, match="config.layer_types"):
+        hf._hf_attention(full.model.layers[0].self_attn, *torch.randn(3, 1, 4, 10, 16).unbind(0), hf._UNREAD)
+
+
+def test_a_2d_mask_from_elsewhere_is_checked():
+    """A 2-D mask that hf_attention_mask did not build (no key ranges attached): one run per row goes as key
+    ranges, any other padding as a (B, 1, 1, S) mask, with the warning."""
+    m = _llama("entmax")
+    attn = m.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 4, 16, generator=g)  # B 2, 4 heads, 4 queries at the last of 6 keys
+    k, v = torch.randn(2, 2, 2, 6, 16, generator=g).unbind(0)
+    one_run = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    gaps = torch.tensor([[1, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    hf._WARNED.clear()
+    with _attention_calls() as calls:
+        got = hf._hf_attention(attn, q, k, v, one_run)[0]
+        with pytest.warns(hf.HFDenseMaskWarning, match="more than one run"):
+            hf._hf_attention(attn, q, k, v, gaps)
+    assert torch.equal(calls[0]["key_start"], torch.tensor([2, 0])) and torch.equal(
+        calls[0]["key_end"], torch.tensor([6, 4])
+    )
+    assert calls[1]["attn_mask"].shape == (2, 1, 1, 6) and calls[1]["is_causal"]
+    dense = one_run[:, None, None, :] & torch.ones(4, 6, dtype=torch.bool).tril(2)
+    with pytest.warns(hf.HFDenseMaskWarning, match="4-D mask given by the caller"):
+        want = hf._hf_attention(attn, q, k, v, dense)[0]
+    torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="covers 7 keys, the cache holds 6"):
+        hf._hf_attention(attn, q, k, v, torch.ones(2, 7, dtype=torch.bool))

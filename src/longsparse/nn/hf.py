@@ -25,10 +25,23 @@ Lower level: ``register_hf_attention()`` registers "entmax" and "asentmax" (α f
 ``config.entmax_alpha``, default 1.5; float or per-head list) for ``attn_implementation=...``, and
 ``add_asentmax_scalers(model)`` attaches scalers to every head while keeping the model's positions.
 
+Masks (docs/hf.md, "Which masks reach which path"). The mask builder registered with the attention
+functions (`hf_attention_mask`, transformers' AttentionMaskInterface) keeps causal attention with padding
+in the form the fused kernels read: when the mask transformers asks for is plain causal (no sliding window,
+packed sequences or custom mask function) and each row's real tokens are one run (left, right or both), it
+returns the 2-D padding mask (B, used) and the attention function passes ``is_causal`` with the run as
+``key_start`` / ``key_end`` (B,) — no dense mask, so the Triton kernels (CUDA) and fused_cpu take the call.
+Any other mask is the dense boolean (B, 1, L, S) mask, as transformers' sdpa builder makes it, and a
+one-time `HFDenseMaskWarning` says why.
+
 Invariants of the attention functions:
-* They always get a materialised mask (the mask builder registered with them never returns None):
-  with a static cache the keys are the whole preallocated buffer and the queries sit at its start, so
-  "causal with the queries at the end" would be wrong. The mask is boolean, True = attend.
+* A 2-D mask covers the keys in use: ``used`` = the query offset + L. With a static cache the keys are
+  the whole preallocated buffer and the queries sit at ``used - L``; the slots from ``used`` on are
+  unwritten, so the keys are cut to ``used`` and causality is bottom-right again (queries at the end).
+  No mask (None) means causal with no padding and the queries at the end of the keys; the builder
+  returns None only then (never for a static cache that is not full).
+* A 2-D mask that `hf_attention_mask` built carries its key ranges (attribute ``_KEY_RANGES``), found
+  once per forward with one host sync; one built elsewhere is checked again in the attention function.
 * ALiBi adds −m·(i − j) with i the query's index counted as if the queries were the last keys. Only
   the key index j matters: the query term is a constant per row, and softmax and α-entmax are both
   invariant to adding a constant to a row (τ absorbs it). Keys are in cache order (oldest first), so
@@ -45,6 +58,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +66,7 @@ import torch
 from torch import Tensor, nn
 
 from longsparse.attention import attention
+from longsparse.nn.attention import key_padding
 from longsparse.nn.positions import NAPE_SLOPES, POSITIONS, position_setup
 from longsparse.nn.scalers import ASENTMAX_INITS, ASEntmaxScaler, check_scaler_constants
 
@@ -111,6 +126,158 @@ def _query_positions(kwargs: dict[str, Any], B: int, L: int, S: int, device: tor
     return pos[..., -L:].expand(B, L)
 
 
+class HFDenseMaskWarning(UserWarning):
+    """A Hugging Face model's attention got a dense (B, 1, L, S) mask: it runs on the chunked PyTorch
+    backends (the Triton kernels take no attn_mask). Issued once per reason."""
+
+
+_WARNED: set[str] = set()  # the dense-mask reasons already warned about (one warning each per process)
+_KEY_RANGES = "_longsparse_key_ranges"  # on a 2-D mask from hf_attention_mask: its key_start / key_end kwargs
+_DENSE_REASON = "_longsparse_dense_reason"  # on a dense mask from hf_attention_mask: why it is dense
+
+
+def _warn_dense_once(reason: str) -> None:
+    if reason in _WARNED:
+        return
+    _WARNED.add(reason)
+    warnings.warn(
+        f"longsparse attention of a Hugging Face model gets a dense (B, 1, L, S) mask ({reason}), so it runs "
+        "on the chunked PyTorch backends, not the Triton kernels or fused_cpu; causal attention with one run "
+        "of real tokens per row (left and / or right padding) reaches them as key ranges (docs/hf.md)",
+        HFDenseMaskWarning,
+        stacklevel=3,
+    )
+
+
+class _UnreadMask:
+    """What `hf_attention_mask` gives for a sliding-window mask while ``config.layer_types`` has no sliding
+    layer (Gemma-2 builds one every forward whatever its layers are): nothing is built, and an attention
+    call that gets it raises."""
+
+    def __repr__(self) -> str:
+        return "<sliding-window mask not built: config.layer_types has no sliding_attention layer>"
+
+
+_UNREAD = _UnreadMask()
+
+
+def _dense_reason(mask_function, local_size, kv_offset: int) -> str | None:
+    """Why the mask transformers asks for is not causal + padding (None: it is)."""
+    from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
+
+    if local_size is not None or kv_offset:
+        return "a sliding-window layer"
+    if mask_function is bidirectional_mask_function:
+        return "bidirectional attention (config.is_causal = False)"
+    if mask_function is not causal_mask_function:
+        return "not plain causal: packed sequences (position_ids restarting in a row), a block-wise or custom mask"
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return "traced by torch.compile: whether the padding is one run per row is data-dependent"
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return "captured in a CUDA graph: whether the padding is one run per row is data-dependent"
+    return None
+
+
+def hf_attention_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int | Tensor = 0,
+    kv_offset: int = 0,
+    mask_function=None,
+    attention_mask: Tensor | None = None,
+    local_size: int | None = None,
+    config=None,
+    **kwargs,
+):
+    """The mask builder registered for "entmax" / "asentmax" in transformers' AttentionMaskInterface
+    (called by ``create_causal_mask`` and its siblings once per forward and mask kind, with their keywords).
+
+    Causal with each row's real tokens one run (``attention_mask`` (B, ≥ used) the 2-D padding mask, or
+    None): None when no key is padding and the keys are exactly the ``used`` = q_offset + q_length keys in
+    use; else the (B, used) bool padding mask carrying its key ranges (`_KEY_RANGES`). Anything else: the
+    dense (B, 1, q_length, kv_length) bool mask of transformers' sdpa builder (causal skip off), carrying
+    why (`_DENSE_REASON`). A sliding-window mask that no layer of ``config.layer_types`` reads: `_UNREAD`."""
+    from transformers.masking_utils import prepare_padding_mask, sdpa_mask
+
+    if mask_function is None:
+        from transformers.masking_utils import causal_mask_function as mask_function
+    layer_types = getattr(config, "layer_types", None)
+    if local_size is not None and layer_types is not None and "sliding_attention" not in layer_types:
+        return _UNREAD
+    reason = _dense_reason(mask_function, local_size, kv_offset)
+    if reason is None:
+        used = int(q_offset) + q_length  # one host sync for a static cache's offset tensor
+        padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+        if used > kv_length:
+            reason = f"{q_offset} cached + {q_length} new tokens but {kv_length} keys"
+        elif padding is None:
+            if used == kv_length:
+                return None
+            mask = torch.ones(batch_size, used, dtype=torch.bool, device=kwargs.get("device", "cpu"))
+            setattr(mask, _KEY_RANGES, {})
+            return mask
+        else:
+            mask = padding[:, :used].to(torch.bool)  # a new tensor object: the attribute never lands on the caller's
+            pad = key_padding(mask)
+            if pad is None and used == kv_length:
+                return None
+            if pad is None or pad.one_run:
+                setattr(mask, _KEY_RANGES, {} if pad is None else pad.attention_kwargs())
+                return mask
+            reason = "padding that is not one run of real tokens per row (e.g. a right-padded prompt extended)"
+    kwargs["allow_is_causal_skip"] = False
+    kwargs.pop("allow_is_bidirectional_skip", None)
+    dense = sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        mask_function=mask_function,
+        attention_mask=attention_mask,
+        local_size=local_size,
+        **kwargs,
+    )
+    setattr(dense, _DENSE_REASON, reason)
+    return dense
+
+
+def _mask_kwargs(attention_mask, key: Tensor, value: Tensor, L: int, module: nn.Module, is_causal):
+    """(key, value, attention kwargs) for the mask the model passed (see the module docstring's invariants)."""
+    S = key.shape[2]
+    if attention_mask is _UNREAD:
+        raise ValueError(
+            "a sliding-window layer got the mask that longsparse did not build because config.layer_types "
+            "lists no sliding_attention layer; make config.layer_types name every layer's kind"
+        )
+    if attention_mask is None:
+        # the queries are the last L keys
+        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True)) and L > 1
+        return key, value, {"is_causal": causal}
+    if attention_mask.dim() == 2:
+        used = attention_mask.shape[-1]
+        if used > S:
+            raise ValueError(f"the padding mask covers {used} keys, the cache holds {S}")
+        key, value = key[:, :, :used], value[:, :, :used]  # the slots past `used` are unwritten (static cache)
+        ranges = getattr(attention_mask, _KEY_RANGES, None)
+        if ranges is None:  # a 2-D mask not from hf_attention_mask (e.g. moved to another device): check it
+            pad = key_padding(attention_mask.to(torch.bool))
+            if pad is not None and not pad.one_run:
+                _warn_dense_once("a 2-D padding mask with more than one run of real tokens in a row")
+            ranges = {} if pad is None else pad.attention_kwargs()
+        return key, value, {"is_causal": L > 1, **ranges}
+    if attention_mask.shape[-1] < S:
+        raise ValueError(f"attention mask covers {attention_mask.shape[-1]} keys, the cache holds {S}")
+    # generate copies the masks it prepares for a static cache (.contiguous()), which drops the reason
+    _warn_dense_once(getattr(attention_mask, _DENSE_REASON, "a 4-D mask given by the caller, or a copy of one"))
+    mask = attention_mask[..., :S]
+    if mask.dtype != torch.bool:
+        # eager-style additive mask: 0 = attend, the dtype's minimum (or −inf) = masked
+        mask = mask > torch.finfo(mask.dtype).min / 2
+    return key, value, {"is_causal": False, "attn_mask": mask}
+
+
 def _hf_attention(
     module: nn.Module,
     query: Tensor,
@@ -124,8 +291,8 @@ def _hf_attention(
     scaled: bool = False,
     **kwargs,
 ):
-    """query (B, H, L, D), key/value (B, Hkv, S, D), attention_mask (B, 1, L, ≥S) bool or additive
-    → ((B, L, H, D), None)."""
+    """query (B, H, L, D), key/value (B, Hkv, S, D), attention_mask None, (B, used ≤ S) bool padding or
+    (B, 1, L, ≥S) bool / additive → ((B, L, H, D), None)."""
     softcap = kwargs.get("softcap")
     if softcap is not None:
         raise ValueError(
@@ -136,24 +303,16 @@ def _hf_attention(
         raise ValueError(
             f"longsparse attention does not support attention dropout (p={dropout}); set config.attention_dropout = 0.0"
         )
-    if getattr(getattr(module, "config", None), CONFIG_KEY, None) is not None and not getattr(module, _READY, False):
+    cfg = getattr(module, "config", None)
+    settings = getattr(cfg, CONFIG_KEY, None)
+    if settings is not None and not getattr(module, _READY, False):
         raise ValueError(
             "this model's config carries longsparse settings but the model was built without them "
             "(by transformers' own from_pretrained?); load it with longsparse.nn.hf.from_pretrained"
         )
     B, _, L, _ = query.shape
+    key, value, mask_kwargs = _mask_kwargs(attention_mask, key, value, L, module, is_causal)
     S = key.shape[2]
-    mask, causal = None, False
-    if attention_mask is not None:
-        if attention_mask.shape[-1] < S:
-            raise ValueError(f"attention mask covers {attention_mask.shape[-1]} keys, the cache holds {S}")
-        mask = attention_mask[..., :S]
-        if mask.dtype != torch.bool:
-            # eager-style additive mask: 0 = attend, the dtype's minimum (or −inf) = masked
-            mask = mask > torch.finfo(mask.dtype).min / 2
-    else:
-        # only reached when the caller passes no mask: then the queries are the last L keys
-        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True)) and L > 1
     q_scale = None
     if scaled:
         scaler = getattr(module, "longsparse_scaler", None)
@@ -171,11 +330,10 @@ def _hf_attention(
         value,
         mapping="entmax",
         alpha=_alpha(module, query.device),
-        is_causal=causal,
         scale=scaling,
         alibi_slopes=_slopes(module, query.device),
         q_scale=q_scale,
-        attn_mask=mask,
+        **mask_kwargs,
     )
     return out.transpose(1, 2).contiguous(), None
 
@@ -195,19 +353,9 @@ def asentmax_attention_forward(
     return _hf_attention(module, query, key, value, attention_mask, scaling, dropout, is_causal, scaled=True, **kwargs)
 
 
-def _mask_never_skipped(*args, **kwargs):
-    """transformers' sdpa mask builder with its causal skip off: it always returns the boolean
-    (B, 1, L, S) mask, never None (see the module docstring for why)."""
-    from transformers.masking_utils import sdpa_mask
-
-    kwargs["allow_is_causal_skip"] = False
-    return sdpa_mask(*args, **kwargs)
-
-
 def register_hf_attention() -> tuple:
-    """Register "entmax" and "asentmax" with transformers' AttentionInterface, each with a mask builder
-    in AttentionMaskInterface that always materialises the mask. Idempotent. Raises ImportError without
-    transformers."""
+    """Register "entmax" and "asentmax" with transformers' AttentionInterface, each with `hf_attention_mask`
+    as its mask builder in AttentionMaskInterface. Idempotent. Raises ImportError without transformers."""
     _import_transformers()
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
@@ -215,7 +363,7 @@ def register_hf_attention() -> tuple:
     AttentionInterface.register("entmax", entmax_attention_forward)
     AttentionInterface.register("asentmax", asentmax_attention_forward)
     for name in HF_NAMES:
-        AttentionMaskInterface.register(name, _mask_never_skipped)
+        AttentionMaskInterface.register(name, hf_attention_mask)
     return HF_NAMES
 
 
@@ -305,7 +453,14 @@ def _remove_rotary(model: nn.Module, positions: str) -> int:
 
 
 def _make_settings(
-    method: str, positions: str, alpha, nape_variant: str, init: str, delta: float, gamma_range: float, n_heads: int
+    method: str,
+    positions: str,
+    alpha,
+    nape_variant: str,
+    init: str,
+    delta: float,
+    gamma_range: float,
+    n_heads: int,
 ) -> dict[str, Any]:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -326,7 +481,14 @@ def _make_settings(
         alpha = [float(a) for a in values] if isinstance(alpha, (list, tuple)) else float(alpha)
     check_scaler_constants(delta, gamma_range)
     scaler = {"init": init, "delta": float(delta), "gamma_range": float(gamma_range)} if method == "asentmax" else None
-    return {"method": method, "positions": positions, "alpha": alpha, "nape_variant": nape_variant, "scaler": scaler}
+    settings = {
+        "method": method,
+        "positions": positions,
+        "alpha": alpha,
+        "nape_variant": nape_variant,
+        "scaler": scaler,
+    }
+    return settings
 
 
 def _setup(model: nn.Module, settings: dict[str, Any]) -> int:
