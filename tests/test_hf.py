@@ -495,3 +495,21 @@ def test_a_2d_mask_from_elsewhere_is_checked():
     torch.testing.assert_close(got, want)
     with pytest.raises(ValueError, match="covers 7 keys, the cache holds 6"):
         hf._hf_attention(attn, q, k, v, torch.ones(2, 7, dtype=torch.bool))
+
+
+def test_papers_config_names_the_attention_backend(tmp_path):
+    with pytest.raises(ValueError, match="unknown attention backend 'fast'"):
+        apply_papers_config(_llama(), backend="fast")
+    assert "backend" not in apply_papers_config(_llama()).config.longsparse  # auto: nothing stored
+    m = apply_papers_config(_llama(), backend="reference")
+    ids, mask = _padded_batch("left")
+    with _attention_calls() as calls, torch.no_grad():
+        m(ids, attention_mask=mask)
+    assert [c["backend"] for c in calls] == ["reference"] * 2
+    m.save_pretrained(tmp_path)
+    back = from_pretrained(tmp_path)
+    assert back.config.longsparse["backend"] == "reference"
+    back.config.longsparse["backend"] = "auto"  # read at every call
+    with _attention_calls() as calls, torch.no_grad():
+        back(ids, attention_mask=mask)
+    assert [c["backend"] for c in calls] == ["auto"] * 2

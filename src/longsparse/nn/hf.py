@@ -66,6 +66,7 @@ import torch
 from torch import Tensor, nn
 
 from longsparse.attention import attention
+from longsparse.attention.policy import check_backend_name
 from longsparse.nn.attention import key_padding
 from longsparse.nn.positions import NAPE_SLOPES, POSITIONS, position_setup
 from longsparse.nn.scalers import ASENTMAX_INITS, ASEntmaxScaler, check_scaler_constants
@@ -333,6 +334,7 @@ def _hf_attention(
         scale=scaling,
         alibi_slopes=_slopes(module, query.device),
         q_scale=q_scale,
+        backend=(settings or {}).get("backend", "auto"),
         **mask_kwargs,
     )
     return out.transpose(1, 2).contiguous(), None
@@ -461,7 +463,9 @@ def _make_settings(
     delta: float,
     gamma_range: float,
     n_heads: int,
+    backend: str = "auto",
 ) -> dict[str, Any]:
+    check_backend_name(backend)
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if positions not in POSITIONS:
@@ -488,6 +492,8 @@ def _make_settings(
         "nape_variant": nape_variant,
         "scaler": scaler,
     }
+    if backend != "auto":  # settings saved before the key existed read as auto
+        settings["backend"] = backend
     return settings
 
 
@@ -556,6 +562,7 @@ def apply_papers_config(
     delta: float = 1.0,
     gamma_range: float = 2.0,
     full_attention: bool = True,
+    backend: str = "auto",
 ) -> nn.Module:
     """Give a Llama / Gemma-2-style transformers decoder the configuration of the papers, in place;
     returns the model.
@@ -569,6 +576,8 @@ def apply_papers_config(
     models have none, and a window would cap how far the NoPE heads reach).
     Attention-logit soft-capping (Gemma-2) is switched off: the papers' models have none and
     longsparse attention does not support it. A model with attention dropout is refused.
+    backend: the ``longsparse.attention`` backend of every attention call, "auto" (its policy: the Triton
+    kernels on CUDA) or a backend's name (``config.longsparse["backend"]``, read at every call).
     The settings go to ``config.longsparse``; reload a saved model with ``from_pretrained``.
     """
     _import_transformers()
@@ -579,7 +588,9 @@ def apply_papers_config(
             f"longsparse attention does not support attention dropout "
             f"(config.attention_dropout={cfg.attention_dropout}); set it to 0.0"
         )
-    settings = _make_settings(method, positions, alpha, nape_variant, init, delta, gamma_range, cfg.num_attention_heads)
+    settings = _make_settings(
+        method, positions, alpha, nape_variant, init, delta, gamma_range, cfg.num_attention_heads, backend
+    )
     if getattr(cfg, "attn_logit_softcapping", None) is not None:
         cfg.attn_logit_softcapping = None
     if full_attention and "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
