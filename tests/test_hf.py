@@ -513,3 +513,17 @@ def test_papers_config_names_the_attention_backend(tmp_path):
     with _attention_calls() as calls, torch.no_grad():
         back(ids, attention_mask=mask)
     assert [c["backend"] for c in calls] == ["auto"] * 2
+
+
+def test_autocast_gives_attention_one_dtype():
+    """Under autocast q and k leave the NoPE / rotary multiply in float32 and v in bfloat16; the kernels take
+    one dtype, so the adapter casts all three to the autocast dtype (as SDPA gets them)."""
+    m = _converted(_llama)
+    ids, mask = _padded_batch("both")
+    with torch.no_grad():
+        want = m(ids, attention_mask=mask).logits
+        with _attention_calls() as calls, torch.autocast("cpu", dtype=torch.bfloat16):
+            got = m(ids, attention_mask=mask).logits
+    assert [c["dtypes"] for c in calls] == [{torch.bfloat16}] * 2
+    real = mask.bool()
+    torch.testing.assert_close(got.float()[real], want[real], atol=0.1, rtol=0.05)

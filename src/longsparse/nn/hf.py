@@ -49,6 +49,8 @@ Invariants of the attention functions:
 * The scaler's query position i is ``position_ids`` (real tokens before the query in its row). With an
   ASEntmax scaler, a forward pre-hook on the base model fills ``position_ids`` from a 2-D
   ``attention_mask`` when the caller gave none, so left-padded rows equal unpadded ones.
+* Under autocast q, k and v reach longsparse attention in the autocast dtype (as torch's SDPA gets
+  them); outside it as the model computed them.
 * Attention-logit soft-capping and attention dropout are not supported: they raise instead of being
   ignored (as transformers' sdpa integration does for softcap).
 """
@@ -313,6 +315,11 @@ def _hf_attention(
         )
     B, _, L, _ = query.shape
     key, value, mask_kwargs = _mask_kwargs(attention_mask, key, value, L, module, is_causal)
+    if torch.is_autocast_enabled(query.device.type):
+        # The model's rotary (or NoPE) multiply leaves q and k in float32 and v in the autocast dtype; torch's
+        # SDPA would get all three in the autocast dtype, and the Triton kernels take only one dtype.
+        dtype = torch.get_autocast_dtype(query.device.type)
+        query, key, value = (t.to(dtype) for t in (query, key, value))
     S = key.shape[2]
     q_scale = None
     if scaled:
