@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import re
 import warnings
 
 import pytest
@@ -437,6 +438,8 @@ def test_packed_sequences_fall_back_to_the_dense_mask_with_one_warning(build):
             again = m(ids, position_ids=packed, use_cache=False).logits
     said = [str(w.message) for w in caught if issubclass(w.category, hf.HFDenseMaskWarning)]
     assert len(said) == 1 and "packed sequences" in said[0], said
+    # it names the backend explain_attention gives the call, and why not triton
+    assert re.search(r"explain_attention gives it to (chunked|reference) \(.+\), not triton \(.+\);", said[0]), said
     assert calls and all(c["attn_mask"].shape == (2, 1, 10, 10) and not c["is_causal"] for c in calls)
     assert torch.equal(got, again)
     with torch.no_grad():  # each packed sequence equals itself alone (no mixing across the boundaries)

@@ -32,7 +32,7 @@ packed sequences or custom mask function) and each row's real tokens are one run
 returns the 2-D padding mask (B, used) and the attention function passes ``is_causal`` with the run as
 ``key_start`` / ``key_end`` (B,) — no dense mask, so the Triton kernels (CUDA) and fused_cpu take the call.
 Any other mask is the dense boolean (B, 1, L, S) mask, as transformers' sdpa builder makes it, and a
-one-time `HFDenseMaskWarning` says why.
+one-time `HFDenseMaskWarning` per reason says why, with the backend `explain_attention` gives that call.
 
 Invariants of the attention functions:
 * A 2-D mask covers the keys in use: ``used`` = the query offset + L. With a static cache the keys are
@@ -67,7 +67,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from longsparse.attention import attention
+from longsparse.attention import attention, explain_attention
 from longsparse.attention.policy import check_backend_name
 from longsparse.nn.attention import key_padding
 from longsparse.nn.positions import NAPE_SLOPES, POSITIONS, position_setup
@@ -139,16 +139,22 @@ _KEY_RANGES = "_longsparse_key_ranges"  # on a 2-D mask from hf_attention_mask: 
 _DENSE_REASON = "_longsparse_dense_reason"  # on a dense mask from hf_attention_mask: why it is dense
 
 
-def _warn_dense_once(reason: str) -> None:
+def _warn_dense_once(reason: str, query: Tensor, key: Tensor, value: Tensor, attention_kwargs: dict) -> None:
+    """One HFDenseMaskWarning per reason and process, naming the backend that `explain_attention` gives this call
+    and why it is not triton."""
     if reason in _WARNED:
         return
     _WARNED.add(reason)
+    choice = explain_attention(query, key, value, **attention_kwargs)
+    passed = choice.passed_over.get("triton")
     warnings.warn(
-        f"longsparse attention of a Hugging Face model gets a dense (B, 1, L, S) mask ({reason}), so it runs "
-        "on the chunked PyTorch backends, not the Triton kernels or fused_cpu; causal attention with one run "
-        "of real tokens per row (left and / or right padding) reaches them as key ranges (docs/hf.md)",
+        f"longsparse attention of a Hugging Face model gets a dense (B, 1, L, S) mask ({reason}): "
+        f"explain_attention gives it to {choice.backend} ({choice.why})"
+        + (f", not triton ({passed})" if passed else "")
+        + "; causal attention with one run of real tokens per row (left and / or right padding) reaches the "
+        "Triton kernels and fused_cpu as key ranges (docs/hf.md)",
         HFDenseMaskWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
 
 
@@ -247,7 +253,8 @@ def hf_attention_mask(
 
 
 def _mask_kwargs(attention_mask, key: Tensor, value: Tensor, L: int, module: nn.Module, is_causal):
-    """(key, value, attention kwargs) for the mask the model passed (see the module docstring's invariants)."""
+    """(key, value, attention kwargs, why the mask is dense or None) for the mask the model passed (see the module
+    docstring's invariants)."""
     S = key.shape[2]
     if attention_mask is _UNREAD:
         raise ValueError(
@@ -257,28 +264,28 @@ def _mask_kwargs(attention_mask, key: Tensor, value: Tensor, L: int, module: nn.
     if attention_mask is None:
         # the queries are the last L keys
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True)) and L > 1
-        return key, value, {"is_causal": causal}
+        return key, value, {"is_causal": causal}, None
     if attention_mask.dim() == 2:
         used = attention_mask.shape[-1]
         if used > S:
             raise ValueError(f"the padding mask covers {used} keys, the cache holds {S}")
         key, value = key[:, :, :used], value[:, :, :used]  # the slots past `used` are unwritten (static cache)
-        ranges = getattr(attention_mask, _KEY_RANGES, None)
+        ranges, reason = getattr(attention_mask, _KEY_RANGES, None), None
         if ranges is None:  # a 2-D mask not from hf_attention_mask (e.g. moved to another device): check it
             pad = key_padding(attention_mask.to(torch.bool))
             if pad is not None and not pad.one_run:
-                _warn_dense_once("a 2-D padding mask with more than one run of real tokens in a row")
+                reason = "a 2-D padding mask with more than one run of real tokens in a row"
             ranges = {} if pad is None else pad.attention_kwargs()
-        return key, value, {"is_causal": L > 1, **ranges}
+        return key, value, {"is_causal": L > 1, **ranges}, reason
     if attention_mask.shape[-1] < S:
         raise ValueError(f"attention mask covers {attention_mask.shape[-1]} keys, the cache holds {S}")
     # generate copies the masks it prepares for a static cache (.contiguous()), which drops the reason
-    _warn_dense_once(getattr(attention_mask, _DENSE_REASON, "a 4-D mask given by the caller, or a copy of one"))
+    reason = getattr(attention_mask, _DENSE_REASON, "a 4-D mask given by the caller, or a copy of one")
     mask = attention_mask[..., :S]
     if mask.dtype != torch.bool:
         # eager-style additive mask: 0 = attend, the dtype's minimum (or −inf) = masked
         mask = mask > torch.finfo(mask.dtype).min / 2
-    return key, value, {"is_causal": False, "attn_mask": mask}
+    return key, value, {"is_causal": False, "attn_mask": mask}, reason
 
 
 def _hf_attention(
@@ -314,7 +321,7 @@ def _hf_attention(
             "(by transformers' own from_pretrained?); load it with longsparse.nn.hf.from_pretrained"
         )
     B, _, L, _ = query.shape
-    key, value, mask_kwargs = _mask_kwargs(attention_mask, key, value, L, module, is_causal)
+    key, value, mask_kwargs, dense_reason = _mask_kwargs(attention_mask, key, value, L, module, is_causal)
     if torch.is_autocast_enabled(query.device.type):
         # The model's rotary (or NoPE) multiply leaves q and k in float32 and v in the autocast dtype; torch's
         # SDPA would get all three in the autocast dtype, and the Triton kernels take only one dtype.
@@ -332,10 +339,7 @@ def _hf_attention(
             )
         pos = _query_positions(kwargs, B, L, S, query.device)
         q_scale = scaler(h[:, -L:].to(query.dtype), pos)
-    out = attention(
-        query,
-        key,
-        value,
+    attention_kwargs = dict(
         mapping="entmax",
         alpha=_alpha(module, query.device),
         scale=scaling,
@@ -344,6 +348,9 @@ def _hf_attention(
         backend=(settings or {}).get("backend", "auto"),
         **mask_kwargs,
     )
+    if dense_reason is not None:
+        _warn_dense_once(dense_reason, query, key, value, attention_kwargs)
+    out = attention(query, key, value, **attention_kwargs)
     return out.transpose(1, 2).contiguous(), None
 
 
