@@ -530,3 +530,48 @@ def test_autocast_gives_attention_one_dtype():
     assert [c["dtypes"] for c in calls] == [{torch.bfloat16}] * 2
     real = mask.bool()
     torch.testing.assert_close(got.float()[real], want[real], atol=0.1, rtol=0.05)
+
+
+def test_traced_mask_builder_keeps_the_causal_skip_and_falls_back_for_padding(monkeypatch):
+    """The mask builder as torch.compile traces it (is_compiling() True; the slow test below compiles): no
+    padding with a dynamic cache gives no mask, padding the dense mask with the reason, outputs unchanged."""
+    m = _converted(_llama)
+    ids, mask = _padded_batch("right")
+    with torch.no_grad():
+        want, want_padded = m(ids).logits, m(ids, attention_mask=mask).logits
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    hf._WARNED.clear()
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _attention_calls() as calls:
+            got = m(ids).logits
+        assert [(c.get("attn_mask"), c["is_causal"]) for c in calls] == [(None, True)] * 2
+        with _attention_calls() as calls:
+            got_padded = m(ids, attention_mask=mask).logits
+    assert all(c["attn_mask"] is not None and not c["is_causal"] for c in calls)
+    assert [str(w.message).count("traced by torch.compile") for w in caught] == [1]
+    torch.testing.assert_close(got, want)
+    real = mask.bool()
+    torch.testing.assert_close(got_padded[real], want_padded[real])
+
+
+@pytest.mark.slow
+def test_compiled_model_keeps_the_causal_skip_and_falls_back_for_padding():
+    """Traced by torch.compile, whether padding is one run per row cannot be checked: a padded batch takes the
+    dense mask (same outputs), while a batch without padding through a dynamic cache needs no check and keeps
+    is_causal with no mask. (Without a cache transformers wraps the mask function for packed sequences whenever
+    it is traced, so that batch is dense too.)"""
+    m = _converted(lambda: _llama(num_hidden_layers=1))  # dynamo traces each layer: one keeps the test short
+    ids, mask = _padded_batch("right")
+    compiled = torch.compile(m, backend="eager")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", hf.HFDenseMaskWarning)
+        with _attention_calls() as calls:
+            got = compiled(ids).logits
+        assert [(c.get("attn_mask"), c["is_causal"]) for c in calls] == [(None, True)]
+        torch.testing.assert_close(got, m(ids).logits)
+        with _attention_calls() as calls:
+            got = compiled(ids, attention_mask=mask).logits
+        assert len(calls) == 1 and calls[0]["attn_mask"] is not None and not calls[0]["is_causal"]
+        real = mask.bool()
+        torch.testing.assert_close(got[real], m(ids, attention_mask=mask).logits[real])

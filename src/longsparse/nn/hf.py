@@ -181,10 +181,13 @@ def _dense_reason(mask_function, local_size, kv_offset: int) -> str | None:
     if mask_function is not causal_mask_function:
         return "not plain causal: packed sequences (position_ids restarting in a row), a block-wise or custom mask"
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return "traced by torch.compile: whether the padding is one run per row is data-dependent"
+        return _TRACED
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return "captured in a CUDA graph: whether the padding is one run per row is data-dependent"
     return None
+
+
+_TRACED = "traced by torch.compile: whether the padding is one run per row is data-dependent"
 
 
 def hf_attention_mask(
@@ -215,6 +218,8 @@ def hf_attention_mask(
     if local_size is not None and layer_types is not None and "sliding_attention" not in layer_types:
         return _UNREAD
     reason = _dense_reason(mask_function, local_size, kv_offset)
+    if reason == _TRACED and attention_mask is None and isinstance(q_offset, int) and q_offset + q_length == kv_length:
+        return None  # no padding and no unwritten cache slots: nothing data-dependent to decide
     if reason is None:
         used = int(q_offset) + q_length  # one host sync for a static cache's offset tensor
         padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
