@@ -1,6 +1,6 @@
 """GPU check of the Triton α-entmax attention kernels: correctness against the reference path, the kernel's
 own pass counts, then speed and memory against torch SDPA (flash), AdaSplash-2 and an earlier version of the
-kernel, and training steps/s.
+kernel, training steps/s, and a converted Hugging Face model's attention calls and steps/s.
 
 One call on any CUDA GPU (≤ 5 minutes in all; docs/gpu.md, "The GPU check of the Triton kernels"):
 
@@ -47,6 +47,11 @@ mean nothing):
     training step, eager against compiled (`train.compile`), softmax and ASEntmax; seconds per example of
     evaluation at 256× and 1,024× the training length, softmax through flex against ASEntmax through triton.
     Nothing starts after --budget-s seconds (default 290).
+(e) a Hugging Face model (runs before (d), in --hf-reserve-s kept from the timings): a small Llama converted by
+    `longsparse.nn.hf.apply_papers_config`: every attention call of a training step (right-padded batch, bf16
+    autocast) and of cached greedy generation (left-padded prompts; dynamic and static cache, decoding eager)
+    must run on triton (auto; named in the dry run), its float32 logits must match backend="reference", and its
+    training steps/s are timed against the same Llama with transformers' own sdpa attention.
 The JSON is rewritten after every case, so a run cut short still leaves its results.
 """
 
@@ -54,6 +59,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -431,6 +437,18 @@ def timing_tables(path: str) -> str:
     if prof.get("ms_by_kernel"):
         lines += ["", f"| profile (N = {prof['N']}, D = {prof['D']}, fwd+bwd, NAPE): kernel | ms |", "|---|---:|"]
         lines += [f"| {k[:70]} | {v:.3f} |" for k, v in prof["ms_by_kernel"].items()]
+    hf = data.get("hf_model")
+    if hf:
+        rates = hf.get("steps_per_s") or {}
+        lines += [
+            "",
+            "| converted HF Llama | attention backends (calls) | logits err vs reference | steps/s | sdpa steps/s "
+            "| / sdpa |",
+            "|---|---|---:|---:|---:|---:|",
+            f"| {'ok' if hf.get('ok') else hf.get('skipped', 'FAILS')} | {hf.get('backends', hf.get('error', '-'))} "
+            f"| {hf.get('logits_err_vs_reference', '-')} | {rates.get('longsparse', '-')} | {rates.get('sdpa', '-')} "
+            f"| {_ratio(hf.get('vs_sdpa'))} |",
+        ]
     lines += [
         "",
         "| training (GPU-scale model) | eager steps/s | compiled steps/s | compiled / eager |",
@@ -634,6 +652,9 @@ def _pool_task(kind: str, name: str, spec: dict, device: str, dry: bool, baselin
         return {"solver_counts": solver_count_rows(device, dry)}
     if kind == "adasplash":
         return warm_adasplash(spec, device)
+    if kind == "hf":  # the converted Llama's kernels, compiled into Triton's on-disk cache for (e)
+        row = hf_model_row(device, dry, math.inf, timed=False)
+        return {"warm_hf": row.get("ok"), "error": row.get("error"), "seconds": row["seconds"]}
     return warm_kernels(spec, device, baseline)
 
 
@@ -1032,6 +1053,151 @@ def profile_kernels(N: int, D: int, device: str, H: int) -> dict:
     return {"N": N, "D": D, "H": H, "ms_by_kernel": dict(sorted(out.items(), key=lambda kv: -kv[1])[:25])}
 
 
+# ============================================================================ (e) a Hugging Face model
+
+# The converted Llama of the HF phase: 4 layers, d 512, 8 query heads × 64 over 4 key-value heads
+HF_SHAPE = {
+    "vocab_size": 1024,
+    "hidden_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "intermediate_size": 1024,
+}
+HF_DRY_SHAPE = {**HF_SHAPE, "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}
+HF_DRY_SHAPE.update(num_attention_heads=2, num_key_value_heads=1)
+HF_TRAIN = {"batch": 8, "length": 1024, "prompt": 256, "new_tokens": 8, "steps": 5, "rounds": 3}
+HF_DRY_TRAIN = {"batch": 2, "length": 24, "prompt": 12, "new_tokens": 2, "steps": 1, "rounds": 1}
+
+
+def _hf_llama(device: str, dry: bool, convert: bool):
+    """A Llama built from a config (seed 0, so both calls give the same weights) with transformers' own sdpa
+    attention, or converted by `apply_papers_config` (ASEntmax + NAPE; auto's backend, triton named in the dry
+    run, where auto keeps CPU tensors off triton)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from longsparse.nn.hf import apply_papers_config
+
+    shape = HF_DRY_SHAPE if dry else HF_SHAPE
+    cfg = LlamaConfig(attn_implementation="sdpa", pad_token_id=0, bos_token_id=None, eos_token_id=None, **shape)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).to(device)
+    if convert:
+        apply_papers_config(model, backend="triton" if dry else "auto")
+    return model
+
+
+def _hf_batches(device: str, dry: bool, vocab: int) -> dict:
+    """A right-padded training batch (row b keeps length − b·length/(2·batch) tokens) and a left-padded prompt
+    batch (row b starts b·prompt/(2·batch) tokens late), as (ids, mask[, labels])."""
+    p = HF_DRY_TRAIN if dry else HF_TRAIN
+    B, n, m = p["batch"], p["length"], p["prompt"]
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(1, vocab, (B, n), generator=g)
+    mask = torch.ones(B, n, dtype=torch.long)
+    prompt = torch.randint(1, vocab, (B, m), generator=g)
+    prompt_mask = torch.ones(B, m, dtype=torch.long)
+    for b in range(B):
+        mask[b, n - b * n // (2 * B) :] = 0
+        prompt_mask[b, : b * m // (2 * B)] = 0
+    ids, prompt = ids.masked_fill(mask == 0, 0), prompt.masked_fill(prompt_mask == 0, 0)
+    return {
+        "train": tuple(t.to(device) for t in (ids, mask, ids.masked_fill(mask == 0, -100))),
+        "prompt": (prompt.to(device), prompt_mask.to(device)),
+    }
+
+
+def _hf_train_step(model, opt, batch, device: str, dry: bool) -> None:
+    ids, mask, labels = batch
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=not dry):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def hf_model_row(device: str, dry: bool, deadline: float, timed: bool = True) -> dict:
+    """A tiny Llama converted by `apply_papers_config` (ASEntmax + NAPE), through transformers: which backend
+    each attention call runs on in a training step (right-padded batch, bf16 autocast) and in cached greedy
+    generation of a left-padded batch (dynamic and static cache), which must be triton for every call (causal +
+    padding reach attention as key ranges); the max abs difference of its float32 logits at real tokens from the
+    same model on backend="reference"; and, when ``timed``, training steps/s (AdamW, bf16 autocast) against the
+    same Llama with transformers' own sdpa attention (RoPE, softmax), timed interleaved in rounds, medians; no
+    round starts after ``deadline``. Untimed, it fills Triton's on-disk cache for the timed call."""
+    t0 = time.perf_counter()
+    p = HF_DRY_TRAIN if dry else HF_TRAIN
+    row = {"model": "llama", **(HF_DRY_SHAPE if dry else HF_SHAPE), **p, "autocast": None if dry else "bfloat16"}
+    if importlib.util.find_spec("transformers") is None:
+        return {**row, "skipped": "transformers (optional extra) is not installed", "seconds": 0.0}
+    try:
+        model = _hf_llama(device, dry, convert=True)
+        layers = model.config.num_hidden_layers
+        data = _hf_batches(device, dry, model.config.vocab_size)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        backends, expected = {}, {}
+        with backends_used() as used:
+            _hf_train_step(model, opt, data["train"], device, dry)
+        backends["train_step"], expected["train_step"] = dict(used), layers
+        model.eval()
+        ids, mask = data["prompt"]
+        for cache in ("dynamic", "static"):
+            with torch.no_grad(), backends_used() as used:
+                # generate compiles a static cache's decoding steps on CUDA by default; traced by torch.compile the
+                # padding cannot be checked for one run per row, so those steps take the dense mask (docs/hf.md)
+                model.generate(
+                    ids,
+                    attention_mask=mask,
+                    max_new_tokens=p["new_tokens"],
+                    do_sample=False,
+                    cache_implementation=cache,
+                    disable_compile=True,
+                )
+            backends[f"generate_{cache}"], expected[f"generate_{cache}"] = dict(used), layers * p["new_tokens"]
+        ids, mask, _ = data["train"]
+        with torch.no_grad():
+            got = model(input_ids=ids, attention_mask=mask).logits
+            settings = model.config.longsparse
+            model.config.longsparse = {**settings, "backend": "reference"}  # read at every attention call
+            want = model(input_ids=ids, attention_mask=mask).logits
+            model.config.longsparse = settings
+        real = mask.bool()
+        err = (got[real] - want[real]).abs().max().item()
+        row.update(
+            backends=backends,
+            expected_calls=expected,
+            logits_err_vs_reference=err,
+            tolerance=1e-3,
+            ok=err <= 1e-3 and all(backends[k] == {"triton": n} for k, n in expected.items()),
+        )
+        if timed:
+            model.train()
+            own = _hf_llama(device, dry, convert=False).train()
+            models = {"longsparse": (model, opt), "sdpa": (own, torch.optim.AdamW(own.parameters(), lr=1e-4))}
+            for m, o in models.values():  # warm-up: the kernels (compiled in the pool) and the optimizer state
+                _hf_train_step(m, o, data["train"], device, dry)
+            rates = {name: [] for name in models}
+            for r in range(p["rounds"]):
+                if r and time.perf_counter() > deadline:
+                    break
+                for name, (m, o) in models.items():
+                    _sync(device)
+                    t = time.perf_counter()
+                    for _ in range(p["steps"]):
+                        _hf_train_step(m, o, data["train"], device, dry)
+                    _sync(device)
+                    rates[name].append(p["steps"] / (time.perf_counter() - t))
+            steps_per_s = {name: statistics.median(v) for name, v in rates.items()}
+            row.update(
+                steps_per_s=steps_per_s,
+                rounds_timed=len(rates["sdpa"]),
+                vs_sdpa=steps_per_s["longsparse"] / steps_per_s["sdpa"],
+            )
+    except Exception as exc:  # noqa: BLE001 - recorded, and the run goes on
+        row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], traceback=traceback.format_exc()[-3000:])
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    return row
+
+
 # ============================================================================ driver
 
 
@@ -1121,6 +1287,13 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--skip-training", action="store_true")
+    ap.add_argument("--skip-hf", action="store_true", help="skip (e), the converted Hugging Face Llama")
+    ap.add_argument(
+        "--hf-reserve-s",
+        type=float,
+        default=20.0,
+        help="seconds kept from the timings for (e), the converted Hugging Face Llama, before the training rows",
+    )
     ap.add_argument(
         "--rescore",
         metavar="JSON",
@@ -1150,7 +1323,8 @@ def main(argv=None) -> int:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     # no training starts after this; the dry run goes through every stage once whatever the machine's load
     deadline = math.inf if dry else T0 + args.budget_s
-    timing_deadline = deadline - (0.0 if args.skip_training else args.train_reserve_s)
+    hf_deadline = deadline - (0.0 if args.skip_training else args.train_reserve_s)
+    timing_deadline = hf_deadline - (0.0 if args.skip_hf else args.hf_reserve_s)
     data = {
         "benchmark": "gpu_check",
         "dry_run": dry,
@@ -1161,6 +1335,7 @@ def main(argv=None) -> int:
         "timings": [],
         "decode": [],
         "profile": None,
+        "hf_model": None,
         "training": [],
         "warm": [],
         "notes": [],
@@ -1177,6 +1352,8 @@ def main(argv=None) -> int:
                 [] if args.skip_training else [32]
             )
             tasks = [("warm", f"warm_D{d}", {"D": d}) for d in dict.fromkeys(dims)] + tasks
+            if not args.skip_hf:
+                tasks = [("hf", "warm_hf_llama", {})] + tasks
             if not args.skip_timing:
                 wanted = {(n, d) for n, d, bwd in args.groups if bwd}
                 tasks = [
@@ -1279,6 +1456,20 @@ def main(argv=None) -> int:
             except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
                 data["profile"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
             _write(out_path, data)
+
+    # (e) the converted Hugging Face Llama: every attention call on triton, its steps/s against transformers' sdpa
+    if not args.skip_hf:
+        if time.perf_counter() < hf_deadline:
+            data["hf_model"] = hf_model_row(device, dry, hf_deadline)
+            r = data["hf_model"]
+            print(
+                f"[{_elapsed():6.1f}s] hf llama: {'ok' if r.get('ok') else 'FAIL'} backends {r.get('backends')} "
+                f"steps/s {r.get('steps_per_s', r.get('error'))} vs sdpa {r.get('vs_sdpa')}",
+                flush=True,
+            )
+        else:
+            data["notes"].append("budget reached before the Hugging Face model")
+        _write(out_path, data)
 
     # (d) training and evaluation rows: compiled against eager training steps of the GPU-scale model, and seconds
     # per example of evaluation at 256× / 1,024×, softmax through flex against ASEntmax through triton

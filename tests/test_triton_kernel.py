@@ -7,6 +7,7 @@ gradients w.r.t. q, k, v (and q_scale, which reaches the kernel folded into q). 
 kernels for sm_90 (H100) through Triton's full pipeline, which the interpreter does not exercise.
 """
 
+import importlib.util
 import inspect
 import json
 import math
@@ -558,7 +559,8 @@ def test_gpu_check_script_dry_run(tmp_path):
     """benchmarks/gpu_check.py runs end to end on CPU: the interpreter, tiny shapes, four checks (the
     kernel tests above cover the rest; left padding on the decode path and in a model's cached generation
     among them) through its worker pool, the kernel's own counts, its timing code once beside a baseline
-    kernel (a copy of the attention folder; times unused) and the profile (the training rows' dry run is tests/test_bench_gpu_train.py)."""
+    kernel (a copy of the attention folder; times unused), the profile and the converted Hugging Face model (the
+    training rows' dry run is tests/test_bench_gpu_train.py)."""
     out = tmp_path / "gpu_check.json"
     baseline = tmp_path / "baseline_attention"  # a copy of a version's attention folder, as from git archive
     shutil.copytree(ROOT / "src" / "longsparse" / "attention", baseline, ignore=shutil.ignore_patterns("__pycache__"))
@@ -612,6 +614,16 @@ def test_gpu_check_script_dry_run(tmp_path):
     assert data["profile"]["ms_by_kernel"]
     generation = next(c for c in checks if c["case"] == "model_generate_left_padded")
     assert generation["tokens_equal"] and set(generation["backends"]) == {"triton"}
+    # (e) the converted Hugging Face Llama: a training step's and cached generation's attention calls all take the
+    # Triton kernels (named here: a dense mask would make it raise), and its steps/s beside transformers' sdpa
+    hf = data["hf_model"]
+    if importlib.util.find_spec("transformers") is None:
+        assert "not installed" in hf["skipped"]
+    else:
+        assert hf["ok"], hf
+        assert set(hf["expected_calls"]) == {"train_step", "generate_dynamic", "generate_static"}
+        assert hf["backends"] == {k: {"triton": n} for k, n in hf["expected_calls"].items()}
+        assert hf["steps_per_s"]["longsparse"] > 0 and hf["steps_per_s"]["sdpa"] > 0
     assert data["training"] == []
     # --rescore: float32 rows carry the float32 reference's own error; a stored file without it (as the
     # first GPU call wrote) has it recomputed on the CPU, and an error far beyond it fails
@@ -643,7 +655,7 @@ def _rescore(path) -> dict:
     checks = proc.stdout.split("\n\n")[0]  # the checks table; the timing tables follow
     rows = [line.strip("|").split("|") for line in checks.splitlines()[2:]]
     assert "| decode: keys |" in proc.stdout and "| training (GPU-scale model) |" in proc.stdout
-    assert "| counts: N |" in proc.stdout
+    assert "| counts: N |" in proc.stdout and "| converted HF Llama |" in proc.stdout
     return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
 
 
