@@ -439,14 +439,15 @@ def timing_tables(path: str) -> str:
         lines += [f"| {k[:70]} | {v:.3f} |" for k, v in prof["ms_by_kernel"].items()]
     hf = data.get("hf_model")
     if hf:
-        rates = hf.get("steps_per_s") or {}
+        rates = {k: f"{v:.1f}" for k, v in (hf.get("steps_per_s") or {}).items()}
+        err = hf.get("logits_err_vs_reference")
         lines += [
             "",
             "| converted HF Llama | attention backends (calls) | logits err vs reference | steps/s | sdpa steps/s "
             "| / sdpa |",
             "|---|---|---:|---:|---:|---:|",
             f"| {'ok' if hf.get('ok') else hf.get('skipped', 'FAILS')} | {hf.get('backends', hf.get('error', '-'))} "
-            f"| {hf.get('logits_err_vs_reference', '-')} | {rates.get('longsparse', '-')} | {rates.get('sdpa', '-')} "
+            f"| {'-' if err is None else f'{err:.1e}'} | {rates.get('longsparse', '-')} | {rates.get('sdpa', '-')} "
             f"| {_ratio(hf.get('vs_sdpa'))} |",
         ]
     lines += [
@@ -1064,8 +1065,14 @@ HF_SHAPE = {
     "num_key_value_heads": 4,
     "intermediate_size": 1024,
 }
-HF_DRY_SHAPE = {**HF_SHAPE, "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}
-HF_DRY_SHAPE.update(num_attention_heads=2, num_key_value_heads=1)
+HF_DRY_SHAPE = {
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "intermediate_size": 64,
+}
 HF_TRAIN = {"batch": 8, "length": 1024, "prompt": 256, "new_tokens": 8, "steps": 5, "rounds": 3}
 HF_DRY_TRAIN = {"batch": 2, "length": 24, "prompt": 12, "new_tokens": 2, "steps": 1, "rounds": 1}
 
