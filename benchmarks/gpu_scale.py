@@ -182,7 +182,7 @@ def all_cells(spec: StudyFile) -> list[tuple[int, Study, Cell]]:
 # ---- checkpoints --------------------------------------------------------------------------------------------
 def checkpoint_step(run: Path):
     """The step of ``run``'s last checkpoint (None without one)."""
-    from longsparse.nn.checkpoint import read_checkpoint
+    from longsparse.models import read_checkpoint
 
     p = run / "checkpoints" / f"{CHECKPOINT}.pt"
     if not p.is_file():
@@ -195,7 +195,7 @@ def slim_checkpoint(src: Path, dest: Path) -> None:
     state with no per-parameter entries (AdamW loads it; `train` stops at once because step == steps)."""
     import torch
 
-    from longsparse.nn.checkpoint import read_checkpoint
+    from longsparse.models import read_checkpoint
 
     payload = read_checkpoint(str(src))
     opt = payload.get("optimizer") or {}

@@ -212,7 +212,7 @@ def test_sdpa_in_query_blocks_equals_the_reference(case, monkeypatch):
         return real(call, *args)
 
     monkeypatch.setattr(backends, "_sdpa_query_blocks", counted)
-    monkeypatch.setattr(policy, "SDPA_MAX_ELEMENTS", N)
+    monkeypatch.setattr(backends, "SDPA_MAX_ELEMENTS", N)
     with torch.no_grad():
         got = ls.attention(q, k, v, **kw, backend="sdpa")
     torch.testing.assert_close(got, _reference(case)[0], atol=1e-5, rtol=1e-5)
@@ -285,7 +285,7 @@ def test_policy_softmax_forms_go_to_sdpa_within_its_size_limit(monkeypatch):
         assert select_backend(_call(mapping=mapping, grad=True), supports=_all_support).backend == "sdpa"
         assert select_backend(_call(mapping=mapping, alpha=1.0), supports=_all_support).backend == "sdpa"
     assert select_backend(_call(mapping="entmax", alpha=1.0), supports=_all_support).backend == "sdpa"  # α = 1
-    monkeypatch.setattr(policy, "SDPA_MAX_ELEMENTS", N * N - 1)
+    monkeypatch.setattr(backends, "SDPA_MAX_ELEMENTS", N * N - 1)
     # plain causal softmax needs no bias; ALiBi, a mask or decoding do, top-k / adatemp their logits
     assert select_backend(_call(mapping="softmax"), supports=_all_support).backend == "sdpa"
     for kw in (
@@ -301,7 +301,7 @@ def test_policy_softmax_forms_go_to_sdpa_within_its_size_limit(monkeypatch):
 def test_policy_on_cuda_takes_long_softmax_without_gradient_to_sdpa_in_blocks(monkeypatch):
     """Beyond the SDPA limit, softmax with ALiBi goes to sdpa (in query blocks) on CUDA when no gradient is
     needed; with a gradient, and on the CPU (where fused_cpu takes long rows), the limit still applies."""
-    monkeypatch.setattr(policy, "SDPA_MAX_ELEMENTS", N * N - 1)
+    monkeypatch.setattr(backends, "SDPA_MAX_ELEMENTS", N * N - 1)
     kw = dict(mapping="softmax", alibi_slopes=torch.ones(H))
     not_triton = _only("sdpa", "chunked")
     assert select_backend(_call(device_type="cuda", **kw), supports=not_triton).backend == "sdpa"

@@ -142,14 +142,14 @@ def test_sdpa_blocks_benchmark_writes_its_table_and_never_overwrites(tmp_path, m
     import importlib.util
     from pathlib import Path
 
+    from longsparse.attention import backends
     from longsparse.attention import flex as flex_backend
-    from longsparse.attention import policy
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "sdpa_blocks.py"
     spec = importlib.util.spec_from_file_location("sdpa_blocks", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    monkeypatch.setattr(policy, "SDPA_MAX_ELEMENTS", 4 * 48)  # one bias row of 4 heads × 48 keys per block
+    monkeypatch.setattr(backends, "SDPA_MAX_ELEMENTS", 4 * 48)  # one bias row of 4 heads × 48 keys per block
     out = tmp_path / "b.json"
     args = ["--out", str(out), "--n", "48", "--heads", "4", "--dim", "8", "--repeats", "1"]
     assert mod.main(args) == 0

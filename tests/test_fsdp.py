@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from longsparse.cli import main
-from longsparse.nn import read_checkpoint
+from longsparse.models import read_checkpoint
 from longsparse.train import build_config, fsdp, train
 
 FAULTS = Path(__file__).with_name("faults.py")

@@ -23,7 +23,8 @@ from longsparse.hsa import (
     sliding_window_attention,
     visible_chunks,
 )
-from longsparse.hsa.model import ChunkMemory, HSABlock
+from longsparse.hsa.model import HSABlock
+from longsparse.hsa.ops import ChunkMemory
 
 V = 24
 

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from conftest import ref_entmax
 
 from longsparse.hsa import HSAConfig, HSAModel, hsa_fast_logits, sliding_window_attention
-from longsparse.hsa.model import ChunkEncoderAttention, ChunkMemory, HSAAttention
+from longsparse.hsa.model import ChunkEncoderAttention, HSAAttention
+from longsparse.hsa.ops import ChunkMemory
 from longsparse.mappings import get_mapping
 from longsparse.mappings.registry import method_mapping
 

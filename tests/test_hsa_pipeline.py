@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from longsparse.hsa import HSAModel, score_needles
-from longsparse.nn import load_checkpoint
+from longsparse.models import load_checkpoint
 from longsparse.train import ConfigError, build_config, train
 from longsparse.train.config import build_model, run_label
 

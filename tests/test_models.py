@@ -25,9 +25,12 @@ from longsparse.models import (
     build_model,
     config_section,
     get_architecture,
+    load_checkpoint,
     model_config,
+    read_checkpoint,
+    save_checkpoint,
 )
-from longsparse.nn import AttentionSettings, ModelConfig, Transformer, load_checkpoint, read_checkpoint, save_checkpoint
+from longsparse.nn import AttentionSettings, ModelConfig, Transformer
 from longsparse.train import ConfigError, build_config, config_hash, resolve
 from longsparse.train.config import run_label
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from longsparse.nn import read_checkpoint
+from longsparse.models import read_checkpoint
 from longsparse.train import build_config, train
 from longsparse_experiments.cli import main
 

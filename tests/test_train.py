@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from longsparse.nn import read_checkpoint
+from longsparse.models import read_checkpoint
 from longsparse.train import ConfigError, RunDirError, build_config, loop, lr_at, train
 from longsparse.train.config import RunConfig, config_hash
 from longsparse.train.loop import bucket_length, build_model_and_optimizer, compile_enabled, pad_batch

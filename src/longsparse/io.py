@@ -8,7 +8,7 @@ renames it over the final name; on an exception the temporary file is removed.
 Temporary names are ``.<final name>.tmp-<random>``: hidden, and never ending in the final suffix, so globs such
 as ``*.json`` or ``*.pt`` never pick one up. A writer killed by SIGKILL can still leave one behind;
 ``is_temp_name`` recognises them and ``remove_stale_temps`` deletes them where the caller knows no other writer
-is active (e.g. under a run directory's lock). ``longsparse.nn.save_checkpoint`` names its temporaries
+is active (e.g. under a run directory's lock). ``longsparse.models.save_checkpoint`` names its temporaries
 ``.tmp-*.pt``; those are recognised too.
 
 Appended logs (``metrics.jsonl``) are not rewritten on every record; ``read_jsonl`` tolerates the one torn line

@@ -30,7 +30,7 @@ from longsparse.io import (
 )
 from longsparse.lm.evaluate import bucket_positions, passkey_accuracy, perplexity_by_length
 from longsparse.lm.streams import prepare
-from longsparse.nn import load_checkpoint
+from longsparse.models import load_checkpoint
 from longsparse.train import ConfigError, train
 from longsparse.train.rundir import checkpoint_path
 from longsparse_experiments.lm_config import LMEval, LMStudyConfig, load_study_config

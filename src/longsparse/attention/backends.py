@@ -249,6 +249,12 @@ def _sdpa_run(call: AttentionCall) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=call.scale)
 
 
+# Largest bias (softmax: per batch row, H·Nq·Nk with ALiBi, else Nq·Nk) or logits tensor (top-k, adaptive
+# temperature: B·H·Nq·Nk) that the sdpa backend materialises at once (auto's limit; past it softmax without gradient runs in blocks of
+# query rows): 64 MiB of fp32.
+SDPA_MAX_ELEMENTS = 1 << 24
+
+
 def sdpa_bias_row_elements(call: AttentionCall) -> int:
     """Elements of the bias sdpa builds per batch row and query row: heads × keys (the heads of the ALiBi
     slopes or of the mask, else 1). Auto's SDPA limit and the query blocks both count with it."""
@@ -258,10 +264,8 @@ def sdpa_bias_row_elements(call: AttentionCall) -> int:
 
 
 def _sdpa_rows_per_block(call: AttentionCall) -> int:
-    """Query rows whose bias stays within auto's SDPA limit (policy.SDPA_MAX_ELEMENTS); at least 1."""
-    from longsparse.attention import policy  # policy imports this module
-
-    return max(1, policy.SDPA_MAX_ELEMENTS // sdpa_bias_row_elements(call))
+    """Query rows whose bias stays within `SDPA_MAX_ELEMENTS`; at least 1."""
+    return max(1, SDPA_MAX_ELEMENTS // sdpa_bias_row_elements(call))
 
 
 def _sdpa_query_blocks(call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, rows: int) -> Tensor:

@@ -9,12 +9,10 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from longsparse.attention import backends
 from longsparse.attention.backends import BACKENDS, sdpa_bias_row_elements
 from longsparse.attention.call import AttentionCall
 
-# Largest bias (softmax: per batch row, H·Nq·Nk with ALiBi, else Nq·Nk) or logits tensor (top-k, adaptive
-# temperature: B·H·Nq·Nk) that auto lets the sdpa backend materialise: 64 MiB of fp32.
-SDPA_MAX_ELEMENTS = 1 << 24
 # Short rows that auto differentiates through the materialised logits with autograd (reference) instead of the
 # chunked backends' recomputing backward, which costs a second forward: 0.70-0.95x their time for entmax at
 # 32-64 keys (`longsparse bench short`), training at the synthetic tasks' lengths.
@@ -82,8 +80,8 @@ def _sdpa_gate(call: AttentionCall) -> Optional[str]:
     B, H, Nq, Nk, _ = call.shape
     if call.mapping.adjusts_logits:
         n = B * H * Nq * Nk
-        if n > SDPA_MAX_ELEMENTS:
-            return f"its no-grad pass would materialise {n:,} logits (auto's limit: {SDPA_MAX_ELEMENTS:,})"
+        if n > backends.SDPA_MAX_ELEMENTS:
+            return f"its no-grad pass would materialise {n:,} logits (auto's limit: {backends.SDPA_MAX_ELEMENTS:,})"
         return None
     needs_bias = (
         call.alibi_slopes is not None
@@ -92,12 +90,12 @@ def _sdpa_gate(call: AttentionCall) -> Optional[str]:
         or (call.is_causal and (Nq != Nk or call.scale <= 0))
     )
     n = sdpa_bias_row_elements(call) * Nq
-    if needs_bias and n > SDPA_MAX_ELEMENTS:
+    if needs_bias and n > backends.SDPA_MAX_ELEMENTS:
         if call.device_type == "cuda" and not call.wants_grad:
             # sdpa runs such a call in query blocks, each bias within the limit; on the CPU fused_cpu is
             # there for long rows, on CUDA the alternative is the chunked path (unfused PyTorch ops)
             return None
-        return f"its bias would hold {n:,} elements per batch row (auto's limit: {SDPA_MAX_ELEMENTS:,})"
+        return f"its bias would hold {n:,} elements per batch row (auto's limit: {backends.SDPA_MAX_ELEMENTS:,})"
     return None
 
 
@@ -115,10 +113,10 @@ def _flex_gate(call: AttentionCall) -> Optional[str]:
     if call.alibi_slopes is None and not call.has_key_ranges and not (call.is_causal and (Nq != Nk or call.scale <= 0)):
         return "no ALiBi, key range or decoding offset: SDPA's flash kernel takes the call as it is"
     n = sdpa_bias_row_elements(call) * Nq
-    if n <= SDPA_MAX_ELEMENTS:
+    if n <= backends.SDPA_MAX_ELEMENTS:
         # flex compiles one kernel per call shape: short rows (training batches, decoding steps whose key count
         # grows by one) would recompile often, while their dense bias is small
-        return f"its bias holds {n:,} elements per batch row (≤ {SDPA_MAX_ELEMENTS:,}): SDPA with a dense bias"
+        return f"its bias holds {n:,} elements per batch row (≤ {backends.SDPA_MAX_ELEMENTS:,}): SDPA with a dense bias"
     return None
 
 

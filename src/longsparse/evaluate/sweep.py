@@ -36,8 +36,7 @@ import torch
 from longsparse.evaluate.core import check_batch_tokens, score_length
 from longsparse.evaluate.memory import check_lengths_fit
 from longsparse.io import atomic_write_text, write_new
-from longsparse.models import DEFAULT_ARCH, config_section, get_architecture
-from longsparse.nn import load_checkpoint
+from longsparse.models import DEFAULT_ARCH, config_section, get_architecture, load_checkpoint
 from longsparse.train.config import make_task, run_label
 from longsparse.train.rundir import RunDirError, checkpoint_path, environment, normalise, now, read_config
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from longsparse.hsa.model import ChunkMemory, HSAModel
+from longsparse.hsa.ops import ChunkMemory
 
 
 class _LazyMemory(ChunkMemory):
@@ -42,8 +42,11 @@ class _LazyMemory(ChunkMemory):
 
 
 class HSAFastEvaluator:
+    """The long-context evaluator of an ``HSAModel`` (``model``; typed as a module so that this file, which the
+    model's `cached_decoding` runs, never imports the model's) on ``input_ids`` (B, N)."""
+
     def __init__(
-        self, model: HSAModel, input_ids: Tensor, *, segment_len: Optional[int] = None, max_cached_chunks: int = 4096
+        self, model: nn.Module, input_ids: Tensor, *, segment_len: Optional[int] = None, max_cached_chunks: int = 4096
     ):
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must have shape (B, N) with N >= 1, got {tuple(input_ids.shape)}")
@@ -150,7 +153,7 @@ class HSAFastEvaluator:
 
 
 def hsa_fast_logits(
-    model: HSAModel,
+    model: nn.Module,
     input_ids: Tensor,
     positions: Sequence[int],
     *,

@@ -53,7 +53,15 @@ from torch import Tensor, nn
 
 from longsparse.attention import attention
 from longsparse.hsa.config import HSAConfig
-from longsparse.hsa.ops import chunk_weights, length_scale, sample_gumbel, sliding_window_attention, visible_chunks
+from longsparse.hsa.fast import HSAFastEvaluator
+from longsparse.hsa.ops import (
+    ChunkMemory,
+    chunk_weights,
+    length_scale,
+    sample_gumbel,
+    sliding_window_attention,
+    visible_chunks,
+)
 from longsparse.nn.attention import Attention
 from longsparse.nn.generation import GreedyGeneration
 from longsparse.nn.model import Block, GeGLU, RMSNorm
@@ -171,28 +179,6 @@ class EncoderBlock(Block):
 
     def forward(self, x: Tensor) -> Tensor:  # x (M, S+1, d)
         return super().forward(x, None)
-
-
-class ChunkMemory:
-    """Landmarks (B, C, d) of the chunks 0..C−1 and, when held, their token states (B, C, S, d)."""
-
-    def __init__(self, landmarks: Tensor, tokens: Optional[Tensor]):
-        self.landmarks = landmarks
-        self.tokens = tokens
-
-    @property
-    def n_chunks(self) -> int:
-        return self.landmarks.shape[1]
-
-    def chunk_tokens(self, chunk_ids: Tensor) -> Tensor:
-        """Token states (B, U, S, d) of the chunks ``chunk_ids`` (U,)."""
-        return self.tokens[:, chunk_ids]
-
-    def chunk_table(self, idx: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """For chunk ids idx (B, N, K): the token states (B, U, S, d) of the U distinct ids, those ids (U,)
-        (sorted), and slot (B, N, K), the index of idx[b, n, k] among them."""
-        ids = torch.unique(idx)
-        return self.chunk_tokens(ids), ids, torch.searchsorted(ids, idx)
 
 
 class ChunkEncoder(nn.Module):
@@ -530,6 +516,4 @@ class HSAModel(GreedyGeneration, nn.Module):
         """Greedy decoding's incremental path (``longsparse.nn.GreedyGeneration.generate``): the long-context
         evaluator (``HSAFastEvaluator``: chunk landmarks kept, the upper layers run only on the receptive field of
         the new position; exact). ``mask`` is all real here (``decodes_padded_rows`` is False)."""
-        from longsparse.hsa.fast import HSAFastEvaluator  # fast.py builds on this module
-
         return HSAFastEvaluator(self, prompt_ids)

@@ -147,3 +147,25 @@ def chunk_weights(
         w = torch.where(sel, torch.exp(log_beta + after), zeros)
         return w, sel
     raise ValueError(f"unknown weights {weights!r}")
+
+
+class ChunkMemory:
+    """Landmarks (B, C, d) of the chunks 0..C−1 and, when held, their token states (B, C, S, d)."""
+
+    def __init__(self, landmarks: Tensor, tokens: Optional[Tensor]):
+        self.landmarks = landmarks
+        self.tokens = tokens
+
+    @property
+    def n_chunks(self) -> int:
+        return self.landmarks.shape[1]
+
+    def chunk_tokens(self, chunk_ids: Tensor) -> Tensor:
+        """Token states (B, U, S, d) of the chunks ``chunk_ids`` (U,)."""
+        return self.tokens[:, chunk_ids]
+
+    def chunk_table(self, idx: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """For chunk ids idx (B, N, K): the token states (B, U, S, d) of the U distinct ids, those ids (U,)
+        (sorted), and slot (B, N, K), the index of idx[b, n, k] among them."""
+        ids = torch.unique(idx)
+        return self.chunk_tokens(ids), ids, torch.searchsorted(ids, idx)

@@ -6,8 +6,8 @@ and its length scaler: softmax, entmax, asentmax, ...) and positions are fields 
 never an architecture.
 
 This module imports no other part of longsparse when it loads: entries name their classes by import path and
-resolve them on first use, so ``longsparse.nn.checkpoint`` (below the models in the layering) can look an
-architecture up by name without importing the models that sit above it.
+resolve them on first use, so looking an architecture up by name (``longsparse.models.checkpoint`` rebuilding a
+saved model) imports only the model code of that architecture.
 """
 
 from __future__ import annotations

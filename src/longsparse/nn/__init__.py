@@ -1,10 +1,9 @@
 """Modules: positions (NoPE, RoPE, ALiBi, NAPE), length scalers (SSMax, ASEntmax), Attention and its settings
 (AttentionSettings, shared by every architecture's config), the Gemma-2-style Transformer decoder, greedy
-generation (GreedyGeneration: the decoder's with its KV cache; HSA's too), introspection, checkpoints and
+generation (GreedyGeneration: the decoder's with its KV cache; HSA's too), introspection and
 adapters (nn.MultiheadAttention-style; Hugging Face transformers in longsparse.nn.hf)."""
 
 from longsparse.nn.attention import Attention, LayerCache, dense_logits
-from longsparse.nn.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from longsparse.nn.config import METHODS, AttentionSettings, ModelConfig
 from longsparse.nn.generation import Decoding, FullForwardDecoding, GreedyGeneration, KVCacheDecoding
 from longsparse.nn.introspect import CAPTURE_KINDS, Capture, capture
@@ -35,9 +34,6 @@ __all__ = [
     "StaticASEntmaxScaler",
     "capture",
     "Capture",
-    "save_checkpoint",
-    "load_checkpoint",
-    "read_checkpoint",
     "EntmaxMultiheadAttention",
     "dense_logits",
     "METHODS",

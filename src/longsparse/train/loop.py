@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from longsparse.attention.policy import load_backends
 from longsparse.io import atomic_write_text, is_temp_name, read_jsonl
 from longsparse.mappings import _kernel
-from longsparse.nn import load_checkpoint, save_checkpoint
+from longsparse.models import load_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
 from longsparse.tasks.base import PAD
 from longsparse.train import fsdp

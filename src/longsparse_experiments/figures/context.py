@@ -95,7 +95,7 @@ def ensure_default_runs(cache: Path, quick: bool = False, log: Callable[[str], N
 
 def load_run(run: Path):
     """(model in eval mode, config dict, checkpoint name, validation record) of a run directory."""
-    from longsparse.nn import load_checkpoint
+    from longsparse.models import load_checkpoint
     from longsparse.train import checkpoint_path, read_config
 
     cfg = read_config(run)
