@@ -1,6 +1,8 @@
 """The benchmark harness: honest JSON (ratios to softmax/SDPA from the same run) and its markdown."""
 
+import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -182,3 +184,45 @@ def test_alibi_band_benchmark_times_nape_nope_and_sdpa_and_never_overwrites(tmp_
     assert "| 128 | here |" in bench.markdown(str(out))
     with pytest.raises(SystemExit, match="exists"):
         mod.main(args)
+
+
+# kinds whose tables their own scripts print (benchmarks/gpu_check.py --rescore, benchmarks/kernel_counts.py --table)
+SCRIPT_TABLES = {"gpu_check", "kernel_counts"}
+
+
+def test_every_committed_result_has_a_table():
+    """Each benchmark JSON under benchmarks/results is of a registered kind whose table renders it, or of a
+    kind whose script prints its own."""
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    files = sorted(root.rglob("*.json"))
+    assert len(files) > 20
+    for f in files:
+        kind = json.loads(f.read_text())["benchmark"]
+        if kind in SCRIPT_TABLES:
+            continue
+        assert kind in bench.BENCHES, f"{f}: kind {kind!r} has no registered table"
+        assert str(f) in bench.markdown(str(f))
+
+
+def test_a_kind_is_one_registration(tmp_path):
+    """register_bench adds a kind to `markdown` and, with a run, to the command's choices; an unregistered
+    kind is refused before anything is written, and a name is registered once."""
+    with pytest.raises(ValueError, match="not registered"):
+        bench.write_result("no-such-kind", [], str(tmp_path / "x.json"), {})
+    assert not (tmp_path / "x.json").exists()
+    with pytest.raises(ValueError, match="already registered"):
+        bench.register_bench(bench.Bench("mapping", lambda rows: []))
+    probe = bench.Bench("probe-kind", lambda rows: [f"| {r['v']} |" for r in rows], lambda a, lengths, c: [{"v": 1}])
+    bench.register_bench(probe)
+    try:
+        path = bench.write_result("probe-kind", [{"v": 7}], str(tmp_path / "p.json"), {})
+        assert "| 7 |" in bench.markdown(str(path))
+        assert json.loads(path.read_text())["env"]["commit"]  # the checkout's commit is recorded
+        parser = argparse.ArgumentParser()
+        bench.add_cli(parser.add_subparsers())
+        assert parser.parse_args(["bench", "probe-kind"]).what == "probe-kind"
+    finally:
+        del bench.BENCHES["probe-kind"]
+    path.write_text(json.dumps({"benchmark": "probe-kind", "rows": [], "env": {}}))
+    with pytest.raises(ValueError, match="has no table"):
+        bench.markdown(str(path))

@@ -12,9 +12,10 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -738,106 +739,135 @@ def bench_eval(
     return rows
 
 
-def _train_tables(kind: str, rows: list[dict]) -> list[str]:
-    """The markdown rows of a train-step, train-run or eval result."""
-    if kind == "train-step":
-        out = [
-            "| task length (tokens) | method | step wall (ms) | / base | step CPU (ms) | / base | peak RSS (MiB) | "
-            "/ base | above the model (MiB) | / base |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in rows:
-            out.append(
-                f"| {r['length']} ({r['tokens']}) | {r['method']} | {r['wall_s'] * 1e3:.1f} | "
-                f"{r['wall_vs_base']:.2f} | {r['cpu_s'] * 1e3:.1f} | {r['cpu_vs_base']:.2f} | "
-                f"{r['peak_rss_bytes'] / 2**20:.0f} | {r['peak_vs_base']:.2f} | "
-                f"{r['extra_peak_bytes'] / 2**20:.0f} | {r['extra_peak_vs_base']:.2f} |"
-            )
-    elif kind == "train-run":
-        out = [
-            "| method | steps | wall (s) | / base | CPU (s) | / base | peak RSS (MiB) | / base | validation (s) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in rows:
-            out.append(
-                f"| {r['method']} | {r['steps']} | {r['wall_s']:.1f} | {r['wall_vs_base']:.2f} | "
-                f"{r['cpu_s']:.1f} | {r['cpu_vs_base']:.2f} | {r['peak_rss_bytes'] / 2**20:.0f} | "
-                f"{r['peak_vs_base']:.2f} | {r['val_s']:.1f} |"
-            )
-    else:
-        out = [
-            "| length (tokens) | model | examples/s | wall / base | CPU / base | attention backend |",
-            "|---|---|---:|---:|---:|---|",
-        ]
-        for r in rows:
-            out.append(
-                f"| {r['length']} ({r['tokens']}) | {r['model']} | {r['examples_per_s']:.4f} | "
-                f"{r['time_vs_base']:.2f} | {r['cpu_vs_base']:.2f} | {r['backend']} |"
-            )
+def _train_step_table(rows: list[dict]) -> list[str]:
+    out = [
+        "| task length (tokens) | method | step wall (ms) | / base | step CPU (ms) | / base | peak RSS (MiB) | "
+        "/ base | above the model (MiB) | / base |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['length']} ({r['tokens']}) | {r['method']} | {r['wall_s'] * 1e3:.1f} | "
+            f"{r['wall_vs_base']:.2f} | {r['cpu_s'] * 1e3:.1f} | {r['cpu_vs_base']:.2f} | "
+            f"{r['peak_rss_bytes'] / 2**20:.0f} | {r['peak_vs_base']:.2f} | "
+            f"{r['extra_peak_bytes'] / 2**20:.0f} | {r['extra_peak_vs_base']:.2f} |"
+        )
+    return out
+
+
+def _train_run_table(rows: list[dict]) -> list[str]:
+    out = [
+        "| method | steps | wall (s) | / base | CPU (s) | / base | peak RSS (MiB) | / base | validation (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['method']} | {r['steps']} | {r['wall_s']:.1f} | {r['wall_vs_base']:.2f} | "
+            f"{r['cpu_s']:.1f} | {r['cpu_vs_base']:.2f} | {r['peak_rss_bytes'] / 2**20:.0f} | "
+            f"{r['peak_vs_base']:.2f} | {r['val_s']:.1f} |"
+        )
+    return out
+
+
+def _eval_table(rows: list[dict]) -> list[str]:
+    out = [
+        "| length (tokens) | model | examples/s | wall / base | CPU / base | attention backend |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['length']} ({r['tokens']}) | {r['model']} | {r['examples_per_s']:.4f} | "
+            f"{r['time_vs_base']:.2f} | {r['cpu_vs_base']:.2f} | {r['backend']} |"
+        )
+    return out
+
+
+def _short_table(rows: list[dict]) -> list[str]:
+    out = ["| N | mapping | auto (ms) | chunked (ms) | auto / chunked |", "|---:|---|---:|---:|---:|"]
+    for r in rows:
+        out.append(
+            f"| {r['n']} | {r['mapping']} | {r['auto_s'] * 1e3:.1f} | {r['chunked_s'] * 1e3:.1f} | "
+            f"{r['auto_vs_chunked']:.2f} |"
+        )
+    return out
+
+
+def _sdpa_blocks_table(rows: list[dict]) -> list[str]:
+    out = ["| N | backend | median (s) | / sdpa blocks | max abs difference |", "|---:|---|---:|---:|---|"]
+    for r in rows:
+        out.append(
+            f"| {r['n']} | {r['backend']} | {r['median_s']:.3f} | {r['vs_sdpa_blocks']:.2f} | "
+            f"{r['max_abs_diff']:.1e} (vs {r['diff_against']}) |"
+        )
+    return out
+
+
+def _alibi_band_table(rows: list[dict]) -> list[str]:
+    out = [
+        "| N | source | NAPE (s) | NoPE (s) | SDPA (s) | NAPE / NoPE | NAPE / NoPE, CPU time |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        w = r["median_wall_s"]
+        out.append(
+            f"| {r['n']} | {r['src']} | {w['nape']:.2f} | {w['nope']:.2f} | {w['sdpa']:.2f} | "
+            f"{r['nape_vs_nope_wall_s']:.2f} | {r['nape_vs_nope_cpu_s']:.2f} |"
+        )
+    return out
+
+
+def _compile_table(rows: list[dict]) -> list[str]:
+    out = ["| method | mode | batch | first step (s) | median step (s) | / eager |", "|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        out.append(
+            f"| {r['method']} | {r['mode']} | {tuple(r['batch'])} | {r['first_step_s']:.2f} | "
+            f"{r['median_step_s']:.3f} | {r['vs_eager']:.2f} |"
+        )
+    return out
+
+
+def _mapping_table(rows: list[dict]) -> list[str]:
+    out = [
+        "| n | mapping | fwd / softmax | fwd+bwd / softmax | entmax pkg / ours (fwd) | entmax pkg / ours (fwd+bwd) |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['n']} | {r['mapping']} | {r['fwd_vs_softmax']:.2f} | {r['fwdbwd_vs_softmax']:.2f} | "
+            f"{r.get('speedup_vs_package_fwd', float('nan')):.1f} | "
+            f"{r.get('speedup_vs_package_fwdbwd', float('nan')):.1f} |"
+        )
+    return out
+
+
+def _attention_table(rows: list[dict]) -> list[str]:
+    out = [
+        "| N | direction | method | time (s) | / SDPA | / SDPA, interleaved | / SDPA, interleaved CPU time | "
+        "extra peak (MiB) | × (H·N² fp32) |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['n']} | {r['direction']} | {r['method']} | error: {r['error']} | | | | | |")
+            continue
+        inter, cpu = (
+            f"{r[key]:.2f}" if key in r else "—" for key in ("time_vs_sdpa_interleaved", "time_vs_sdpa_interleaved_cpu")
+        )
+        out.append(
+            f"| {r['n']} | {r['direction']} | {r['method']} | {r['seconds']:.3f} | "
+            f"{r.get('time_vs_sdpa', float('nan')):.2f} | {inter} | {cpu} | "
+            f"{r['extra_peak_bytes'] / 2**20:.0f} | {r['buffers']:.2f} |"
+        )
     return out
 
 
 def markdown(path: str) -> str:
-    """The markdown table of a saved benchmark JSON (what docs/benchmarks.md shows)."""
+    """The markdown table of a saved benchmark JSON (what docs/benchmarks.md shows), by its kind's `Bench`."""
     data = json.loads(Path(path).read_text())
-    rows = data["rows"]
-    if data["benchmark"] in ("train-step", "train-run", "eval"):
-        out = _train_tables(data["benchmark"], rows)
-    elif data["benchmark"] == "short":
-        out = ["| N | mapping | auto (ms) | chunked (ms) | auto / chunked |", "|---:|---|---:|---:|---:|"]
-        for r in rows:
-            out.append(
-                f"| {r['n']} | {r['mapping']} | {r['auto_s'] * 1e3:.1f} | {r['chunked_s'] * 1e3:.1f} | "
-                f"{r['auto_vs_chunked']:.2f} |"
-            )
-    elif data["benchmark"] == "sdpa_blocks":  # benchmarks/sdpa_blocks.py
-        out = ["| N | backend | median (s) | / sdpa blocks | max abs difference |", "|---:|---|---:|---:|---|"]
-        for r in rows:
-            out.append(
-                f"| {r['n']} | {r['backend']} | {r['median_s']:.3f} | {r['vs_sdpa_blocks']:.2f} | "
-                f"{r['max_abs_diff']:.1e} (vs {r['diff_against']}) |"
-            )
-    elif data["benchmark"] == "alibi_band":  # benchmarks/alibi_band.py
-        out = [
-            "| N | source | NAPE (s) | NoPE (s) | SDPA (s) | NAPE / NoPE | NAPE / NoPE, CPU time |",
-            "|---:|---|---:|---:|---:|---:|---:|",
-        ]
-        for r in rows:
-            w = r["median_wall_s"]
-            out.append(
-                f"| {r['n']} | {r['src']} | {w['nape']:.2f} | {w['nope']:.2f} | {w['sdpa']:.2f} | "
-                f"{r['nape_vs_nope_wall_s']:.2f} | {r['nape_vs_nope_cpu_s']:.2f} |"
-            )
-    elif data["benchmark"] == "mapping":
-        out = [
-            "| n | mapping | fwd / softmax | fwd+bwd / softmax | entmax pkg / ours (fwd) | entmax pkg / ours (fwd+bwd) |",
-            "|---:|---|---:|---:|---:|---:|",
-        ]
-        for r in rows:
-            out.append(
-                f"| {r['n']} | {r['mapping']} | {r['fwd_vs_softmax']:.2f} | {r['fwdbwd_vs_softmax']:.2f} | "
-                f"{r.get('speedup_vs_package_fwd', float('nan')):.1f} | "
-                f"{r.get('speedup_vs_package_fwdbwd', float('nan')):.1f} |"
-            )
-    else:
-        out = [
-            "| N | direction | method | time (s) | / SDPA | / SDPA, interleaved | / SDPA, interleaved CPU time | "
-            "extra peak (MiB) | × (H·N² fp32) |",
-            "|---:|---|---|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in rows:
-            if "error" in r:
-                out.append(f"| {r['n']} | {r['direction']} | {r['method']} | error: {r['error']} | | | | | |")
-                continue
-            inter, cpu = (
-                f"{r[key]:.2f}" if key in r else "—"
-                for key in ("time_vs_sdpa_interleaved", "time_vs_sdpa_interleaved_cpu")
-            )
-            out.append(
-                f"| {r['n']} | {r['direction']} | {r['method']} | {r['seconds']:.3f} | "
-                f"{r.get('time_vs_sdpa', float('nan')):.2f} | {inter} | {cpu} | "
-                f"{r['extra_peak_bytes'] / 2**20:.0f} | {r['buffers']:.2f} |"
-            )
+    kind = data["benchmark"]
+    if kind not in BENCHES:
+        raise ValueError(f"{path}: benchmark kind {kind!r} has no table (known: {', '.join(sorted(BENCHES))})")
+    out = BENCHES[kind].table(data["rows"])
     env = data["env"]
     out.append(f"\n_{path}: torch {env['torch']}, {env['threads']} threads, {env['time']}_")
     return "\n".join(out)
@@ -854,13 +884,137 @@ def environment() -> dict:
     }
 
 
+def _device() -> str:
+    """What the measurements ran on, for the default file name: "cpu", or the CUDA device's name."""
+    if torch.cuda.is_available():
+        return "".join(c if c.isalnum() else "-" for c in torch.cuda.get_device_name().lower()).strip("-")
+    return "cpu"
+
+
+def _commit() -> Optional[str]:
+    """The checkout's commit (with "+changes" when the tree differs from it), or None outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True)
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
 def write_result(kind: str, rows: list[dict], out: str | None, config: dict) -> Path:
-    path = Path(out) if out else Path("benchmarks/results") / f"{kind}-{datetime.now():%Y%m%d-%H%M%S}.json"
+    """Writes a result of a registered kind (`BENCHES`: so `markdown` can print it) to ``out``, by default
+    benchmarks/results/<kind>-<device>-<date>.json, with the environment and the commit measured. Never
+    overwrites a file."""
+    if kind not in BENCHES:
+        raise ValueError(f"benchmark kind {kind!r} is not registered (register_bench); known: {', '.join(BENCHES)}")
+    default = Path("benchmarks/results") / f"{kind}-{_device()}-{datetime.now(timezone.utc):%Y-%m-%d}.json"
+    path = Path(out) if out else default
     if path.exists():
         raise FileExistsError(f"{path} exists; choose another --out (results are never overwritten)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {"benchmark": kind, "config": config, "env": environment(), "rows": rows}, indent=1)
+    env = {**environment(), "commit": _commit()}
+    atomic_write_json(path, {"benchmark": kind, "config": config, "env": env, "rows": rows}, indent=1)
     return path
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One kind of benchmark result: ``table`` turns its rows into markdown lines; ``run`` (None for the kinds
+    that a script in benchmarks/ writes) measures them for ``longsparse bench NAME`` from the parsed flags and
+    the lengths, adding what it used to ``config``; ``lengths`` is its default --lengths."""
+
+    name: str
+    table: Callable[[list[dict]], list[str]]
+    run: Optional[Callable[[argparse.Namespace, list[int], dict], list[dict]]] = None
+    lengths: str = "512,1024,2048,4096,8192,16384"
+    help: str = ""
+
+
+BENCHES: dict[str, Bench] = {}
+
+
+def register_bench(bench: Bench) -> Bench:
+    """Adds a kind: its table to `markdown`, and with a ``run`` a choice of ``longsparse bench``."""
+    if bench.name in BENCHES or bench.name == "table":
+        raise ValueError(f"benchmark {bench.name!r} is already registered")
+    BENCHES[bench.name] = bench
+    return bench
+
+
+def _methods(args: argparse.Namespace, config: dict) -> tuple:
+    methods = tuple(m for m in args.methods.split(",") if m)
+    config.update(task=args.task, preset=args.preset, positions=args.positions, methods=methods, sets=args.set)
+    return methods
+
+
+def _run_mapping(args, lengths, config):
+    return bench_mapping(lengths, args.repeats)
+
+
+def _run_short(args, lengths, config):
+    config.update(batch=64, heads=4, dim=16, causal=True)
+    return bench_short(lengths, args.repeats)
+
+
+def _run_attention(args, lengths, config):
+    fwd_only = [int(v) for v in args.fwd_only_lengths.split(",") if v]
+    config.update(heads=8, dim=64, fwd_only_lengths=fwd_only, batch=1, causal=True)
+    return bench_attention(lengths, args.repeats, fwd_only_lengths=fwd_only)
+
+
+def _run_train_step(args, lengths, config):
+    methods = _methods(args, config)
+    return bench_train_step(lengths, args.repeats, methods, args.task, args.preset, args.positions, args.set)
+
+
+def _run_train_run(args, lengths, config):
+    methods = _methods(args, config)
+    config.update(steps=args.steps or 150)
+    return bench_train_run(
+        config["steps"], args.repeats, methods, args.task, args.preset, args.positions, args.set, workdir=args.workdir
+    )
+
+
+def _run_eval(args, lengths, config):
+    methods = _methods(args, config)
+    config.update(samples=args.samples, runs=args.runs, train_steps=args.steps or 30)
+    return bench_eval(
+        lengths,
+        args.repeats,
+        args.samples,
+        args.runs,
+        config["train_steps"],
+        methods,
+        args.task,
+        args.preset,
+        args.positions,
+        args.set,
+    )
+
+
+for _bench in (
+    Bench("mapping", _mapping_table, _run_mapping, "512,1024,2048,4096,8192", "row-wise mappings, fwd and fwd+bwd"),
+    Bench("attention", _attention_table, _run_attention, help="attention fwd / fwd+bwd per method against SDPA"),
+    Bench(
+        "short",
+        _short_table,
+        _run_short,
+        "32,64,128,256,512",
+        "attention fwd+bwd at training lengths, auto vs the chunked path",
+    ),
+    Bench("train-step", _train_step_table, _run_train_step, "32,64", "whole training steps per method: time, memory"),
+    Bench("train-run", _train_run_table, _run_train_run, "", "whole `longsparse train` runs per method"),
+    Bench("eval", _eval_table, _run_eval, "16384", "evaluation examples/s of trained decoders"),
+    Bench("sdpa_blocks", _sdpa_blocks_table, help="benchmarks/sdpa_blocks.py"),
+    Bench("alibi_band", _alibi_band_table, help="benchmarks/alibi_band.py"),
+    Bench("train_step_compile", _compile_table, help="benchmarks/compile_cpu.py"),
+):
+    register_bench(_bench)
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
@@ -868,13 +1022,14 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="speed/memory benchmarks written to JSON")
     b.add_argument(
         "what",
-        choices=["mapping", "attention", "short", "train-step", "train-run", "eval", "table"],
-        help="what to benchmark (short: attention fwd+bwd at training lengths, auto vs chunked "
-        "path; train-step: whole training steps per method, time and peak memory; train-run: "
-        "whole `longsparse train` runs; eval: evaluation examples/s of trained decoders); "
-        "`table --out FILE.json` prints a saved result as markdown",
+        choices=[*(name for name, b in BENCHES.items() if b.run is not None), "table"],
+        help="what to benchmark ("
+        + "; ".join(f"{name}: {b.help}" for name, b in BENCHES.items() if b.run is not None)
+        + "); `table --out FILE.json` prints a saved result (of any kind) as markdown",
     )
-    b.add_argument("--out", default=None, help="JSON output path (default benchmarks/results/<what>-<time>.json)")
+    b.add_argument(
+        "--out", default=None, help="JSON output path (default benchmarks/results/<what>-<device>-<date>.json)"
+    )
     b.add_argument(
         "--lengths",
         default=None,
@@ -924,60 +1079,15 @@ def main(args: argparse.Namespace) -> int:
     ``table`` prints the markdown of the saved result ``args.out`` instead."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    default = {
-        "mapping": "512,1024,2048,4096,8192",
-        "short": "32,64,128,256,512",
-        "train-step": "32,64",
-        "train-run": "",
-        "eval": "16384",
-    }.get(args.what, "512,1024,2048,4096,8192,16384")
-    lengths = [int(v) for v in (args.lengths or default).split(",") if v]
     if args.what == "table":
+        if not args.out:
+            raise SystemExit("longsparse bench table: --out FILE.json (the saved result to print) is required")
         print(markdown(args.out))
         return 0
+    bench = BENCHES[args.what]
+    lengths = [int(v) for v in (args.lengths or bench.lengths).split(",") if v]
     config = {"lengths": lengths, "repeats": args.repeats}
-    if args.what == "mapping":
-        rows = bench_mapping(lengths, args.repeats)
-    elif args.what == "short":
-        config.update(batch=64, heads=4, dim=16, causal=True)
-        rows = bench_short(lengths, args.repeats)
-    elif args.what == "attention":
-        fwd_only = [int(v) for v in args.fwd_only_lengths.split(",") if v]
-        config.update(heads=8, dim=64, fwd_only_lengths=fwd_only, batch=1, causal=True)
-        rows = bench_attention(lengths, args.repeats, fwd_only_lengths=fwd_only)
-    elif args.what in ("train-step", "train-run", "eval"):
-        methods = tuple(m for m in args.methods.split(",") if m)
-        config.update(task=args.task, preset=args.preset, positions=args.positions, methods=methods, sets=args.set)
-        if args.what == "train-step":
-            rows = bench_train_step(lengths, args.repeats, methods, args.task, args.preset, args.positions, args.set)
-        elif args.what == "train-run":
-            config.update(steps=args.steps or 150)
-            rows = bench_train_run(
-                config["steps"],
-                args.repeats,
-                methods,
-                args.task,
-                args.preset,
-                args.positions,
-                args.set,
-                workdir=args.workdir,
-            )
-        else:
-            config.update(samples=args.samples, runs=args.runs, train_steps=args.steps or 30)
-            rows = bench_eval(
-                lengths,
-                args.repeats,
-                args.samples,
-                args.runs,
-                config["train_steps"],
-                methods,
-                args.task,
-                args.preset,
-                args.positions,
-                args.set,
-            )
-    else:
-        raise ValueError(f"unknown benchmark {args.what!r}")
+    rows = bench.run(args, lengths, config)
     path = write_result(args.what, rows, args.out, config)
     print(f"wrote {path}")
     return 0
