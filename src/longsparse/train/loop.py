@@ -9,6 +9,8 @@ with the same weights, bit for bit, as an uninterrupted run (same machine, same 
 ``metrics.jsonl`` records written after that checkpoint are dropped on resume, so the log has no duplicates; the
 running loss sum of the steps since the last logged record is checkpointed too, so the logged losses after a
 resume are the ones an uninterrupted run logs. Temporaries of a killed checkpoint write are removed on resume.
+A ``deadline`` (``train``; a job with a wall-clock limit) stops the loop before an update that would not end in
+time, after writing ``last.pt`` at the step reached, so a later call resumes exactly as from any checkpoint.
 
 Nothing is created before the whole configuration is known to be usable (values by ``resolve``, the device and
 the rank split here), so a refused run leaves no folder behind.
@@ -344,15 +346,20 @@ def train(
     printer: Optional[Callable[[str], None]] = None,
     progress: bool = True,
     callbacks: Iterable[StepCallback] = (),
+    deadline: Optional[float] = None,
 ) -> dict:
     """Train (or resume) the run ``config`` (a ``RunConfig``, or a raw or resolved run config dict) in run
     directory ``out``, for any task: its batches give the loss, its objective the validation.
 
     ``out=None`` trains in memory (no files, no resume). ``callbacks`` are called as ``cb(step)`` after every
-    update (after that step's checkpoint, if one was due). Returns a summary dict with the final step, the last
-    logged loss, the first logged loss, the validation history, the seconds spent in updates over all sessions
-    (``train_seconds``), whether the step ran compiled (``compiled``, ``train.compile``) and the model (key
-    ``model``)."""
+    update (after that step's checkpoint, if one was due). ``deadline`` (a ``time.time()`` value; a job with a
+    wall-clock limit): an update that would not end, with its validation and checkpoint, before it is not begun;
+    the loop writes ``last.pt`` at the step reached and returns with ``stopped_at_deadline`` true, and the same
+    call without a deadline later resumes from there exactly (the deadline is no part of the run's identity).
+    Returns a summary dict with the final step, the last logged loss, the first logged loss, the validation
+    history, the seconds spent in updates over all sessions (``train_seconds``), whether the step ran compiled
+    (``compiled``, ``train.compile``), whether the deadline stopped it (``stopped_at_deadline``) and the model
+    (key ``model``)."""
     run = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
     _check_device(run.train)  # before anything is created: a refused run leaves no folder
     d = Dist()
@@ -366,11 +373,11 @@ def train(
         if out_path is None or not d.main:
             if out_path is not None:
                 mode = d.broadcast_obj(None)
-            return _train(run, d, dev, out_path, mode, printer, progress, tuple(callbacks))
+            return _train(run, d, dev, out_path, mode, printer, progress, tuple(callbacks), deadline)
         mode = check_run_dir(out_path, run.as_dict())  # before the lock: a refused folder is left untouched
         with run_lock(out_path):
             mode = d.broadcast_obj(mode)
-            return _train(run, d, dev, out_path, mode, printer, progress, tuple(callbacks))
+            return _train(run, d, dev, out_path, mode, printer, progress, tuple(callbacks), deadline)
     except Exception:
         if created:
             _remove_unstarted_run(out_path)
@@ -406,7 +413,15 @@ def _device(tr: TrainConfig, d: Dist) -> torch.device:
 
 
 def _train(
-    run: RunConfig, d: Dist, dev: torch.device, out: Optional[Path], mode, printer, progress, callbacks: tuple
+    run: RunConfig,
+    d: Dist,
+    dev: torch.device,
+    out: Optional[Path],
+    mode,
+    printer,
+    progress,
+    callbacks: tuple,
+    deadline: Optional[float] = None,
 ) -> dict:
     tr, cfg = run.train, run.as_dict()
     if dev.type == "cpu" and tr.threads:
@@ -501,11 +516,14 @@ def _train(
             "trained_steps": trained,
             "train_seconds": train_seconds,
             "compiled": loss_fn is not None,
+            "stopped_at_deadline": stopped,
         }
 
     def save_last():
+        nonlocal saved_step, save_s
         if out is None or (not d.main and not sharded):
             return
+        t_save = time.perf_counter()
         extra = {
             "step": step,
             "scheduler": {"kind": "warmup_cosine", "step": step},
@@ -526,11 +544,12 @@ def _train(
             state = fsdp.full_model_state(model)
             if d.main:
                 save_checkpoint(path, model, None, extra=extra, overwrite=True, model_state=state)
-            return
-        save_checkpoint(path, model, opt, extra=extra, overwrite=True)
+        else:
+            save_checkpoint(path, model, opt, extra=extra, overwrite=True)
+        saved_step, save_s = step, time.perf_counter() - t_save
 
     def validate():
-        nonlocal best
+        nonlocal best, val_s
         if d.main or sharded:  # FSDP units gather their weights collectively: every rank runs the same passes
             t_val = time.perf_counter()
             with fsdp.gathered(model) if sharded else contextlib.nullcontext():
@@ -542,7 +561,8 @@ def _train(
                 }
             model.train()
             means = objective.summary(res)
-            rec = {"step": step, "val": res, **means, "seconds": round(time.perf_counter() - t_val, 3), "time": now()}
+            val_s = time.perf_counter() - t_val
+            rec = {"step": step, "val": res, **means, "seconds": round(val_s, 3), "time": now()}
             history.append(rec)
             log.metrics(rec)
             log(f"step {step:>6}  " + objective.line(res))
@@ -562,6 +582,28 @@ def _train(
                         )
         d.barrier()
 
+    # The deadline: before each update, the time it will take (the last update's, plus a validation and a
+    # checkpoint write where due, plus the checkpoint a stop after it writes) must fit before ``deadline``, else
+    # the loop writes last.pt (if the step is not saved yet) and stops, so the run resumes exactly from there.
+    stopped, saved_step = False, step
+    update_s, val_s, save_s = None, 0.0, 0.0
+
+    def past_deadline() -> bool:
+        if deadline is None:
+            return False
+        now_s = time.time()
+        if update_s is None:
+            late = now_s >= deadline
+        else:
+            nxt = step + 1
+            need = update_s + save_s
+            if (tr.val_every and nxt % tr.val_every == 0) or nxt == tr.steps:
+                need += val_s
+            late = now_s + need > deadline
+        if d.world > 1:  # every rank stops at the same step
+            late = bool(d.all_reduce_(torch.tensor([float(late)], device=dev)).item())
+        return late
+
     if step >= tr.steps:
         log(f"run already complete ({step}/{tr.steps} steps); nothing to do")
         return summary(True, 0)
@@ -573,6 +615,9 @@ def _train(
     t0, tok_count = time.perf_counter(), 0
     built0 = _kernel.build_seconds()  # a kernel build during the first steps is left out of speed and ETA
     while step < tr.steps:
+        if past_deadline():
+            stopped = True
+            break
         t_step, built_step = time.perf_counter(), _kernel.build_seconds()
         gbatch = task.batch(lengths, tr.batch_size, rng=data_rng)
         n_global = int((gbatch.labels != IGNORE_INDEX).sum())
@@ -601,7 +646,8 @@ def _train(
         ls_ = d.all_reduce_(loss_sum.reshape(1).clone())
         loss_acc += float(ls_) / max(1, n_global)
         n_acc += 1
-        train_seconds += time.perf_counter() - t_step - (_kernel.build_seconds() - built_step)
+        update_s = time.perf_counter() - t_step - (_kernel.build_seconds() - built_step)
+        train_seconds += update_s
         if bar is not None:
             bar.update(1)
         if step % tr.log_every == 0 or step == tr.steps or step == 1:
@@ -637,6 +683,15 @@ def _train(
     if bar is not None:
         bar.close()
         log.bar = None
+    if stopped:
+        if step > saved_step:
+            save_last()
+        d.barrier()
+        log(
+            f"[{now()}] deadline: stopped at step {step}/{tr.steps}"
+            + (" (last.pt holds it; the same command resumes from there)" if out is not None else "")
+        )
+        return summary(mode == "resume", step - start_step)
     log(
         f"[{now()}] done: step {step}, loss {first_loss:.4f} -> {last_loss:.4f}"
         + (f", {objective.best_text(best)}" if best else "")
