@@ -134,6 +134,21 @@ def test_evaluation_cut_short_twice_then_finished_equals_one_call(trained, tmp_p
     assert saved["samples"] == 7 and saved["seed"] == 3 and saved["checkpoint_step"] == 4
 
 
+def test_a_resumable_call_without_a_limit_continues_a_cut_evaluation_to_the_end(trained, tmp_path):
+    """What a study runner does: every evaluation resumable, so a length another call cut short is continued
+    there (not scored again) and finished, with the counts of one call."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    kw = {"samples": 5, "checkpoint": "last", "seed": 2, "printer": None, "progress": False}
+    _, one = evaluate_run(run, [16], write=False, **kw)
+    evaluate_run(run, [16], max_examples=2, **kw)
+    path, res = evaluate_run(run, [16], resumable=True, **kw)
+    (got,) = json.loads(path.read_text())["results"]
+    assert [p["examples"] for p in got["pieces"]] == [2, 3] and res["unfinished"] == []
+    assert {k: got[k] for k in COUNTS} == {k: one["results"][0][k] for k in COUNTS}
+    assert not partial_path(run, "last", 16, 5, 2).exists()
+
+
 def test_evaluation_stops_before_a_batch_past_the_deadline(trained):
 
     model, cfg, _ = load_run_model(trained, "last")

@@ -23,7 +23,8 @@ The file appears with the first length's results and is replaced atomically afte
 Before any length is scored, every length is checked: valid for the task, and its estimated memory
 (``longsparse.evaluate.memory``) within what the device has free; a refusal names the largest length that fits.
 
-Resumable evaluation (``until`` or ``max_examples``; a job with a wall-clock limit). A length that cannot finish
+Resumable evaluation (``until`` or ``max_examples``, a job with a wall-clock limit; ``resumable``, a study runner
+whose calls may be killed). A length that cannot finish
 keeps its counts and the test stream's position in ``RUN/eval_partial/<checkpoint>-L<length>-n<samples>-seed<seed>
 .json`` (rewritten after every batch, so a killed call loses one batch at most), and the next resumable call
 continues it there; a length whose examples are all scored, over one call or several, goes into the result file
@@ -145,6 +146,7 @@ def evaluate_run(
     check_memory: bool = True,
     until: Optional[float] = None,
     max_examples: Optional[int] = None,
+    resumable: bool = False,
 ) -> tuple[Optional[Path], dict]:
     """Evaluate a run at each length; returns (path of the new result file or None, result dict).
     ``progress``: a progress bar per length on stderr when it is a terminal. ``check_memory``: refuse lengths
@@ -152,7 +154,9 @@ def evaluate_run(
     value) or ``max_examples`` (per length and call) make the evaluation resumable (module docstring): a length
     stops before a batch that would end after ``until``, or after ``max_examples`` examples, and continues in the
     next such call; the result dict then lists those lengths under ``"unfinished"`` ({length, done, samples})
-    and its ``"results"`` (and the file) only the finished ones."""
+    and its ``"results"`` (and the file) only the finished ones. ``resumable`` alone (no limit): every length
+    is scored to the end, continuing a state an earlier call left, and keeps its state until it is done (a study
+    runner's evaluations, so that a call killed mid-length loses one batch at most)."""
     run = Path(run)
     lengths = parse_lengths(lengths)
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
@@ -162,9 +166,11 @@ def evaluate_run(
         isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1
     ):
         raise ValueError(f"max_examples must be a positive integer, got {max_examples!r}")
-    resumable = until is not None or max_examples is not None
+    resumable = resumable or until is not None or max_examples is not None
     if resumable and not write:
-        raise ValueError("a resumable evaluation (until / max_examples) keeps its state in the run folder: write=True")
+        raise ValueError(
+            "a resumable evaluation (resumable / until / max_examples) keeps its state in the run folder: write=True"
+        )
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"--device must be auto, cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():  # else torch.load blames the checkpoint
