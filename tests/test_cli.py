@@ -123,7 +123,7 @@ def test_presets_lists_task_and_experiment_presets(capsys):
 
 
 def _fake_result(run, method, ems, n=100, created="2026-01-01T00:00:00"):
-    from longsparse.evaluate import wilson_interval
+    from longsparse.stats import wilson_interval
 
     res = []
     for L, em in ems.items():

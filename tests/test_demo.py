@@ -2,7 +2,7 @@
 
 import json
 
-from longsparse.evaluate import wilson_interval
+from longsparse.stats import wilson_interval
 from longsparse_experiments.demo import (
     ATTRIBUTION,
     PAPERS,

@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from longsparse.evaluate import evaluate_run, parse_lengths, score_length, wilson_interval
+from longsparse.evaluate import evaluate_run, parse_lengths
+from longsparse.stats import wilson_interval
+from longsparse.tasks.scoring import score_length
 from longsparse.train import RunDirError, build_config, train
 from longsparse.train.config import make_task
 
@@ -99,7 +101,7 @@ def test_scores_do_not_depend_on_batch_size(runs):
 
 def test_default_batch_tokens_by_task_kind():
     """Generated targets get the wider decoding budget, single-pass tasks the memory one; explicit wins."""
-    from longsparse.evaluate import DECODE_BATCH_TOKENS, DEFAULT_BATCH_TOKENS, eval_batch_size
+    from longsparse.tasks.scoring import DECODE_BATCH_TOKENS, DEFAULT_BATCH_TOKENS, eval_batch_size
 
     copy, flip = make_task({"name": "copy"}), make_task({"name": "flip_flop"})
     assert eval_batch_size(copy, 2048, 10_000) == DECODE_BATCH_TOKENS // (2 * 2048 + 3)

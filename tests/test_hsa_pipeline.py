@@ -116,8 +116,8 @@ def test_hsa_resume_is_bit_identical(tmp_path):
 
 
 def test_score_needles_matches_score_length():
-    from longsparse.evaluate.core import score_length
     from longsparse.tasks import get_task
+    from longsparse.tasks.scoring import score_length
 
     torch.manual_seed(0)
     cfg = tiny()

@@ -109,3 +109,121 @@ def test_importing_the_library_loads_no_experiment_module():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert res.stdout.strip() == "[]", res.stdout
+
+
+# ----------------------------------------------------------------------------- the library's layers
+# What each layer of the library may import (docs/architecture.md, "Layers"): every import counts, at the top
+# or inside a function, by a relative import or by an import path in a string. A layer is a subpackage or a
+# top-level module; "" is longsparse/__init__.py, which re-exports the public API.
+_BASE = {"io", "stats"}  # atomic writes; the Wilson interval: any layer may use them
+ALLOWED = {
+    "io": set(),
+    "stats": set(),
+    "mappings": set() | _BASE,
+    "attention": {"mappings"} | _BASE,
+    "nn": {"attention", "mappings"} | _BASE,
+    "hsa": {"nn", "attention", "mappings"} | _BASE,
+    "models": {"hsa", "nn", "attention", "mappings"} | _BASE,
+    "lm": set() | _BASE,
+    "tasks": {"lm"} | _BASE,
+    "train": {"tasks", "models", "hsa", "nn", "attention", "mappings", "lm"} | _BASE,
+    "evaluate": {"train", "tasks", "models", "hsa", "nn", "attention", "mappings", "lm"} | _BASE,
+    "report": set() | _BASE,
+    "cli": {"evaluate", "report", "train", "tasks", "models", "hsa", "nn", "lm", "attention", "mappings"} | _BASE,
+    "": {"attention", "mappings", "nn", "models", "hsa", "train", "evaluate", "tasks", "report", "lm"} | _BASE,
+}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_imports() -> dict:
+    """{(importing layer, imported layer): ["file:line", ...]} over every import between layers."""
+    edges = {}
+    for f in sorted((SRC / LIBRARY).rglob("*.py")):
+        here = _layer(_module_name(f))
+        for line, name in imported_names(f):
+            if name.split(".")[0] != LIBRARY or name == LIBRARY:
+                continue
+            there = _layer(name)
+            if there != here:
+                edges.setdefault((here, there), []).append(f"{f.relative_to(SRC)}:{line}")
+    return edges
+
+
+def test_every_layer_imports_only_the_layers_below_it():
+    edges = layer_imports()
+    assert ("train", "tasks") in edges and ("nn", "attention") in edges  # the scan sees the layers' imports
+    layers = {here for here, _ in edges} | {there for _, there in edges}
+    assert layers <= set(ALLOWED), f"layers missing from ALLOWED: {sorted(layers - set(ALLOWED))}"
+    bad = [
+        f"{here} -> {there}: {places[0]}"
+        for (here, there), places in sorted(edges.items())
+        if there not in ALLOWED[here]
+    ]
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_the_layer_table_has_no_cycle():
+    order, seen = [], set()
+
+    def visit(layer, path):
+        assert layer not in path, f"cycle: {' -> '.join([*path, layer])}"
+        if layer not in seen:
+            for below in sorted(ALLOWED[layer]):
+                visit(below, [*path, layer])
+            seen.add(layer)
+            order.append(layer)
+
+    for layer in sorted(ALLOWED):
+        visit(layer, [])
+    assert len(order) == len(ALLOWED)
+
+
+def _module_cycles() -> list:
+    """Import cycles between the library's modules (Tarjan's strongly connected components), counting imports
+    inside functions: such an import only postpones the cycle to the first call."""
+    modules = {_module_name(f): f for f in (SRC / LIBRARY).rglob("*.py")}
+    graph = {m: set() for m in modules}
+    for m, f in modules.items():
+        for _, name in imported_names(f):
+            parts = name.split(".")
+            target = next(
+                (".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in modules), None
+            )
+            # a package's __init__ importing its own modules (or a module its package) is not a cycle to break
+            if target and target != m and not m.startswith(target + ".") and not target.startswith(m + "."):
+                graph[m].add(target)
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def connect(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return cycles
+
+
+def test_no_import_cycle_between_modules():
+    assert _module_cycles() == []

@@ -93,7 +93,7 @@ def test_decision_rule(ci, p, verdict):
 
 def _archive(em: dict[str, dict[int, list[float]]], n: int = 200, study: str = "s") -> dict:
     """A study archive with exact match per method, length and seed (seeds 100, 101, ...)."""
-    from longsparse.evaluate.core import wilson_interval
+    from longsparse.stats import wilson_interval
 
     series = {}
     for m, by_L in em.items():

@@ -469,18 +469,20 @@ class _TTY(io.StringIO):
 def test_evaluation_progress_on_a_terminal_only(run, monkeypatch):
     import time
 
-    from longsparse.evaluate import core, load_run_model, score_length
+    from longsparse.evaluate import load_run_model
+    from longsparse.tasks import scoring
+    from longsparse.tasks.scoring import score_length
     from longsparse.train.config import make_task
 
     model, cfg, _ = load_run_model(run, "last")
     task = make_task(cfg["task"])
-    real = core.predict
+    real = scoring.predict
 
     def slow_predict(*a, **k):  # tqdm redraws at most every 0.1 s
         time.sleep(0.12)
         return real(*a, **k)
 
-    monkeypatch.setattr(core, "predict", slow_predict)
+    monkeypatch.setattr(scoring, "predict", slow_predict)
     tty = _TTY()
     monkeypatch.setattr(sys, "stderr", tty)
     score_length(model, task, 8, 4, batch_size=1, progress=True)

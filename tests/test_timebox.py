@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from longsparse.evaluate import evaluate_run, load_run_model
-from longsparse.evaluate.core import new_score_state, score_more
 from longsparse.evaluate.sweep import partial_path, read_partial
 from longsparse.models import read_checkpoint
+from longsparse.tasks.scoring import new_score_state, score_more
 from longsparse.train import build_config, make_task, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")

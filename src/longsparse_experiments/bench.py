@@ -669,8 +669,8 @@ def bench_eval(
     trained here for ``train_steps`` steps per method. Per length, ``repeats`` rounds score ``samples``
     test examples with each model in turn (round r uses test seed r, the same examples for every model);
     medians of wall and process-CPU seconds, ratios to the first model; examples/s from the wall time."""
-    from longsparse.evaluate.core import score_length, sequence_tokens
     from longsparse.evaluate.sweep import load_run_model
+    from longsparse.tasks.scoring import score_length, sequence_tokens
     from longsparse.train import build_config, train
     from longsparse.train.config import make_task, run_label
 

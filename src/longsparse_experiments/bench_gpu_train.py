@@ -262,7 +262,7 @@ def eval_rows(device: torch.device, deadline: float, dry: bool, multiples, sampl
     """Seconds per example of `score_length` at each multiple of the training length, every attention call on
     the backend auto picks: on CUDA flex for softmax's long prefill (decoding steps, whose key count grows by one,
     stay on SDPA: flex compiles per shape) and triton for ASEntmax. A warm-up at 2× and 4× compiles the kernels."""
-    from longsparse.evaluate.core import score_length, sequence_tokens
+    from longsparse.tasks.scoring import score_length, sequence_tokens
     from longsparse.train import build_config
     from longsparse.train.config import RunConfig, build_model
 

@@ -174,7 +174,7 @@ def fmt_bytes(n: float) -> str:
 
 
 def _default_batch_tokens(task) -> int:
-    from longsparse.evaluate.core import DECODE_BATCH_TOKENS, DEFAULT_BATCH_TOKENS
+    from longsparse.tasks.scoring import DECODE_BATCH_TOKENS, DEFAULT_BATCH_TOKENS
 
     return DECODE_BATCH_TOKENS if task.kind == "seq2seq" else DEFAULT_BATCH_TOKENS
 

@@ -42,7 +42,10 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from longsparse.evaluate.core import (
+from longsparse.evaluate.memory import check_lengths_fit
+from longsparse.io import atomic_write_text, read_json_or_none, write_new
+from longsparse.models import DEFAULT_ARCH, config_section, get_architecture, load_checkpoint
+from longsparse.tasks.scoring import (
     check_batch_tokens,
     eval_batch_size,
     new_score_state,
@@ -51,9 +54,6 @@ from longsparse.evaluate.core import (
     score_result,
     sequence_tokens,
 )
-from longsparse.evaluate.memory import check_lengths_fit
-from longsparse.io import atomic_write_text, read_json_or_none, write_new
-from longsparse.models import DEFAULT_ARCH, config_section, get_architecture, load_checkpoint
 from longsparse.train.config import make_task, run_label
 from longsparse.train.rundir import RunDirError, checkpoint_path, environment, normalise, now, read_config
 

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from longsparse.hsa.fast import HSAFastEvaluator, select_positions
 from longsparse.hsa.model import HSAModel
+from longsparse.stats import wilson_interval
 
 
 @torch.no_grad()
@@ -110,7 +111,7 @@ def score_needles(
     model: HSAModel, task, length: int, samples: int, *, seed: int = 0, split: str = "test", batch_size: int = 1
 ) -> dict:
     """Needle diagnostics of ``samples`` examples of ``length``, drawn from the same seeded stream (and in the same
-    batches) as ``longsparse.evaluate.core.score_length``, so they describe the very examples it scores.
+    batches) as ``longsparse.tasks.scoring.score_length``, so they describe the very examples it scores.
 
     One teacher-forced pass of the exact fast evaluator per batch gives, per example (answer positions = those
     predicting the answer tokens, i.e. without the one predicting EOS): ``recall`` (fraction of
@@ -124,8 +125,6 @@ def score_needles(
     chunk: recall 0, needle weight 0, every example counts as a miss, and the rank is undefined (NaN)."""
     import math
     import time
-
-    from longsparse.evaluate.core import wilson_interval
 
     rng = task.rng(seed, split)
     was = model.training

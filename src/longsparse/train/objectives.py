@@ -2,7 +2,7 @@
 length, their summary in ``metrics.jsonl``, and the key that picks the best checkpoint (larger is better).
 
 * ``exact_match`` (the synthetic tasks): greedy generation (seq2seq) or one teacher-forced pass (tokcls) on
-  ``val_samples`` validation examples per length (``longsparse.evaluate.core.score_length``); per length
+  ``val_samples`` validation examples per length (``longsparse.tasks.scoring.score_length``); per length
   ``{"exact_match", "token_accuracy"}``, key (mean exact match, mean token accuracy).
 * ``perplexity`` (language modelling): the mean next-token NLL on ``val_samples`` windows of the validation split
   per length (``task.validation_nll``); per length ``{"nll", "ppl"}``, key −(mean NLL).
@@ -17,6 +17,8 @@ from typing import Mapping, Optional
 
 import torch
 
+from longsparse.tasks.scoring import score_length
+
 
 class ExactMatch:
     name = "exact_match"
@@ -24,8 +26,6 @@ class ExactMatch:
     def measure(
         self, model, task, length: int, samples: int, *, seed: int, autocast_dtype: Optional[torch.dtype]
     ) -> dict:
-        from longsparse.evaluate.core import score_length  # evaluate sits above train (it reads run folders)
-
         r = score_length(model, task, length, samples, seed=seed, split="validation", autocast_dtype=autocast_dtype)
         return {"exact_match": r["exact_match"], "token_accuracy": r["token_accuracy"]}
 

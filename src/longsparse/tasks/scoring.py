@@ -1,5 +1,6 @@
 """Scoring a model on a task at one length: greedy generation with the KV cache (seq2seq) or one forward pass
-(token classification), exact match of the whole target and per-token accuracy, Wilson intervals.
+(token classification), exact match of the whole target and per-token accuracy, Wilson intervals
+(`longsparse.stats`). The trainer's validation and `longsparse.evaluate`'s run sweeps both score through here.
 
 The examples of (task, length, seed, split) are one seeded stream, drawn batch after batch, so the same
 examples are scored whatever the batch size (``Task.batch`` with an int length consumes the stream only
@@ -8,31 +9,20 @@ through the examples themselves).
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from typing import Callable, Optional
 
 import torch
 
-from longsparse.tasks import Batch
+from longsparse.stats import wilson_interval
+from longsparse.tasks.base import Batch
 
 DEFAULT_BATCH_TOKENS = 1 << 15  # tokens per evaluation batch (memory); long lengths go one example at a time
 # Greedy generation (seq2seq tasks) is bound by the per-step cost of a decoding step, not by memory: at 2,048
 # source tokens 20 examples in one batch took 0.72x the time of batches of 7, with the same predictions (a copy
 # model).
 DECODE_BATCH_TOKENS = 1 << 17
-
-
-def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% (z = 1.96) Wilson score interval of a binomial proportion k / n; (0, 1) when n = 0."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def sequence_tokens(task, length: int) -> int:
