@@ -3,14 +3,8 @@
 import pytest
 import torch
 
-from longsparse.nn import (
-    EntmaxMultiheadAttention,
-    ModelConfig,
-    Transformer,
-    load_checkpoint,
-    read_checkpoint,
-    save_checkpoint,
-)
+from longsparse.models import load_checkpoint, read_checkpoint, save_checkpoint
+from longsparse.nn import EntmaxMultiheadAttention, ModelConfig, Transformer
 
 
 def _model(**kw):
