@@ -278,7 +278,8 @@ def test_study_checkpoints_and_test_seed(tmp_path):
     """A study may evaluate only some checkpoints, on its own test stream: only those are evaluated, read back
     and archived (an evaluation of the same run on another test seed is never mixed in)."""
     from longsparse.evaluate import evaluate_run
-    from longsparse_experiments.reproduce import collect, plot, run_study, tables_markdown
+    from longsparse_experiments.reproduce import run_study
+    from longsparse_experiments.study_records import collect, plot, tables_markdown
 
     p = tmp_path / "s.toml"
     p.write_text(
@@ -336,7 +337,7 @@ def test_archived_cells_keep_their_identity():
 
     from longsparse.report.store import read_records
     from longsparse.train.config import config_hash
-    from longsparse_experiments.reproduce import cell_hash
+    from longsparse_experiments.study_records import cell_hash
 
     records = read_records(Path(__file__).parents[1] / "results" / "synthetic")
     stale = []

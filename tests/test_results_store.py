@@ -13,14 +13,9 @@ import pytest
 from longsparse.report import store
 from longsparse.train.config import ConfigError
 from longsparse_experiments.cli import main
-from longsparse_experiments.reproduce import (
-    cell_hash,
-    run_study,
-    tables_markdown,
-    update_archive,
-    view,
-)
+from longsparse_experiments.reproduce import run_study
 from longsparse_experiments.study import load_study
+from longsparse_experiments.study_records import cell_hash, tables_markdown, update_archive, view
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIAL_STUDIES = ROOT / "results" / "synthetic_trials"  # the trial study files

@@ -14,8 +14,8 @@ import pytest
 
 from longsparse.train import ConfigError, build_config
 from longsparse.train.config import config_hash
-from longsparse_experiments.reproduce import cell_hash
 from longsparse_experiments.study import load_study
+from longsparse_experiments.study_records import cell_hash
 
 RECORDED = Path(__file__).parent / "data" / "study_cell_hashes.json"
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from longsparse.report import paired, store
 from longsparse_experiments import lm_study
-from longsparse_experiments.reproduce import view
 from longsparse_experiments.study import load_study
+from longsparse_experiments.study_records import view
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "findings"

@@ -16,7 +16,7 @@ points) at one test length is summarised by
   equal in-distribution accuracy, separating "extrapolates better" from "converged better".
 
 The decision rule maps the primary endpoint to supported / refuted / inconclusive (see ``decide``). Everything is
-computed from a study view (``longsparse_experiments.reproduce.view`` of a results store: per study, method, checkpoint,
+computed from a study view (``longsparse_experiments.study_records.view`` of a results store: per study, method, checkpoint,
 length and seed); nothing from models.
 """
 

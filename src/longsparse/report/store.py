@@ -189,7 +189,7 @@ def adopt_archive(store: str | Path) -> bool:
 def import_archive(archive: dict, source: str) -> list[dict]:
     """The records of a study archive (``results.json`` of `longsparse reproduce`): one per archived run, holding
     every (checkpoint, length) result the archive kept for it, its training record, config hash and test stream
-    where the archive has them (None where it does not). Lossless: ``reproduce.view`` of the records gives back
+    where the archive has them (None where it does not). Lossless: ``study_records.view`` of the records gives back
     the archive's series and runs."""
     out = []
     for name, sd in archive.get("studies", {}).items():
