@@ -250,8 +250,8 @@ def _sdpa_run(call: AttentionCall) -> Tensor:
 
 
 # Largest bias (softmax: per batch row, H·Nq·Nk with ALiBi, else Nq·Nk) or logits tensor (top-k, adaptive
-# temperature: B·H·Nq·Nk) that the sdpa backend materialises at once (auto's limit; past it softmax without gradient runs in blocks of
-# query rows): 64 MiB of fp32.
+# temperature: B·H·Nq·Nk) that the sdpa backend materialises at once, 64 MiB of fp32: auto's limit for sdpa, past
+# which softmax without gradient runs in blocks of query rows.
 SDPA_MAX_ELEMENTS = 1 << 24
 
 
