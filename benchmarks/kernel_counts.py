@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch
 
 from longsparse.attention import triton_entmax as te
+from longsparse.io import atomic_write_json
 
 TILE = 64  # the CUDA configuration's BM = BN
 
@@ -170,9 +171,7 @@ def main(argv=None) -> int:
             r["seconds"] = round(time.perf_counter() - t0, 1)
             print(json.dumps(r), flush=True)
         data["rows"] += rows
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, out)
+        atomic_write_json(out, data, indent=1)  # after each length: a run cut short keeps what it counted
     return 0
 
 

@@ -1,6 +1,6 @@
 """The documentation as a reference: docs/README.md indexes every page and dated report, every relative link in
-docs/ and README.md resolves, and no page narrates how the work was done (numbered work sessions, clock times,
-the limits of a particular machine's tools)."""
+docs/ and README.md resolves, and no page narrates how the work was done (numbered work sessions, clock
+times)."""
 
 import re
 from pathlib import Path
@@ -14,7 +14,6 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 NARRATION = {
     "a numbered work session": re.compile(r"\bsessions? \d+\b", re.IGNORECASE),
     "a clock time": re.compile(r"\b\d{2}:\d{2}(?::\d{2})?\s*UTC\b"),
-    "a lending tool's budget": re.compile(r"budget_left|device time|the device tool|GPU loan", re.IGNORECASE),
 }
 
 
