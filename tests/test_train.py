@@ -12,7 +12,7 @@ import torch
 
 from longsparse.models import read_checkpoint
 from longsparse.train import ConfigError, RunDirError, build_config, loop, lr_at, train
-from longsparse.train.config import RunConfig, config_hash
+from longsparse.train.config import RunConfig, TrainConfig, config_hash
 from longsparse.train.loop import bucket_length, build_model_and_optimizer, compile_enabled, pad_batch
 
 TINY = [
@@ -454,3 +454,39 @@ def test_train_compile_is_validated_and_not_part_of_the_run_identity():
     assert not compile_enabled(RunConfig.from_dict(base).train, torch.device("cpu"))
     assert compile_enabled(RunConfig.from_dict(base).train, torch.device("cuda"))
     assert compile_enabled(RunConfig.from_dict(on).train, torch.device("cpu"))
+
+
+# ---- TrainConfig ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("steps", 0, r"^train.steps must be an integer >= 1, got 0$"),
+        ("seed", True, r"^train.seed must be an integer >= 0, got True$"),
+        ("lr", float("inf"), r"^train.lr must be a finite number, got inf$"),
+        ("lr", -1.0, r"^train.lr must be a number > 0, got -1.0$"),
+        ("betas", (0.9, float("nan")), r"^train.betas\[1\] must be a finite number, got nan$"),
+        ("betas", (0.9,), r"^train.betas must be two numbers in \[0, 1\)"),
+        ("min_lr_ratio", 2.0, r"^train.min_lr_ratio must be a number in \[0, 1\], got 2.0$"),
+        ("parallel", "zero", r"^train.parallel must be one of ddp, fsdp, got 'zero'$"),
+        ("device", "gpu", r"^train.device must be auto, cpu or cuda, got 'gpu'$"),
+        ("train_lengths", (8, 4), r"^train.train_lengths must be \[lo, hi\] integers with lo <= hi"),
+        ("val_lengths", [], r"^train.val_lengths must be a non-empty list of integers, got \[\]$"),
+    ],
+)
+def test_train_config_validates_itself_naming_the_field(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig(**{field: value})
+
+
+def test_train_config_normalises_sequences_and_takes_the_task_lengths():
+    from longsparse.train import make_task
+
+    tr = TrainConfig(betas=[0, 0.5], train_lengths=16, val_lengths=32)
+    assert (tr.betas, tr.train_lengths, tr.val_lengths) == ((0.0, 0.5), (16, 16), (32,))
+    assert tr.as_dict()["betas"] == [0.0, 0.5] and tr.as_dict()["train_lengths"] == [16, 16]
+    task = make_task({"name": "copy", "preset": "cpu"})
+    filled = TrainConfig().for_task(task)
+    hi = task.train_lengths[1]
+    assert filled.train_lengths == tuple(task.train_lengths) and filled.val_lengths == (hi, 2 * hi, 4 * hi)
+    with pytest.raises(ConfigError, match="impossible length"):
+        TrainConfig(train_lengths=(0, 4)).for_task(task)
