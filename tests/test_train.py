@@ -13,8 +13,8 @@ import torch
 from longsparse.models import read_checkpoint
 from longsparse.train import ConfigError, RunDirError, build_config, loop, lr_at, train, update
 from longsparse.train.config import RunConfig, TrainConfig, config_hash
-from longsparse.train.state import STATE_KEYS
 from longsparse.train.loop import bucket_length, build_model_and_optimizer, compile_enabled, pad_batch
+from longsparse.train.state import STATE_KEYS
 
 TINY = [
     "model.d_model=32",
