@@ -16,6 +16,10 @@ from longsparse.tasks import Batch
 
 
 class Dist:
+    """This process's place among the ranks ``torchrun`` started (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``; one
+    process without them), with the collectives the trainer uses; every collective is a no-op on one rank. Joins
+    (and ``close`` leaves) the process group unless the caller already set one up."""
+
     def __init__(self):
         import torch.distributed as dist
 

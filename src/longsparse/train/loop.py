@@ -71,6 +71,7 @@ StepCallback = Callable[[int], None]
 
 __all__ = [
     "Session",
+    "training_session",
     "StepCallback",
     "Trainer",
     "train",
