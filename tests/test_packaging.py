@@ -119,7 +119,8 @@ def test_toml_read_through_tomli_without_tomllib():
         tomli.load, tomli.loads, tomli.TOMLDecodeError = tomllib.load, tomllib.loads, tomllib.TOMLDecodeError
         sys.modules["tomli"], sys.modules["tomllib"] = tomli, None      # None: `import tomllib` fails
         from longsparse.train import config
-        assert config.tomllib is tomli, config.tomllib
+        from longsparse.train.config import presets
+        assert presets.tomllib is tomli, presets.tomllib
         assert config.parse_value("[1, 2]") == [1, 2]
         cfg = config.build_config("flip_flop", preset="cpu", steps=3)
         assert cfg["train"]["steps"] == 3, cfg

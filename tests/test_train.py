@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from longsparse.models import read_checkpoint
-from longsparse.train import ConfigError, RunDirError, build_config, loop, lr_at, train
-from longsparse.train.config import RunConfig, config_hash
+from longsparse.train import ConfigError, RunDirError, build_config, loop, lr_at, train, update
+from longsparse.train.config import RunConfig, TrainConfig, config_hash
 from longsparse.train.loop import bucket_length, build_model_and_optimizer, compile_enabled, pad_batch
+from longsparse.train.state import STATE_KEYS
 
 TINY = [
     "model.d_model=32",
@@ -402,8 +403,8 @@ def test_padding_a_batch_to_its_bucket_leaves_the_loss_unchanged():
     padded = pad_batch(batch, bucket_length(batch.input_ids.shape[1]) + 8)
     assert padded.input_ids.shape[1] > batch.input_ids.shape[1]
     with torch.no_grad():
-        a = loop._loss_sum(model, batch.input_ids, batch.labels)
-        b = loop._loss_sum(model, padded.input_ids, padded.labels)
+        a = update._loss_sum(model, batch.input_ids, batch.labels)
+        b = update._loss_sum(model, padded.input_ids, padded.labels)
     torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-5)
     assert padded.attention_mask.sum() == batch.attention_mask.sum()
 
@@ -454,3 +455,176 @@ def test_train_compile_is_validated_and_not_part_of_the_run_identity():
     assert not compile_enabled(RunConfig.from_dict(base).train, torch.device("cpu"))
     assert compile_enabled(RunConfig.from_dict(base).train, torch.device("cuda"))
     assert compile_enabled(RunConfig.from_dict(on).train, torch.device("cpu"))
+
+
+# ---- TrainConfig ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("steps", 0, r"^train.steps must be an integer >= 1, got 0$"),
+        ("seed", True, r"^train.seed must be an integer >= 0, got True$"),
+        ("lr", float("inf"), r"^train.lr must be a finite number, got inf$"),
+        ("lr", -1.0, r"^train.lr must be a number > 0, got -1.0$"),
+        ("betas", (0.9, float("nan")), r"^train.betas\[1\] must be a finite number, got nan$"),
+        ("betas", (0.9,), r"^train.betas must be two numbers in \[0, 1\)"),
+        ("min_lr_ratio", 2.0, r"^train.min_lr_ratio must be a number in \[0, 1\], got 2.0$"),
+        ("parallel", "zero", r"^train.parallel must be one of ddp, fsdp, got 'zero'$"),
+        ("device", "gpu", r"^train.device must be auto, cpu or cuda, got 'gpu'$"),
+        ("train_lengths", (8, 4), r"^train.train_lengths must be \[lo, hi\] integers with lo <= hi"),
+        ("val_lengths", [], r"^train.val_lengths must be a non-empty list of integers, got \[\]$"),
+    ],
+)
+def test_train_config_validates_itself_naming_the_field(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig(**{field: value})
+
+
+def test_train_config_normalises_sequences_and_takes_the_task_lengths():
+    from longsparse.train import make_task
+
+    tr = TrainConfig(betas=[0, 0.5], train_lengths=16, val_lengths=32)
+    assert (tr.betas, tr.train_lengths, tr.val_lengths) == ((0.0, 0.5), (16, 16), (32,))
+    assert tr.as_dict()["betas"] == [0.0, 0.5] and tr.as_dict()["train_lengths"] == [16, 16]
+    task = make_task({"name": "copy", "preset": "cpu"})
+    filled = TrainConfig().for_task(task)
+    hi = task.train_lengths[1]
+    assert filled.train_lengths == tuple(task.train_lengths) and filled.val_lengths == (hi, 2 * hi, 4 * hi)
+    with pytest.raises(ConfigError, match="impossible length"):
+        TrainConfig(train_lengths=(0, 4)).for_task(task)
+
+
+# ---- the training state and the checkpoint layout ---------------------------------------------------------------
+class _StopAfter(Exception):
+    pass
+
+
+def _stop_after(step):
+    def callback(done):
+        if done == step:
+            raise _StopAfter(step)
+
+    return callback
+
+
+STATE_SETS = TINY + ["train.val_lengths=[16]", "train.ckpt_every=3", "train.val_every=2", "train.log_every=2"]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "run"
+    cfg = build_config("two_back", method="softmax", positions="nape", steps=6, sets=STATE_SETS)
+    train(cfg, str(out), printer=lambda s: None)
+    return out, cfg
+
+
+def _stopped_at_3(tmp_path, cfg):
+    out = tmp_path / "run"
+    with pytest.raises(_StopAfter):
+        train(cfg, str(out), printer=lambda s: None, callbacks=[_stop_after(3)])
+    return out, out / "checkpoints" / "last.pt"
+
+
+def _same_weights(a_path, b_path):
+    a, b = read_checkpoint(str(a_path)), read_checkpoint(str(b_path))
+    assert a["extra"]["step"] == b["extra"]["step"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for i, st in a["optimizer"]["state"].items():
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(st[k], b["optimizer"]["state"][i][k])
+
+
+@pytest.mark.parametrize("layout", ["2026-11-26", "2026-11-21"])
+def test_a_checkpoint_in_an_earlier_layout_resumes_bit_for_bit(reference_run, tmp_path, layout):
+    """last.pt as the code before TrainState wrote it (12 keys; before 2026-11-26 without train_seconds), built
+    here key by key from a checkpoint of the same step, resumes to the weights of an uninterrupted run."""
+    ref, cfg = reference_run
+    out, last = _stopped_at_3(tmp_path, cfg)
+    payload = torch.load(last, weights_only=True)
+    now_extra = payload["extra"]
+    assert now_extra["step"] == 3 and now_extra["best"] is not None
+    old = {
+        "step": 3,
+        "scheduler": {"kind": "warmup_cosine", "step": 3},
+        "data_rng": now_extra["data_rng"],
+        "torch_rng": now_extra["torch_rng"],
+        "best": now_extra["best"],
+        "first_loss": now_extra["first_loss"],
+        "last_loss": now_extra["last_loss"],
+        "loss_acc": now_extra["loss_acc"],
+        "train_seconds": 1.5,
+        "world_size": 1,
+        "config_hash": config_hash(cfg),
+        "time": "2026-11-26T12:00:00+00:00",
+    }
+    if layout == "2026-11-21":
+        del old["train_seconds"]
+    torch.save({**payload, "extra": old}, last)
+    res = train(cfg, str(out), printer=lambda s: None)
+    assert res["resumed"] and res["trained_steps"] == 3
+    assert res["train_seconds"] > (1.5 if layout == "2026-11-26" else 0.0)
+    _same_weights(ref / "checkpoints" / "last.pt", last)
+    assert read_checkpoint(str(last))["extra"]["cuda_rng"] is None  # written in today's layout (a CPU run)
+    assert res["first_loss"] == now_extra["first_loss"]
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda e: e.pop("first_loss"), r"missing key\(s\) \['first_loss'\]"),
+        (lambda e: e.pop("config_hash"), r"missing key\(s\) \['config_hash'\]"),
+        (lambda e: e.update(momentum=1), r"unknown key\(s\) \['momentum'\]"),
+    ],
+)
+def test_a_checkpoint_with_a_missing_or_unknown_key_is_refused_in_one_line(reference_run, tmp_path, change, match):
+    _, cfg = reference_run
+    out, last = _stopped_at_3(tmp_path, cfg)
+    payload = torch.load(last, weights_only=True)
+    change(payload["extra"])
+    torch.save(payload, last)
+    before = last.read_bytes()
+    with pytest.raises(ValueError, match=match) as info:
+        train(cfg, str(out), printer=lambda s: None)
+    assert "\n" not in str(info.value) and str(last) in str(info.value)
+    assert last.read_bytes() == before
+
+
+def test_a_checkpoint_of_another_config_is_refused(reference_run, tmp_path):
+    _, cfg = reference_run
+    out, last = _stopped_at_3(tmp_path, cfg)
+    payload = torch.load(last, weights_only=True)
+    payload["extra"]["config_hash"] = "0" * 16
+    torch.save(payload, last)
+    with pytest.raises(ValueError, match="checkpoint belongs to another config"):
+        train(cfg, str(out), printer=lambda s: None)
+
+
+def test_train_state_round_trips_every_generator(monkeypatch):
+    import random
+
+    from longsparse.train import TrainState
+
+    state = TrainState(data_rng=random.Random(1), step=5, best={"key": [0.5], "step": 4}, first_loss=2.0)
+    state.loss_sum, state.loss_count, state.train_seconds = 1.25, 2, 3.5
+    torch.manual_seed(7)
+    saved = state.state_dict()
+    assert tuple(saved) == STATE_KEYS and saved["cuda_rng"] is None  # a CPU run has no CUDA generator
+    expect_data, expect_torch = state.data_rng.random(), torch.rand(3)
+    other = TrainState(data_rng=random.Random(2))
+    torch.manual_seed(8)
+    other.load_state_dict(saved)
+    assert other.data_rng.random() == expect_data and torch.equal(torch.rand(3), expect_torch)
+    assert (other.step, other.best, other.first_loss, other.last_loss) == (5, {"key": [0.5], "step": 4}, 2.0, None)
+    assert (other.loss_sum, other.loss_count, other.train_seconds) == (1.25, 2, 3.5)
+    # on a GPU the device's CUDA generator is saved and restored with the others
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: calls.append(("get", device)) or torch.ones(4))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda st, device: calls.append(("set", device, st.sum().item())))
+    gpu = torch.device("cuda", 0)
+    on_gpu = TrainState(data_rng=random.Random(1), device=gpu).state_dict()
+    assert torch.equal(on_gpu["cuda_rng"], torch.ones(4))
+    TrainState(data_rng=random.Random(1), device=gpu).load_state_dict(on_gpu)
+    TrainState(data_rng=random.Random(1)).load_state_dict(on_gpu)  # resumed on the CPU: no CUDA generator in use
+    assert calls == [("get", gpu), ("set", gpu, 4.0)]
+    with pytest.raises(ValueError, match=r"training state: missing key\(s\) \['best'\]"):
+        other.load_state_dict({k: v for k, v in saved.items() if k != "best"})

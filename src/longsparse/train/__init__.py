@@ -1,6 +1,7 @@
-"""Training: run configs (TOML presets + overrides; ``RunConfig``, the typed form), run directories, the one
-training loop for every task (its loss from the task's labels, its validation from the task's objective) with
-exact resume and data parallelism under torchrun. See ``loop``, ``objectives`` and ``rundir`` for the details."""
+"""Training: run configs (TOML presets + overrides; ``RunConfig``, the typed form; ``config``), run directories
+(``rundir``), the one trainer for every task (``Trainer`` in ``loop``: its loss from the task's labels, its
+validation from the task's objective, ``objectives``) with exact resume (``TrainState``, ``state``) and data
+parallelism under torchrun (``distributed``, ``fsdp``). ``train`` is the entry point."""
 
 from longsparse.train.config import (
     SCALES,
@@ -17,7 +18,7 @@ from longsparse.train.config import (
     make_task,
     resolve,
 )
-from longsparse.train.loop import lr_at, train
+from longsparse.train.loop import Trainer, lr_at, train
 from longsparse.train.rundir import (
     RunDirError,
     check_run_dir,
@@ -26,9 +27,12 @@ from longsparse.train.rundir import (
     new_result_path,
     read_config,
 )
+from longsparse.train.state import TrainState
 
 __all__ = [
     "train",
+    "Trainer",
+    "TrainState",
     "lr_at",
     "build_config",
     "resolve",

@@ -1,0 +1,48 @@
+"""A run's identity: the resolved config without the settings that choose how it is computed, and its hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+
+# Settings that choose how a run is computed, not what it computes (every attention backend is tested equal to the
+# reference, the compiled training step to the eager one; a task's cache folder only says where derived files live;
+# DDP and FSDP compute the same update): they are not part of a run's identity, so a run resumes, and an archived
+# result stays valid, under another choice, and configs written before such a setting existed keep their identity.
+# Each entry is a key path into the resolved config.
+NOT_IDENTITY = (
+    ("model", "attn_backend"),
+    ("task", "params", "cache_dir"),
+    ("train", "compile"),
+    ("train", "parallel"),
+)
+
+
+def run_identity(cfg: Mapping) -> dict:
+    """``cfg`` as plain JSON data without the ``NOT_IDENTITY`` settings: what two runs must share to be one run."""
+    out = json.loads(json.dumps(cfg, sort_keys=True))
+    for *parents, key in NOT_IDENTITY:
+        node = out
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(key, None)
+    return out
+
+
+def config_hash(cfg: Mapping) -> str:
+    """The short hash of a run's identity (``run_identity``) that checkpoints and archives record."""
+    return hashlib.sha256(json.dumps(run_identity(cfg), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_diff(a: Mapping, b: Mapping, prefix: str = "") -> list[str]:
+    """Human-readable differences ``key: a -> b`` between two nested dicts."""
+    out = []
+    for k in sorted(set(a) | set(b), key=str):
+        va, vb = a.get(k, "<missing>"), b.get(k, "<missing>")
+        if isinstance(va, Mapping) and isinstance(vb, Mapping):
+            out += config_diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out

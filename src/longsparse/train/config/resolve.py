@@ -1,0 +1,132 @@
+"""Resolving a run config: every section filled with its defaults and validated (``resolve``), the task and the
+model it names (``make_task``, ``build_model``) and its series label (``run_label``)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from longsparse.models import ARCHITECTURES, DEFAULT_ARCH, config_section, get_architecture, model_config
+from longsparse.models import build_model as _build_model
+from longsparse.train.config.errors import ConfigError
+from longsparse.train.config.legacy import upgrade_legacy_model
+from longsparse.train.config.training import TRAIN_DEFAULTS, TrainConfig
+
+SECTIONS = ("task", "model", "train")
+
+
+def resolve(cfg: Mapping) -> dict:
+    """Fill defaults and validate every section; returns a JSON-able dict (raises ConfigError).
+
+    Every run starts here (``train`` calls it before touching the run folder), so a config that cannot train
+    is refused before anything is written."""
+    unknown = sorted(set(cfg) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown config section(s) {unknown}; sections: {', '.join(SECTIONS)}")
+    _check_finite(cfg)
+    t = dict(cfg.get("task", {}))
+    bad = sorted(set(t) - {"name", "preset", "params"})
+    if bad:
+        raise ConfigError(
+            f"unknown task key(s) {bad}; allowed: name, preset, params (task parameters go in task.params)"
+        )
+    if "name" not in t:
+        raise ConfigError("config has no task.name")
+    if not isinstance(t.get("params") or {}, Mapping):
+        raise ConfigError(f"task.params must be a table of task parameters, got {t['params']!r}")
+    task_cfg = {"name": t["name"], "preset": t.get("preset"), "params": dict(t.get("params") or {})}
+    task = make_task(task_cfg)
+    task_cfg["name"] = task.name
+
+    model = dict(cfg.get("model", {}))
+    if "vocab_size" in model:
+        raise ConfigError("model.vocab_size is set from the task; do not give it")
+    model_cfg = _resolve_model(upgrade_legacy_model(model), task)
+
+    tr = copy.deepcopy(dict(cfg.get("train", {})))
+    bad = sorted(set(tr) - set(TRAIN_DEFAULTS))
+    if bad:
+        raise ConfigError(f"unknown train key(s) {bad}; valid: {', '.join(TRAIN_DEFAULTS)}")
+    train = TrainConfig(**tr).for_task(task).as_dict()
+    return {"task": task_cfg, "model": model_cfg, "train": train}
+
+
+def not_a_method(name: str) -> str:
+    """The message for an architecture's name given as the attention method."""
+    from longsparse.nn import METHODS
+
+    return (
+        f'{name!r} is an architecture, not a method: use --arch {name} (config key model.arch = "{name}"); '
+        f"the method is the attention mapping of any architecture ({', '.join(METHODS)})"
+    )
+
+
+def _resolve_model(model: dict, task) -> dict:
+    """The model section with every field of its architecture's config, validated (``arch`` kept only when it
+    is not the default)."""
+    from longsparse.nn import METHODS, POSITIONS
+
+    name = model.pop("arch", DEFAULT_ARCH)
+    if name not in ARCHITECTURES:
+        raise ConfigError(f"unknown model.arch {name!r}; choose one of {', '.join(ARCHITECTURES)}")
+    # the two axes every architecture has: named here so that a typo gets the list of valid values
+    if "method" in model and model["method"] not in METHODS:
+        raise ConfigError(
+            not_a_method(model["method"])
+            if model["method"] in ARCHITECTURES
+            else f"unknown method {model['method']!r}; valid methods: {', '.join(METHODS)}"
+        )
+    if "positions" in model and model["positions"] not in POSITIONS:
+        raise ConfigError(f"unknown positions {model['positions']!r}; valid positions: {', '.join(POSITIONS)}")
+    try:
+        config = model_config({**model, "arch": name}, task.vocab_size)
+    except (TypeError, ValueError) as e:
+        prefix = "" if name == DEFAULT_ARCH else f"{name} "
+        raise ConfigError(f"invalid {prefix}model config: {e}") from None
+    out = config_section(config)
+    del out["vocab_size"]
+    return out
+
+
+def build_model(model_cfg: Mapping, vocab_size: int):
+    """The model of a resolved model section (``longsparse.models.build_model``)."""
+    return _build_model(model_cfg, vocab_size)
+
+
+def run_label(cfg: Mapping) -> str:
+    """Series label of a resolved run config: ``method/positions`` for the default architecture; for another one
+    its name plus the fields of its ``label_keys`` that differ from its config's defaults, e.g.
+    ``hsa[landmark=mean,fusion=standard]``."""
+    m = cfg["model"]
+    name = m.get("arch", DEFAULT_ARCH)
+    if name == DEFAULT_ARCH:
+        return f"{m['method']}/{m['positions']}"
+    arch = get_architecture(name)
+    default = arch.config_cls(vocab_size=2)
+    diff = [f"{k}={m[k]}" for k in arch.label_keys if k in m and m[k] != getattr(default, k)]
+    return name + (f"[{','.join(diff)}]" if diff else "")
+
+
+def make_task(task_cfg: Mapping):
+    """The task object of a task section ``{"name", "preset", "params"}`` (ConfigError if it is invalid)."""
+    from longsparse.tasks import get_task
+
+    try:
+        return get_task(task_cfg["name"], task_cfg.get("preset"), **dict(task_cfg.get("params") or {}))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_finite(node: Any, key: str = "") -> None:
+    """No inf or nan anywhere: no config knob (rate, ratio, α, scale, ...) means anything when non-finite, and
+    such a value only fails (or poisons the weights) after the run folder exists."""
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            _check_finite(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            _check_finite(v, f"{key}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{key} must be a finite number, got {node!r}")
