@@ -34,12 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from longsparse import cpu_kernel
 from longsparse.attention import cuda, flex
 from longsparse.attention.call import AttentionCall
 from longsparse.attention.chunked import chunked_attention, fused_attention
 from longsparse.attention.fused_dense import fused_dense_attention
 from longsparse.attention.logits import additive_bias, bias_shape, dense_logits
-from longsparse.mappings import _kernel
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def _chunked_supports(call: AttentionCall) -> Optional[str]:
 def _fused_supports(call: AttentionCall) -> Optional[str]:
     if call.device_type != "cpu":
         return f"tensors on {call.device_type}: the kernel reads CPU memory only"
-    if not _kernel.enabled():
+    if not cpu_kernel.enabled():
         return "disabled by LONGSPARSE_KERNEL=0"
     if call.grad_of_bias:
         return _NO_BIAS_GRAD
@@ -140,7 +140,7 @@ def _fused_supports(call: AttentionCall) -> Optional[str]:
         return f"α of shape {tuple(alpha.shape)}: the kernel takes one α per head"
     if call.attn_mask is not None:
         return "attn_mask: the kernel applies only the causal mask"
-    if _kernel.get() is None:
+    if cpu_kernel.get() is None:
         return "not available: the C++ kernel could not be built (see the warning)"
     return None
 
