@@ -478,6 +478,48 @@ def test_supports_names_what_it_refuses(monkeypatch):
         te.entmax_attention_triton(q, k, v)
 
 
+def test_the_backend_checks_a_validated_call_with_the_reasons_of_supports():
+    """The triton backend checks the `AttentionCall` (`supports_call`: only what the kernels add to make_call's
+    validation) and answers as `supports` does for the same arguments: the calls it takes, and the kernels'
+    refusals (mapping, α, dtype, head dims, mask, slopes with a gradient) with the same reason."""
+    from longsparse.attention.backends import BACKENDS
+    from longsparse.attention.call import make_call
+
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    taken = {
+        "entmax": ((q, k, v), {}),
+        "sparsemax": ((q, k, v), dict(mapping="sparsemax")),
+        "per-head alpha": ((q, k, v), dict(alpha=torch.tensor([1.25, 2.0]))),
+        "slopes, q-scale, key ranges, tolerance": (
+            (q, k, v),
+            dict(
+                alibi_slopes=torch.tensor([0.5, 0.0]),
+                q_scale=torch.ones(1, 2, 8),
+                key_start=torch.tensor([2]),
+                key_end=torch.tensor([7]),
+                tolerance=0.01,
+            ),
+        ),
+    }
+    refused = {
+        "softmax": ((q, k, v), dict(mapping="softmax")),
+        "top-k": ((q, k, v), dict(mapping="topk")),
+        "alpha 2.5": ((q, k, v), dict(alpha=2.5)),
+        "per-head alpha 3": ((q, k, v), dict(alpha=torch.tensor([1.5, 3.0]))),
+        "alpha with a gradient": ((q, k, v), dict(alpha=torch.tensor([1.5, 1.5], requires_grad=True))),
+        "float64": (tuple(t.double() for t in (q, k, v)), {}),
+        "head dim 24": (tuple(torch.randn(1, 2, 8, 24) for _ in range(3)), {}),
+        "value head dim": ((q, k, torch.randn(1, 2, 8, 32)), {}),
+        "mask": ((q, k, v), dict(attn_mask=torch.ones(8, 8, dtype=torch.bool))),
+        "slopes with a gradient": ((q, k, v), dict(alibi_slopes=torch.tensor([0.5, 0.0], requires_grad=True))),
+    }
+    for name, (qkv, kw) in {**taken, **refused}.items():
+        call = make_call(*qkv, is_causal=True, **kw)
+        reason = te.supports(*qkv, is_causal=True, **kw)
+        assert (reason is None) == (name in taken), (name, reason)
+        assert te.supports_call(call) == reason == BACKENDS["triton"].supports(call), name
+
+
 def test_torch_compile_traces_the_custom_op():
     """fullgraph tracing through the custom op (fake implementation + registered autograd)."""
     leaves, up = _inputs(H=2, Nq=20, Nk=20, q_scale=True, seed=6)

@@ -324,51 +324,16 @@ def triton_module():
     return _TRITON["module"], _TRITON["why"]
 
 
-def _triton_alpha(call: AttentionCall):
-    """α for the kernels: the float of softmax / sparsemax / entmax, or the tensor α as the caller gave it."""
-    return call.alpha if isinstance(call.mapping.alpha, Tensor) else call.mapping.alpha
-
-
 def _triton_supports(call: AttentionCall) -> Optional[str]:
     mod, why = triton_module()
-    if mod is None:
-        return why
-    if call.mapping.alpha is None:
-        return f"mapping {call.mapping_name!r} is not α-entmax"
-    return mod.supports(
-        call.q,
-        call.k,
-        call.v,
-        mapping=call.mapping_name,
-        alpha=_triton_alpha(call),
-        is_causal=call.is_causal,
-        scale=call.scale,
-        alibi_slopes=call.alibi_slopes,
-        q_scale=call.q_scale,
-        attn_mask=call.attn_mask,
-        key_start=call.key_start,
-        key_end=call.key_end,
-        tolerance=call.tolerance,
-    )
+    return why if mod is None else mod.supports_call(call)
 
 
 def _triton_run(call: AttentionCall) -> Tensor:
     mod, why = triton_module()
     if mod is None:
         raise RuntimeError(why)
-    return mod.entmax_attention_triton(
-        call.q,
-        call.k,
-        call.v,
-        alpha=_triton_alpha(call),
-        is_causal=call.is_causal,
-        alibi_slopes=call.alibi_slopes,
-        q_scale=call.q_scale,
-        scale=call.scale,
-        key_start=call.key_start,
-        key_end=call.key_end,
-        tolerance=call.tolerance,
-    )
+    return mod.run_call(call)
 
 
 register(

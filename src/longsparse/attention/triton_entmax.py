@@ -5,6 +5,8 @@ Public entry points:
 * ``entmax_attention_triton(q, k, v, *, alpha, is_causal, alibi_slopes, q_scale, scale, key_start, key_end)``
   → (B, H, Nq, D), differentiable in q, k, v (and q_scale, through autograd);
 * ``supports(q, k, v, **kwargs) -> str | None``: None when the kernels take the call, else the reason;
+  ``supports_call(call)`` / ``run_call(call)``: the same check and the run for a validated ``AttentionCall``
+  (the triton backend);
 * ``threshold_stats(q, k, v, **kwargs)``: the forward's row statistics and tile mask (diagnostics);
 * ``solver_counts(q, k, v, **kwargs)``: what the forward did per query block, counted by the kernel.
 
@@ -83,7 +85,7 @@ import torch
 from torch import Tensor
 
 from . import triton_ops as ops
-from .call import tolerance_problem
+from .call import AttentionCall, tolerance_problem
 
 # _MAX_SWEEPS_EXACT and SOLVER_POINTS: read from here by benchmarks/kernel_counts.py and benchmarks/gpu_check.py
 # (the launches read them, and any override, on triton_ops)
@@ -135,56 +137,22 @@ def supports(
     for key in other:
         if key not in _IGNORED_KWARGS:
             return f"unsupported argument {key!r}"
-    if mapping not in ("entmax", "asentmax", "sparsemax"):
-        return f"mapping {mapping!r} is not α-entmax"
-    if mapping == "sparsemax":
-        alpha = 2.0
-    tensors = {"q": q, "k": k, "v": v}
-    for name, t in tensors.items():
+    for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             return f"{name} must be a 4-D (B, H, N, D) tensor"
-    devices = {t.device for t in tensors.values()}
-    if len(devices) != 1:
-        return f"q, k, v are on different devices: {sorted(map(str, devices))}"
-    if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreter_mode()):
-        return f"tensors on {q.device.type}: the kernels need CUDA (or CPU tensors with TRITON_INTERPRET=1)"
-    if q.dtype not in DTYPES:
-        return f"dtype {q.dtype} is not float16, bfloat16 or float32"
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
     B, H, Nq, D = q.shape
+    Nk = k.shape[2]
     if k.shape[0] != B or v.shape[0] != B or k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
         return f"inconsistent shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-    if k.shape[3] != D or v.shape[3] != D:
-        return f"head dims differ: q {D}, k {k.shape[3]}, v {v.shape[3]}"
     if H % k.shape[1]:
         return f"query heads ({H}) not a multiple of key/value heads ({k.shape[1]})"
-    if D not in HEAD_DIMS:
-        return f"head dim {D} not one of {HEAD_DIMS}"
-    Nk = k.shape[2]
-    if Nk < 1 or Nq < 1:
-        return "empty query or key sequence"
     if Nq > Nk:
         return f"more queries ({Nq}) than keys ({Nk}): queries sit at the last key positions"
-    if isinstance(alpha, Tensor):
-        if alpha.requires_grad:
-            return "alpha requires grad (the kernels do not differentiate α; use backend='reference')"
-        if alpha.numel() != 1 and tuple(alpha.shape) != (H,):
-            return f"alpha tensor of shape {tuple(alpha.shape)}: only a scalar or per-head (H,) = ({H},)"
-        if alpha.device.type == "cpu" and not torch.compiler.is_compiling():  # no device sync for CUDA α
-            a = alpha.detach()
-            if not bool(((a > 1) & (a <= 2)).all()):
-                return "alpha outside (1, 2]"
-    else:
-        if not isinstance(alpha, (int, float)) or not 1.0 < float(alpha) <= 2.0:
-            return f"alpha {alpha!r} outside (1, 2]"
-    if attn_mask is not None:
-        return "attn_mask is not supported (key_start / key_end take left / right padding, is_causal causality)"
-    if alibi_slopes is not None:
-        if alibi_slopes.requires_grad:
-            return "alibi_slopes requires grad (not differentiated by the kernels)"
-        if tuple(alibi_slopes.shape) != (H,):
-            return f"alibi_slopes must have shape ({H},); got {tuple(alibi_slopes.shape)}"
+    problem = _kernel_problem(q, k, v, mapping, alpha, attn_mask, alibi_slopes, decode)
+    if problem is not None:
+        return problem
+    if alibi_slopes is not None and tuple(alibi_slopes.shape) != (H,):
+        return f"alibi_slopes must have shape ({H},); got {tuple(alibi_slopes.shape)}"
     if q_scale is not None and tuple(q_scale.shape) not in ((B, H, Nq), (B, H, Nq, 1)):
         return f"q_scale must have shape ({B}, {H}, {Nq}) or ({B}, {H}, {Nq}, 1); got {tuple(q_scale.shape)}"
     for name, t in (("key_start", key_start), ("key_end", key_end)):
@@ -196,11 +164,79 @@ def supports(
             or tuple(t.shape) != (B,)
         ):
             return f"{name} must be an integer tensor of shape ({B},)"
-    if decode and Nq > DECODE_MAX_QUERIES:
-        return f"the decode path takes at most {DECODE_MAX_QUERIES} queries; got {Nq}"
     if scale is not None and not math.isfinite(float(scale)):
         return f"scale {scale!r} is not finite"
     return tolerance_problem(tolerance)
+
+
+def supports_call(call: AttentionCall) -> str | None:
+    """`supports` for an `AttentionCall`, whose arguments `make_call` has validated (the triton backend's
+    check): only what the kernels add — the mapping and α, device, dtypes, head dims, no attn_mask, slopes
+    without gradient — with `supports`' reasons."""
+    if call.mapping.alpha is None:
+        return f"mapping {call.mapping_name!r} is not α-entmax"
+    if _TRITON_ERROR is not None:
+        return _TRITON_ERROR
+    return _kernel_problem(
+        call.q, call.k, call.v, call.mapping_name, _call_alpha(call), call.attn_mask, call.alibi_slopes, None
+    )
+
+
+def _call_alpha(call: AttentionCall) -> AlphaArg:
+    """α for the kernels: the float of softmax / sparsemax / entmax, or the tensor α as the caller gave it."""
+    return call.alpha if isinstance(call.mapping.alpha, Tensor) else call.mapping.alpha
+
+
+def _kernel_problem(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mapping: str,
+    alpha: AlphaArg,
+    attn_mask: Tensor | None,
+    alibi_slopes: Tensor | None,
+    decode: bool | None,
+) -> str | None:
+    """What the kernels refuse in arguments of consistent shapes (q (B, H, Nq, D), k and v (B, H_kv, Nk, ·) with
+    H_kv dividing H and Nq ≤ Nk), else None."""
+    if mapping not in ("entmax", "asentmax", "sparsemax"):
+        return f"mapping {mapping!r} is not α-entmax"
+    if mapping == "sparsemax":
+        alpha = 2.0
+    devices = {t.device for t in (q, k, v)}
+    if len(devices) != 1:
+        return f"q, k, v are on different devices: {sorted(map(str, devices))}"
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreter_mode()):
+        return f"tensors on {q.device.type}: the kernels need CUDA (or CPU tensors with TRITON_INTERPRET=1)"
+    if q.dtype not in DTYPES:
+        return f"dtype {q.dtype} is not float16, bfloat16 or float32"
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
+    _, H, Nq, D = q.shape
+    if k.shape[3] != D or v.shape[3] != D:
+        return f"head dims differ: q {D}, k {k.shape[3]}, v {v.shape[3]}"
+    if D not in HEAD_DIMS:
+        return f"head dim {D} not one of {HEAD_DIMS}"
+    if k.shape[2] < 1 or Nq < 1:
+        return "empty query or key sequence"
+    if isinstance(alpha, Tensor):
+        if alpha.requires_grad:
+            return "alpha requires grad (the kernels do not differentiate α; use backend='reference')"
+        if alpha.numel() != 1 and tuple(alpha.shape) != (H,):
+            return f"alpha tensor of shape {tuple(alpha.shape)}: only a scalar or per-head (H,) = ({H},)"
+        if alpha.device.type == "cpu" and not torch.compiler.is_compiling():  # no device sync for CUDA α
+            a = alpha.detach()
+            if not bool(((a > 1) & (a <= 2)).all()):
+                return "alpha outside (1, 2]"
+    elif not isinstance(alpha, (int, float)) or not 1.0 < float(alpha) <= 2.0:
+        return f"alpha {alpha!r} outside (1, 2]"
+    if attn_mask is not None:
+        return "attn_mask is not supported (key_start / key_end take left / right padding, is_causal causality)"
+    if alibi_slopes is not None and alibi_slopes.requires_grad:
+        return "alibi_slopes requires grad (not differentiated by the kernels)"
+    if decode and Nq > DECODE_MAX_QUERIES:
+        return f"the decode path takes at most {DECODE_MAX_QUERIES} queries; got {Nq}"
+    return None
 
 
 def entmax_attention_triton(
@@ -254,6 +290,25 @@ def entmax_attention_triton(
         )
     )
     return out
+
+
+def run_call(call: AttentionCall) -> Tensor:
+    """Runs an `AttentionCall` that `supports_call` takes (the triton backend): (B, H, Nq, D) in q's dtype."""
+    args = _to_op_args(
+        call.q,
+        call.k,
+        call.v,
+        _call_alpha(call),
+        call.is_causal,
+        call.alibi_slopes,
+        call.q_scale,
+        call.scale,
+        call.key_start,
+        call.key_end,
+        None,
+        call.tolerance,
+    )
+    return _attention_op(*args)[0]
 
 
 def threshold_stats(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
@@ -314,6 +369,24 @@ def _op_args(
     )
     if reason is not None:
         raise ValueError(f"entmax_attention_triton: {reason}")
+    return _to_op_args(q, k, v, alpha, is_causal, alibi_slopes, q_scale, scale, key_start, key_end, decode, tolerance)
+
+
+def _to_op_args(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alpha: AlphaArg,
+    is_causal: bool,
+    alibi_slopes: Tensor | None,
+    q_scale: Tensor | None,
+    scale: float | None,
+    key_start: Tensor | None,
+    key_end: Tensor | None,
+    decode: bool | None,
+    tolerance: float | None,
+) -> tuple:
+    """The custom op's arguments from arguments `supports` takes."""
     H, Nq, D = q.shape[1:]
     Nk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
