@@ -675,13 +675,12 @@ def load_baseline(path: str):
         if not (folder / "triton_entmax.py").is_file():
             raise ValueError(f"{path}: not a copy of src/longsparse/attention (no triton_entmax.py in it)")
         files = {f.relative_to(folder): f.read_text() for f in sorted(folder.rglob("*.py"))}
-        _check_baseline_source(path, files[Path("triton_entmax.py")])
+        _check_baseline_source(path, "".join(files.values()), files[Path("triton_entmax.py")])
         # only the modules the kernel file imports run: the folder's __init__ (which would register the
-        # backends a second time) is replaced by an empty one
+        # backends a second time) is replaced by an empty one; the custom ops (in triton_entmax.py, or in
+        # triton_ops.py in later versions) are renamed wherever they are defined
         files[Path("__init__.py")] = ""
-        files[Path("triton_entmax.py")] = files[Path("triton_entmax.py")].replace(
-            '"longsparse::', '"longsparse_baseline::'
-        )
+        files = {rel: text.replace('"longsparse::', '"longsparse_baseline::') for rel, text in files.items()}
         digest = zlib.crc32("".join(f"{k}\0{v}" for k, v in sorted(files.items(), key=str)).encode())
         name = f"longsparse_baseline_{digest:08x}"
         parent = Path(tempfile.gettempdir()) / "longsparse_baselines"
@@ -703,7 +702,7 @@ def load_baseline(path: str):
     import importlib.util
 
     src = Path(path).read_text()
-    _check_baseline_source(path, src)
+    _check_baseline_source(path, src, src)
     src = src.replace('"longsparse::', '"longsparse_baseline::')
     if "from .band import" in src:  # a later version: its relative import names the current package
         src = src.replace("from .band import", "from longsparse.attention.band import")
@@ -719,10 +718,11 @@ def load_baseline(path: str):
     return mod
 
 
-def _check_baseline_source(path, src: str) -> None:
-    if '"longsparse::triton_entmax_attention"' not in src:
+def _check_baseline_source(path, sources: str, kernel_file: str) -> None:
+    """`sources`: the text of every module given (the folder's, or the one file); `kernel_file`: triton_entmax.py."""
+    if '"longsparse::triton_entmax_attention"' not in sources:
         raise ValueError(f"{path}: not a copy of longsparse/attention/triton_entmax.py (its custom op is missing)")
-    if "from .triton_kernels" in src and not Path(path).is_dir():
+    if ("from .triton_kernels" in kernel_file or "from .triton_ops" in kernel_file) and not Path(path).is_dir():
         raise ValueError(
             f"{path}: this version keeps its kernels in attention/triton_kernels/: pass a copy of its "
             "src/longsparse/attention folder instead of the one file"
@@ -793,21 +793,21 @@ VARIANT_GROUPS = {(4096, 64): ("p0_4", "p0_2", "stages2"), (16384, 64): ("p0_4",
 
 
 @contextlib.contextmanager
-def kernel_variant(te, name: str):
-    """The current kernel module with one of KERNEL_VARIANTS in force for the duration (one process, one
-    call at a time)."""
+def kernel_variant(ops, name: str):
+    """The current kernel's launches (module attention/triton_ops.py, where they read their configuration) with
+    one of KERNEL_VARIANTS in force for the duration (one process, one call at a time)."""
     points, overrides = KERNEL_VARIANTS[name]
-    saved_points, saved_config = dict(te.SOLVER_POINTS), te._config
+    saved_points, saved_config = dict(ops.SOLVER_POINTS), ops._config
     if points is not None:
-        te.SOLVER_POINTS[1] = points
+        ops.SOLVER_POINTS[1] = points
     if overrides:
-        te._config = lambda D, dtype, device_type: {**saved_config(D, dtype, device_type), **overrides}
+        ops._config = lambda D, dtype, device_type: {**saved_config(D, dtype, device_type), **overrides}
     try:
         yield
     finally:
-        te.SOLVER_POINTS.clear()
-        te.SOLVER_POINTS.update(saved_points)
-        te._config = saved_config
+        ops.SOLVER_POINTS.clear()
+        ops.SOLVER_POINTS.update(saved_points)
+        ops._config = saved_config
 
 
 def _methods(
@@ -832,6 +832,7 @@ def _methods(
     import torch.nn.functional as F
 
     from longsparse.attention import triton_entmax as te
+    from longsparse.attention import triton_ops
 
     slopes = _nape(H).to(device)
     per_head = torch.tensor([PER_HEAD_ALPHAS[h % len(PER_HEAD_ALPHAS)] for h in range(H)], device=device)
@@ -864,7 +865,7 @@ def _methods(
     for variant in variants:
 
         def run(q, k, v, variant=variant):
-            with kernel_variant(te, variant):
+            with kernel_variant(triton_ops, variant):
                 return te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes)
 
         methods[f"triton_entmax15_nape_{variant}"] = run

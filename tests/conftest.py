@@ -17,9 +17,9 @@ ALPHAS = [1.01, 1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0]
 
 
 def kernel_available() -> bool:
-    from longsparse.mappings import _kernel
+    from longsparse import cpu_kernel
 
-    return _kernel.get() is not None
+    return cpu_kernel.get() is not None
 
 
 @contextlib.contextmanager

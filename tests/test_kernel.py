@@ -10,8 +10,8 @@ import torch
 from conftest import kernel_available, ref_entmax, solver_path
 
 import longsparse as ls
+from longsparse import cpu_kernel
 from longsparse.attention import chunked
-from longsparse.mappings import _kernel
 
 pytestmark = pytest.mark.skipif(not kernel_available(), reason="fused CPU kernel not available")
 
@@ -132,9 +132,9 @@ def test_kernel_key_ranges_equal_a_key_mask():
         a = torch.tensor(alpha, dtype=torch.float64)
         none = torch.empty(0, dtype=torch.int32)
         args = (a, D**-0.5, True, torch.empty(0, dtype=torch.float64), lo, hi, none, none, 4, 5)
-        out, stats, bad = _kernel.get().attention_forward(q, k, v, *args)
+        out, stats, bad = cpu_kernel.get().attention_forward(q, k, v, *args)
         up = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
-        dq, dk, dv = _kernel.get().attention_backward(q, k, v, up, out, stats, *args)
+        dq, dk, dv = cpu_kernel.get().attention_backward(q, k, v, up, out, stats, *args)
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         ref = ls.attention(
             *leaves, mapping="entmax", alpha=torch.tensor(alpha), attn_mask=keep[:, None, None, :], backend="reference"
@@ -190,19 +190,19 @@ def test_kernel_skips_the_keys_outside_the_band_it_is_given():
     lo = torch.full((B, H, 30), 10, dtype=torch.int32)
     hi = torch.full((B, H, 30), 30, dtype=torch.int32)
     args = (a, D**-0.5, False, no_slopes, no_ranges, no_ranges)
-    out_band, stats, _ = _kernel.get().attention_forward(q, k, v, *args, lo, hi, 4, 5)
+    out_band, stats, _ = cpu_kernel.get().attention_forward(q, k, v, *args, lo, hi, 4, 5)
     k_masked = k.clone()
     k_masked[:, :, :10] = float("nan")  # never read
-    out_nan, _, bad = _kernel.get().attention_forward(q, k_masked, v, *args, lo, hi, 4, 5)
+    out_nan, _, bad = cpu_kernel.get().attention_forward(q, k_masked, v, *args, lo, hi, 4, 5)
     assert bad == 0 and torch.equal(out_band, out_nan)
     keep = (torch.arange(30) >= 10)[None, None, None, :]
     ref = ls.attention(q, k, v, mapping="entmax", alpha=1.5, is_causal=False, attn_mask=keep, backend="reference")
     torch.testing.assert_close(out_band, ref, atol=2e-5, rtol=2e-5)
     up = torch.randn(out_band.shape, generator=torch.Generator().manual_seed(1))
-    _, dk, dv = _kernel.get().attention_backward(q, k_masked, v, up, out_band, stats, *args, lo, hi, 4, 5)
+    _, dk, dv = cpu_kernel.get().attention_backward(q, k_masked, v, up, out_band, stats, *args, lo, hi, 4, 5)
     assert torch.isfinite(dk).all() and (dk[:, :, :10] == 0).all() and (dv[:, :, :10] == 0).all()
     with pytest.raises(RuntimeError, match="band"):
-        _kernel.get().attention_forward(q, k, v, *args, lo.long(), hi.long(), 4, 5)
+        cpu_kernel.get().attention_forward(q, k, v, *args, lo.long(), hi.long(), 4, 5)
 
 
 def _adversarial(case: str, n: int):

@@ -7,11 +7,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 from venv_helper import checked, venv_reusing_these_packages
 
+from longsparse import cpu_kernel
 from longsparse.cli import main
 from longsparse.train import ConfigError, build_config, configs_dir, train
 
@@ -139,6 +142,18 @@ def test_pyproject_declares_tomli_and_ships_the_presets():
     assert "configs/*/*.toml" in meta["tool"]["setuptools"]["package-data"]["longsparse_experiments"]
     assert meta["project"]["scripts"]["longsparse"] == "longsparse_experiments.cli:main"
     assert not (ROOT / "configs").exists()  # one place for the presets: the package
+
+
+def test_every_kernel_source_is_built_and_shipped():
+    """Every C++ file of the package is one the kernel build copies and hashes (cpu_kernel.FILES: a file left out
+    would be compiled from a stale copy or not found) and matches the wheel's package data."""
+    import tomllib
+
+    package = ROOT / "src" / "longsparse"
+    on_disk = sorted(str(p.relative_to(package)) for pattern in ("*.cpp", "*.h") for p in package.rglob(pattern))
+    assert len(on_disk) >= 6 and sorted(cpu_kernel.FILES) == on_disk
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["longsparse"]
+    assert [rel for rel in on_disk if not any(fnmatch(rel, g) for g in globs)] == []
     assert configs_dir() == ROOT / "src" / "longsparse" / "configs" or "LONGSPARSE_CONFIGS" in os.environ
     # the task presets are the library's, the study presets the experiments'
     from longsparse_experiments.presets import presets_dir
@@ -178,6 +193,8 @@ def test_wheel_install_runs_presets_from_another_folder(tmp_path):
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, src], timeout=300
     )
     (wheel,) = dist.glob("longsparse-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"longsparse/{rel}" for rel in cpu_kernel.FILES} <= shipped  # the kernels build from the wheel's sources
     venv = tmp_path / "venv"
     py = venv_reusing_these_packages(venv)
     cli = venv / "bin" / "longsparse"

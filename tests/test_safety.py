@@ -678,7 +678,7 @@ def test_set_errors_name_the_setting(tmp_path, capsys, setting, message):
 # ---- the CPU kernel build: said while it runs, left out of the ETA, cached across checkouts and venvs ----------
 def test_a_kernel_build_is_left_out_of_the_eta(monkeypatch):
     """A first step that includes the kernel build (a minute) would put hours into the ETA of a long run."""
-    from longsparse.mappings import _kernel
+    from longsparse.mappings import _kernel  # where the training loop reads the build time
     from longsparse.train import loop
 
     real_step, built = loop.train_step, [0.0]
@@ -710,12 +710,12 @@ def test_a_kernel_build_is_left_out_of_the_eta(monkeypatch):
 def test_the_kernel_build_says_what_it_builds(monkeypatch, tmp_path, capsys):
     from torch.utils import cpp_extension
 
-    from longsparse.mappings import _kernel
+    from longsparse import cpu_kernel
 
     monkeypatch.setenv("LONGSPARSE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setattr(_kernel, "_module", None)
-    monkeypatch.setattr(_kernel, "_failed", False)
-    monkeypatch.setattr(_kernel, "_build_seconds", 0.0)
+    monkeypatch.setattr(cpu_kernel, "_module", None)
+    monkeypatch.setattr(cpu_kernel, "_failed", False)
+    monkeypatch.setattr(cpu_kernel, "_build_seconds", 0.0)
     calls = []
 
     def fake_load(**kw):
@@ -723,26 +723,43 @@ def test_the_kernel_build_says_what_it_builds(monkeypatch, tmp_path, capsys):
         return object()
 
     monkeypatch.setattr(cpp_extension, "load", fake_load)
-    assert _kernel.get() is not None and len(calls) == 1
-    folder = tmp_path / _kernel._build_name()
-    assert calls[0]["build_directory"] == str(folder) and calls[0]["sources"] == [str(folder / "_entmax_cpu.cpp")]
+    assert cpu_kernel.get() is not None and len(calls) == 1
+    folder = tmp_path / cpu_kernel._build_name()
+    assert calls[0]["build_directory"] == str(folder)
+    assert calls[0]["sources"] == [str(folder / rel) for rel in cpu_kernel.SOURCES]
+    assert all((folder / rel).read_bytes() == (SRC / rel).read_bytes() for rel in cpu_kernel.FILES)
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"longsparse: building the fused CPU kernel in {folder} (once per machine")
-    assert re.fullmatch(r"longsparse: kernel built in \d+ s", err[1]) and _kernel.build_seconds() > 0
+    assert re.fullmatch(r"longsparse: kernel built in \d+ s", err[1]) and cpu_kernel.build_seconds() > 0
+
+
+def test_the_kernel_build_name_covers_every_source(tmp_path, monkeypatch):
+    """An edit of any source or header (a header of the row solver included) names a new build: the old name
+    would load a binary compiled from the old sources."""
+    from longsparse import cpu_kernel
+
+    shutil.copytree(SRC, tmp_path / "longsparse", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cpu_kernel, "_PACKAGE", tmp_path / "longsparse")
+    names = {cpu_kernel._build_name()}
+    for rel in cpu_kernel.FILES:
+        with open(tmp_path / "longsparse" / rel, "a") as f:
+            f.write("\n")
+        names.add(cpu_kernel._build_name())
+    assert len(names) == len(cpu_kernel.FILES) + 1
 
 
 def test_a_built_kernel_is_reused_from_another_checkout(tmp_path):
     """Another checkout (or a venv with the same torch and Python) finds the finished build and imports it, no
     compiler run: torch's loader rebuilt whenever the source's or torch's absolute paths changed."""
-    from longsparse.mappings import _kernel
+    from longsparse import cpu_kernel
 
-    if _kernel.get() is None:
+    if cpu_kernel.get() is None:
         pytest.skip("the kernel cannot be built here")
-    name = _kernel._build_name()
-    shutil.copytree(_kernel.cache_root() / name, tmp_path / "cache" / name)
+    name = cpu_kernel._build_name()
+    shutil.copytree(cpu_kernel.cache_root() / name, tmp_path / "cache" / name)
     shutil.copytree(SRC, tmp_path / "other" / "longsparse", ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "other"), "LONGSPARSE_KERNEL_CACHE": str(tmp_path / "cache")}
-    probe = "from longsparse.mappings import _kernel; m = _kernel.get(); print(_kernel.__file__, m.__file__, _kernel.build_seconds())"
+    probe = "from longsparse import cpu_kernel; m = cpu_kernel.get(); print(cpu_kernel.__file__, m.__file__, cpu_kernel.build_seconds())"
     res = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     where, lib, seconds = res.stdout.split()

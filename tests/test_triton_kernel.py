@@ -28,6 +28,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install 'long
 import longsparse as ls
 from longsparse.attention import dense_logits
 from longsparse.attention import triton_entmax as te
+from longsparse.attention import triton_ops as ops
 
 ROOT = Path(__file__).resolve().parents[1]
 # the reference path: backend="reference" (path= is its older, deprecated spelling)
@@ -177,8 +178,8 @@ def test_decode_candidates_and_their_overflow(divisor, monkeypatch):
     """The decode solve reads each split's candidates (X > −1); a row with a split holding more than the cap
     (split / divisor, at least 16) solves over all its logits instead. Both give the reference, for α = 1.5
     (exact finish) and 1.25 (general), with left padding and four splits of 96 keys."""
-    monkeypatch.setattr(te, "_n_sm", lambda device: 8)
-    monkeypatch.setattr(te, "DECODE_CANDIDATE_DIVISOR", divisor)
+    monkeypatch.setattr(ops, "_n_sm", lambda device: 8)
+    monkeypatch.setattr(ops, "DECODE_CANDIDATE_DIVISOR", divisor)
     leaves, up = _inputs(B=2, H=2, Nq=3, Nk=300, seed=12)
     for alpha in (1.5, 1.25):
         _compare(leaves, up, alpha=alpha, is_causal=True, slopes=NAPE2, decode=True, key_start=torch.tensor([0, 37]))
@@ -212,7 +213,7 @@ def test_decode_splits_with_unaligned_left_padding(start, monkeypatch):
     splits ([0, 32), [32, 64), [64, 77)) of 32-key tiles, so the split holding the first key starts its
     tiles there and its last tile reaches into the next split, whose keys it must leave to that split
     (each key counted once, in Σp as in Σp·v). Row 0 is left-padded, row 1 is not."""
-    monkeypatch.setattr(te, "_n_sm", lambda device: 8)  # as many splits as a GPU would make (CPU: 2 SMs)
+    monkeypatch.setattr(ops, "_n_sm", lambda device: 8)  # as many splits as a GPU would make (CPU: 2 SMs)
     leaves, up = _inputs(B=2, H=2, Nq=1, Nk=77, q_scale=True, seed=11)
     _compare(
         leaves,
@@ -279,7 +280,7 @@ def test_half_precision_inputs(dtype):
 def test_dead_tiles_are_skipped_and_exact(monkeypatch):
     """16×16 tiles and steep ALiBi: most key tiles die (no p > 0). The tile mask marks exactly the tiles
     holding some support, and outputs/gradients computed while skipping the others still match."""
-    monkeypatch.setattr(te, "INTERPRETER_BLOCK", 16)
+    monkeypatch.setattr(ops, "INTERPRETER_BLOCK", 16)
     leaves, up = _inputs(H=2, seed=5)
     slopes = torch.tensor([2.0, 1.0])
     _compare(leaves, up, alpha=1.5, is_causal=True, slopes=slopes)
@@ -304,8 +305,8 @@ def test_alibi_band_is_exact_and_skips_tiles(is_causal, monkeypatch):
     at 77 keys in 16-key tiles): steep, gentle and tiny slopes, q-scales above 1, left padding, and a key of
     huge norm far back that a looser bound would drop. Outputs and gradients equal the reference, and the
     steep head visits fewer tiles than a dense pass."""
-    monkeypatch.setattr(te, "BAND_MIN_KEYS", 0)
-    monkeypatch.setattr(te, "INTERPRETER_BLOCK", 16)
+    monkeypatch.setattr(ops, "BAND_MIN_KEYS", 0)
+    monkeypatch.setattr(ops, "INTERPRETER_BLOCK", 16)
     leaves, up = _inputs(H=4, q_scale=True, seed=13)
     with torch.no_grad():
         leaves[1][0, 2, 3] *= 40  # a far-back key that wins head 2's rows despite the bias
@@ -477,6 +478,48 @@ def test_supports_names_what_it_refuses(monkeypatch):
         te.entmax_attention_triton(q, k, v)
 
 
+def test_the_backend_checks_a_validated_call_with_the_reasons_of_supports():
+    """The triton backend checks the `AttentionCall` (`supports_call`: only what the kernels add to make_call's
+    validation) and answers as `supports` does for the same arguments: the calls it takes, and the kernels'
+    refusals (mapping, α, dtype, head dims, mask, slopes with a gradient) with the same reason."""
+    from longsparse.attention.backends import BACKENDS
+    from longsparse.attention.call import make_call
+
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    taken = {
+        "entmax": ((q, k, v), {}),
+        "sparsemax": ((q, k, v), dict(mapping="sparsemax")),
+        "per-head alpha": ((q, k, v), dict(alpha=torch.tensor([1.25, 2.0]))),
+        "slopes, q-scale, key ranges, tolerance": (
+            (q, k, v),
+            dict(
+                alibi_slopes=torch.tensor([0.5, 0.0]),
+                q_scale=torch.ones(1, 2, 8),
+                key_start=torch.tensor([2]),
+                key_end=torch.tensor([7]),
+                tolerance=0.01,
+            ),
+        ),
+    }
+    refused = {
+        "softmax": ((q, k, v), dict(mapping="softmax")),
+        "top-k": ((q, k, v), dict(mapping="topk")),
+        "alpha 2.5": ((q, k, v), dict(alpha=2.5)),
+        "per-head alpha 3": ((q, k, v), dict(alpha=torch.tensor([1.5, 3.0]))),
+        "alpha with a gradient": ((q, k, v), dict(alpha=torch.tensor([1.5, 1.5], requires_grad=True))),
+        "float64": (tuple(t.double() for t in (q, k, v)), {}),
+        "head dim 24": (tuple(torch.randn(1, 2, 8, 24) for _ in range(3)), {}),
+        "value head dim": ((q, k, torch.randn(1, 2, 8, 32)), {}),
+        "mask": ((q, k, v), dict(attn_mask=torch.ones(8, 8, dtype=torch.bool))),
+        "slopes with a gradient": ((q, k, v), dict(alibi_slopes=torch.tensor([0.5, 0.0], requires_grad=True))),
+    }
+    for name, (qkv, kw) in {**taken, **refused}.items():
+        call = make_call(*qkv, is_causal=True, **kw)
+        reason = te.supports(*qkv, is_causal=True, **kw)
+        assert (reason is None) == (name in taken), (name, reason)
+        assert te.supports_call(call) == reason == BACKENDS["triton"].supports(call), name
+
+
 def test_torch_compile_traces_the_custom_op():
     """fullgraph tracing through the custom op (fake implementation + registered autograd)."""
     leaves, up = _inputs(H=2, Nq=20, Nk=20, q_scale=True, seed=6)
@@ -520,7 +563,7 @@ def test_custom_op_registration_opcheck():
         )
         _, stats, mask, uv = te._attention_op(*args)
         backward_args = (torch.randn(q.shape), q.detach(), k.detach(), v.detach(), stats, mask, uv, *args[3:-3])
-        torch.library.opcheck(te._attention_backward_op, backward_args, test_utils=("test_schema", "test_faketensor"))
+        torch.library.opcheck(ops._attention_backward_op, backward_args, test_utils=("test_schema", "test_faketensor"))
 
 
 def test_torch_compile_traces_a_model_that_calls_it():
@@ -698,9 +741,9 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     import torch, triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from longsparse.attention import triton_entmax as te
-    te._kernels()
-    assert te._BUILT is False
+    from longsparse.attention import triton_ops as ops
+    ops._kernels()
+    assert ops._BUILT is False
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas-blackwell")
     POINTERS = {"Stats": "*fp32", "TileMask": "*i8", "Alpha": "*fp32", "Slopes": "*fp32", "Starts": "*i32",
                 "Ends": "*i32", "UV": "*fp32", "Counts": "*i32", "Live": "*i32", "KNorm": "*fp32", "Cand": "*fp32",
@@ -714,13 +757,13 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     for D, dtype_name, mode in json.loads(sys.argv[1]):
         dtype = getattr(torch, dtype_name)
         tdt = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}[dtype_name]
-        cfg = te._config(D, dtype, "cuda")
+        cfg = ops._config(D, dtype, "cuda")
         blk = dict(D=D, BM=cfg["BM"], BN=cfg["BN"], MODE=mode, DOT_PREC=cfg["prec"])
         dec = dict(D=D, BM=16, BN=cfg["dec_BN"], DOT_PREC=cfg["prec"])
-        p0, p1 = te.SOLVER_POINTS[mode]
+        p0, p1 = ops.SOLVER_POINTS[mode]
         solve = dict(P0=p0, P=p1, MAX_SWEEPS=24, TOL=1e-6, FTOL=0.0)
         stages = cfg["stages"]
-        fwd = dict(blk, **solve, BAND_EPS=te.ROUNDING_MARGIN, COUNT=False)
+        fwd = dict(blk, **solve, BAND_EPS=ops.ROUNDING_MARGIN, COUNT=False)
         plan = [("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True), cfg["fwd"], stages),
                 ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=False), cfg["fwd"], stages),
                 ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=True, FTOL=1e-2), cfg["fwd"], stages),
@@ -732,7 +775,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                 ("_dec_solve_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode, **solve), cfg["dec"], stages),
                 ("_dec_out_kernel", dict(dec, MODE=mode), cfg["dec"], stages)]
         for name, consts, warps, stages in plan:
-            fn = getattr(te, name)
+            fn = getattr(ops, name)
             names = list(inspect.signature(fn.fn).parameters)
             # as a launch specialises them: the head dims' strides (1: a constant), 16-byte aligned pointers
             # and the other strides multiples of 16 (they are multiples of D)

@@ -34,12 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from longsparse import cpu_kernel
 from longsparse.attention import cuda, flex
 from longsparse.attention.call import AttentionCall
 from longsparse.attention.chunked import chunked_attention, fused_attention
 from longsparse.attention.fused_dense import fused_dense_attention
 from longsparse.attention.logits import additive_bias, bias_shape, dense_logits
-from longsparse.mappings import _kernel
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def _chunked_supports(call: AttentionCall) -> Optional[str]:
 def _fused_supports(call: AttentionCall) -> Optional[str]:
     if call.device_type != "cpu":
         return f"tensors on {call.device_type}: the kernel reads CPU memory only"
-    if not _kernel.enabled():
+    if not cpu_kernel.enabled():
         return "disabled by LONGSPARSE_KERNEL=0"
     if call.grad_of_bias:
         return _NO_BIAS_GRAD
@@ -140,7 +140,7 @@ def _fused_supports(call: AttentionCall) -> Optional[str]:
         return f"α of shape {tuple(alpha.shape)}: the kernel takes one α per head"
     if call.attn_mask is not None:
         return "attn_mask: the kernel applies only the causal mask"
-    if _kernel.get() is None:
+    if cpu_kernel.get() is None:
         return "not available: the C++ kernel could not be built (see the warning)"
     return None
 
@@ -324,51 +324,16 @@ def triton_module():
     return _TRITON["module"], _TRITON["why"]
 
 
-def _triton_alpha(call: AttentionCall):
-    """α for the kernels: the float of softmax / sparsemax / entmax, or the tensor α as the caller gave it."""
-    return call.alpha if isinstance(call.mapping.alpha, Tensor) else call.mapping.alpha
-
-
 def _triton_supports(call: AttentionCall) -> Optional[str]:
     mod, why = triton_module()
-    if mod is None:
-        return why
-    if call.mapping.alpha is None:
-        return f"mapping {call.mapping_name!r} is not α-entmax"
-    return mod.supports(
-        call.q,
-        call.k,
-        call.v,
-        mapping=call.mapping_name,
-        alpha=_triton_alpha(call),
-        is_causal=call.is_causal,
-        scale=call.scale,
-        alibi_slopes=call.alibi_slopes,
-        q_scale=call.q_scale,
-        attn_mask=call.attn_mask,
-        key_start=call.key_start,
-        key_end=call.key_end,
-        tolerance=call.tolerance,
-    )
+    return why if mod is None else mod.supports_call(call)
 
 
 def _triton_run(call: AttentionCall) -> Tensor:
     mod, why = triton_module()
     if mod is None:
         raise RuntimeError(why)
-    return mod.entmax_attention_triton(
-        call.q,
-        call.k,
-        call.v,
-        alpha=_triton_alpha(call),
-        is_causal=call.is_causal,
-        alibi_slopes=call.alibi_slopes,
-        q_scale=call.q_scale,
-        scale=call.scale,
-        key_start=call.key_start,
-        key_end=call.key_end,
-        tolerance=call.tolerance,
-    )
+    return mod.run_call(call)
 
 
 register(

@@ -10,7 +10,7 @@ block would re-read all of k per block). Under a causal mask a block of queries 
 its last query, so the work is about halved, and the mask itself is a small triangle on the last keys.
 
 fused_cpu (`fused_attention`): the kernel's `attention_forward` / `attention_backward`
-(mappings/_entmax_cpu.cpp) take q, k, v whole and walk over blocks of `FUSED_BLOCK_ROWS` queries and tiles
+(attention/csrc/attention_cpu.cpp) take q, k, v whole and walk over blocks of `FUSED_BLOCK_ROWS` queries and tiles
 of `FUSED_KEY_TILE` keys: one tile of logits exists at a time (scale, ALiBi and the causal mask applied
 as it is built), each row's α-entmax threshold is solved on the candidates collected across its tiles,
 and the output is gathered from the support only. The forward keeps, besides q, k, v, three float64
@@ -18,7 +18,7 @@ numbers per query row (max, τ, normaliser), from which the backward rebuilds ea
 solve. Extra memory: O(block rows × key tile) plus the rows' candidates, never O(Nq × Nk).
 
 `BlockSpec.fused_probabilities` / `fused_jvp` map whole blocks with the kernel's older in-place entry points
-(`entmax_scores_forward` / `_backward`); the fused_dense backend uses them.
+(`entmax_scores_forward` / `_backward`, attention/csrc/scores_cpu.cpp); the fused_dense backend uses them.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from longsparse import cpu_kernel
 from longsparse.attention.band import alibi_live_keys
 from longsparse.attention.call import AttentionCall
 from longsparse.attention.logits import block_logits
-from longsparse.mappings import _kernel
 from longsparse.mappings.registry import Mapping
 
 _NONE_F64 = torch.empty(0, dtype=torch.float64)
@@ -86,7 +86,7 @@ class BlockSpec:
         z = torch.matmul(qs, k.transpose(-1, -2))
         a = self._per_block_rows(self.mapping.alpha, heads, z.shape[0], n_heads)
         slopes = self._per_block_rows(self.alibi_slopes, heads, z.shape[0], n_heads)
-        bad = _kernel.get().entmax_scores_forward(
+        bad = cpu_kernel.get().entmax_scores_forward(
             z.view(-1, z.shape[-2], z.shape[-1]), a, self.scale, self.first_pos + rows.start, self.is_causal, slopes
         )
         if bad:
@@ -96,7 +96,7 @@ class BlockSpec:
     def fused_jvp(self, p: Tensor, dp: Tensor, heads: slice, n_heads: int) -> Tensor:
         """∂L/∂(q·kᵀ), i.e. already multiplied by the scale, computed in place in dp."""
         a = self._per_block_rows(self.mapping.alpha, heads, p.shape[0], n_heads)
-        _kernel.get().entmax_scores_backward(
+        cpu_kernel.get().entmax_scores_backward(
             p.view(-1, p.shape[-2], p.shape[-1]), dp.view(-1, dp.shape[-2], dp.shape[-1]), a, self.scale
         )
         return dp
@@ -338,7 +338,7 @@ class FusedAttention(torch.autograd.Function):
         kc, vc = k.to(cdt).contiguous(), v.to(cdt).contiguous()
         qs = _scaled_queries(q, q_scale, cdt)
         spec.find_band(qs, kc)
-        out, stats, bad = _kernel.get().attention_forward(qs, kc, vc, *spec.args())
+        out, stats, bad = cpu_kernel.get().attention_forward(qs, kc, vc, *spec.args())
         if bad:
             raise ValueError("attention logits contain NaN or +inf (check q, k, scale and q_scale)")
         ctx.spec = spec
@@ -353,7 +353,7 @@ class FusedAttention(torch.autograd.Function):
         spec = ctx.spec
         cdt = spec.dtype
         qs = _scaled_queries(q, q_scale, cdt)
-        dqs, dk, dv = _kernel.get().attention_backward(
+        dqs, dk, dv = cpu_kernel.get().attention_backward(
             qs, k.to(cdt).contiguous(), v.to(cdt).contiguous(), dout.to(cdt).contiguous(), out, stats, *spec.args()
         )
         dq = dsc = None

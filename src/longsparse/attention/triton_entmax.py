@@ -5,6 +5,8 @@ Public entry points:
 * ``entmax_attention_triton(q, k, v, *, alpha, is_causal, alibi_slopes, q_scale, scale, key_start, key_end)``
   → (B, H, Nq, D), differentiable in q, k, v (and q_scale, through autograd);
 * ``supports(q, k, v, **kwargs) -> str | None``: None when the kernels take the call, else the reason;
+  ``supports_call(call)`` / ``run_call(call)``: the same check and the run for a validated ``AttentionCall``
+  (the triton backend);
 * ``threshold_stats(q, k, v, **kwargs)``: the forward's row statistics and tile mask (diagnostics);
 * ``solver_counts(q, k, v, **kwargs)``: what the forward did per query block, counted by the kernel.
 
@@ -70,11 +72,11 @@ dims 16, 32, 64, 128; float16 / bfloat16 / float32 inputs (fp32 accumulation; fp
 Refused (see `supports`): arbitrary attn_mask, other mappings, α outside (1, 2] or requiring grad,
 other head dims and dtypes, non-CUDA tensors outside the interpreter.
 
-The kernels themselves are in attention/triton_kernels/ (tiles, solve, forward, backward, decode); this
-module launches them. They are built lazily on first use: ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, used by the
-tests) must be set before that first use. The entry point is a ``torch.library.custom_op`` pair
-(forward, backward) with fake implementations and registered autograd, so ``torch.compile`` traces
-a model that calls it (fullgraph).
+The kernels themselves are in attention/triton_kernels/ (tiles, solve, forward, backward, decode);
+attention/triton_ops.py launches them. They are built lazily on first use: ``TRITON_INTERPRET=1`` (Triton's CPU
+interpreter, used by the tests) must be set before that first use. The entry point is a ``torch.library.custom_op``
+pair (forward, backward) with fake implementations and registered autograd, so ``torch.compile`` traces a model
+that calls it (fullgraph).
 """
 
 import math
@@ -82,623 +84,17 @@ import math
 import torch
 from torch import Tensor
 
-from .band import ROUNDING_MARGIN
-from .call import tolerance_problem
-from .triton_kernels import build
-from .triton_kernels.backward import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_prep_kernel
-from .triton_kernels.decode import _dec_filter_kernel, _dec_out_kernel, _dec_scores_kernel, _dec_solve_kernel
-from .triton_kernels.forward import _fwd_kernel
-from .triton_kernels.lang import TRITON_ERROR as _TRITON_ERROR
-from .triton_kernels.lang import triton
+from . import triton_ops as ops
+from .call import AttentionCall, tolerance_problem
+
+# _MAX_SWEEPS_EXACT and SOLVER_POINTS: read from here by benchmarks/kernel_counts.py and benchmarks/gpu_check.py
+# (the launches read them, and any override, on triton_ops)
+from .triton_ops import _MAX_SWEEPS_EXACT, _TRITON_ERROR, SOLVER_POINTS, _attention_op, _interpreter_mode  # noqa: F401
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DECODE_MAX_QUERIES = 16  # the decode path holds all of a program's query rows in one tile
 DECODE_MIN_KEYS = 1024  # below this the block kernel has enough key tiles per query block anyway
-# ALiBi band (attention/band.py) from this many keys: a few dozen small launches, worth it only on long rows
-BAND_MIN_KEYS = 1024
-# Decode candidates (X > −1) kept per split: at most split / DECODE_CANDIDATE_DIVISOR (random logits keep ~7 % of
-# 32K keys; trained attention far fewer); a row with a split past that solves over all its logits.
-DECODE_CANDIDATE_DIVISOR = 4
-_TOL = 1e-6  # Newton step (in τ, whose bracket has width < 1) at which general α stops
-_MAX_SWEEPS_EXACT = 24  # α = 1.5 / 2: the exact finish certifies after a few sweeps (a cap, not a budget)
-_MAX_SWEEPS_GENERAL = 32  # other α: quadratic convergence once the bracket is tight
-# Points per sweep of the threshold solve, (first sweep, later sweeps), by mode (general, 1.5, 2); powers of
-# two. More points cost element-wise work in every tile but fewer passes over K: on an H200, 4 first points
-# timed 6 % faster than 8 and 3 % faster than 2 at 4K and 16K keys (benchmarks/results/gpu_check-h200-*).
-SOLVER_POINTS = {0: (4, 2), 1: (4, 2), 2: (4, 2)}
-
-_MODE_GENERAL, _MODE_15, _MODE_2 = 0, 1, 2
-INTERPRETER_BLOCK = 32  # query and key tile of the interpreter (CPU tensors): see `_config`
-
-
-# ============================================================================ kernels
-# The kernels live in attention/triton_kernels/ by role (tiles, solve, forward, backward, decode) as raw
-# functions; `_kernels()` has them wrapped with triton.jit at first use and binds the wrapped kernels here.
-
-_BUILT: bool | None = None  # None: not built; else whether the kernels run in the interpreter
-
-
-def _kernels() -> bool:
-    """Builds the kernels (compiled or interpreted, by TRITON_INTERPRET at this first use) and binds them to
-    this module's names, which the launches below call. Returns whether they are interpreted."""
-    global _BUILT
-    if _BUILT is None:
-        if triton is None:
-            raise RuntimeError(_TRITON_ERROR)
-        built, _BUILT = build.kernels()
-        globals().update(built)
-    return _BUILT
-
-
-def _interpreter_mode() -> bool:
-    """Whether the kernels run (or, once built, would run) in Triton's CPU interpreter."""
-    return _BUILT if _BUILT is not None else build.interpreting()
-
-
-# ============================================================================ launch configuration
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
-    """Launch configuration: BM, BN (shared by the forward and the backward, since the tile mask is
-    indexed in these tiles), num_warps per kernel, the dot precision, and the decode tiles (dec_BN for
-    the split kernels, dec_BJ for the threshold sweep over scratch logits).
-
-    CUDA: chosen by compiling for sm_90 with ptxas -v (16-bit inputs: no spills except ≤ 184 bytes in
-    dk/dv at D = 128 and ≤ 148 bytes in general-α variants; shared memory ≤ 64 KiB). float32 inputs use
-    3xTF32 dots (≈ fp32 accuracy on tensor cores; plain fp32 FMA dots spill tens of KB) and spill
-    ≤ 2 KB at D = 128: fp32 is the accuracy configuration, 16-bit the fast one. Under the interpreter (CPU tensors) tiles are
-    INTERPRETER_BLOCK: its cost is per tile, nearly independent of the tile's size, and tests lower it
-    to 16 (the smallest tile tl.dot takes) to span more tiles."""
-    if device_type != "cuda":
-        b = INTERPRETER_BLOCK
-        return {
-            "BM": b,
-            "BN": b,
-            "fwd": 4,
-            "prep": 4,
-            "dkdv": 4,
-            "dq": 4,
-            "dec": 4,
-            "dec_BN": b,
-            "dec_BJ": 2 * b,
-            "stages": 1,
-            "prec": {torch.float32: "ieee", torch.bfloat16: "upcast"}.get(dtype, "tf32"),
-        }
-    if dtype == torch.float32:  # 32×32 keeps shared memory ≤ 64 KiB at D = 128 (A100-sized too)
-        return {
-            "BM": 32,
-            "BN": 32,
-            "fwd": 4,
-            "prep": 4,
-            "dkdv": 4,
-            "dq": 4,
-            "dec": 4,
-            "dec_BN": 64,
-            "dec_BJ": 512,
-            "stages": 2,
-            "prec": "tf32x3",
-        }
-    if D <= 64:
-        return {
-            "BM": 64,
-            "BN": 64,
-            "fwd": 4,
-            "prep": 8,
-            "dkdv": 8,
-            "dq": 4,
-            "dec": 4,
-            "dec_BN": 64,
-            "dec_BJ": 512,
-            "stages": 3,
-            "prec": "tf32",
-        }
-    return {
-        "BM": 64,
-        "BN": 64,
-        "fwd": 8,
-        "prep": 8,
-        "dkdv": 8,
-        "dq": 8,
-        "dec": 4,
-        "dec_BN": 64,
-        "dec_BJ": 512,
-        "stages": 2,
-        "prec": "tf32",
-    }
-
-
-def _mode(alpha: float, alpha_heads: Tensor | None) -> int:
-    if alpha_heads is None and alpha == 1.5:
-        return _MODE_15
-    if alpha_heads is None and alpha == 2.0:
-        return _MODE_2
-    return _MODE_GENERAL
-
-
-_FILLED: dict = {}
-
-
-def _filled(n: int, value, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A constant (n,) tensor, kept per (n, value, dtype, device): the kernels only read it, and a decode
-    step then launches no fill kernels of its own."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.full((n,), value, dtype=dtype, device=device)  # graph-pool memory: not kept
-    key = (n, value, dtype, str(device))
-    t = _FILLED.get(key)
-    if t is None:
-        if len(_FILLED) > 256:
-            _FILLED.clear()
-        t = _FILLED[key] = torch.full((n,), value, dtype=dtype, device=device)
-    return t
-
-
-def _runtime_args(
-    q: Tensor,
-    k: Tensor,
-    alpha: float,
-    alpha_heads: Tensor | None,
-    slopes: Tensor | None,
-    key_start: Tensor | None,
-    key_end: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The kernels' per-head α (H,) fp32, slopes (H,) fp32 (zeros: no bias), key starts and ends (B,)
-    int32 (0 and Nk: no padding; given ones are already int32, see `_op_args`)."""
-    B, H = q.shape[:2]
-    Nk = int(k.shape[2])
-    dev = q.device
-    alphas = (
-        _filled(H, float(alpha), torch.float32, dev)
-        if alpha_heads is None
-        else alpha_heads.to(device=dev, dtype=torch.float32).expand(H).contiguous()
-    )
-    slopes = (
-        _filled(H, 0.0, torch.float32, dev)
-        if slopes is None
-        else slopes.to(device=dev, dtype=torch.float32).contiguous()
-    )
-    starts = _filled(B, 0, torch.int32, dev) if key_start is None else key_start
-    ends = _filled(B, Nk, torch.int32, dev) if key_end is None else key_end
-    return alphas, slopes, starts, ends
-
-
-def _tile_mask_shape(
-    B: int, H: int, Nq: int, Nk: int, D: int, dtype: torch.dtype, device_type: str, decode: bool
-) -> tuple:
-    if decode:
-        return (0,)
-    cfg = _config(D, dtype, device_type)
-    return (B, H, -(-Nq // cfg["BM"]), -(-Nk // cfg["BN"]))
-
-
-def _n_sm(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 2
-
-
-def _common_args(q: Tensor, k: Tensor, v: Tensor):
-    return (*q.stride(), *k.stride(), *v.stride())
-
-
-# ============================================================================ forward / backward launches
-
-
-def _forward_impl(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    alpha: float,
-    alpha_heads: Tensor | None,
-    slopes: Tensor | None,
-    key_start: Tensor | None,
-    key_end: Tensor | None,
-    scale: float,
-    is_causal: bool,
-    decode: bool,
-    need_uv: bool,
-    tolerance: float = 0.0,
-    counts: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    _kernels()
-    B, H, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    group = H // Hkv
-    mode = _mode(alpha, alpha_heads)
-    max_sweeps = _MAX_SWEEPS_GENERAL if mode == _MODE_GENERAL else _MAX_SWEEPS_EXACT
-    p0, p_later = SOLVER_POINTS[mode]
-    cfg = _config(D, q.dtype, q.device.type)
-    alphas, slopes_t, starts, ends = _runtime_args(q, k, alpha, alpha_heads, slopes, key_start, key_end)
-    causal = int(is_causal)
-    o = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
-    stats = torch.empty((3, B, H, Nq), dtype=torch.float32, device=q.device)
-    empty = torch.empty((0,), dtype=torch.float32, device=q.device)
-    if not decode:
-        BM, BN = cfg["BM"], cfg["BN"]
-        n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
-        # the output pass writes the bits of the tiles it visits: the others must read "no support"
-        tile_mask = torch.zeros((B, H, n_qb, n_kt), dtype=torch.int8, device=q.device)
-        uv = torch.empty((B, H, Nq, D), dtype=torch.float32, device=q.device) if need_uv else empty
-        live = torch.empty((B * H * n_qb, 2 * n_kt), dtype=torch.int32, device=q.device)
-        band = slopes is not None and Nk >= BAND_MIN_KEYS
-        knorm = _key_norm_bound(k, starts, ends) if band else stats
-        _fwd_kernel[(B * H, n_qb)](
-            q,
-            k,
-            v,
-            o,
-            stats,
-            uv if need_uv else stats,
-            tile_mask,
-            live,
-            stats if counts is None else counts,
-            knorm,
-            alphas,
-            slopes_t,
-            starts,
-            ends,
-            *_common_args(q, k, v),
-            *o.stride(),
-            H,
-            group,
-            Nq,
-            Nk,
-            n_qb,
-            n_kt,
-            scale,
-            causal,
-            D=D,
-            BM=BM,
-            BN=BN,
-            MODE=mode,
-            P0=p0,
-            P=p_later,
-            MAX_SWEEPS=max_sweeps,
-            TOL=_TOL,
-            FTOL=tolerance,
-            DOT_PREC=cfg["prec"],
-            BAND=band,
-            BAND_EPS=ROUNDING_MARGIN,
-            STORE_UV=need_uv,
-            COUNT=counts is not None,
-            num_warps=cfg["fwd"],
-            num_stages=cfg["stages"],
-        )
-        return o, stats, tile_mask, uv
-
-    # decode: split-K logits → per-row threshold → split-K output → reduction
-    BN, BJ = cfg["dec_BN"], cfg["dec_BJ"]
-    hpp = group if group * Nq <= 64 else 1  # query heads per program (they share one kv head)
-    BMd = max(16, _next_pow2(hpp * Nq))
-    n_prog = B * (H // hpp)
-    n_split = max(1, min(triton.cdiv(Nk, BN), triton.cdiv(2 * _n_sm(q.device), n_prog)))
-    split = triton.cdiv(triton.cdiv(Nk, n_split), BN) * BN
-    n_split = triton.cdiv(Nk, split)
-    rows = B * H * Nq
-    z = torch.empty((rows, Nk), dtype=torch.float32, device=q.device)
-    mpart = torch.empty((rows, n_split), dtype=torch.float32, device=q.device)
-    _dec_scores_kernel[(n_split, n_prog)](
-        q,
-        k,
-        z,
-        mpart,
-        slopes_t,
-        starts,
-        ends,
-        *q.stride(),
-        *k.stride(),
-        H,
-        group,
-        hpp,
-        Nq,
-        Nk,
-        split,
-        n_split,
-        scale,
-        causal,
-        D=D,
-        BM=BMd,
-        BN=BN,
-        DOT_PREC=cfg["prec"],
-        num_warps=cfg["dec"],
-    )
-    cap = max(16, triton.cdiv(split, DECODE_CANDIDATE_DIVISOR))
-    cand = torch.empty((rows, n_split, cap), dtype=torch.float32, device=q.device)
-    cand_n = torch.empty((rows, n_split), dtype=torch.int32, device=q.device)
-    _dec_filter_kernel[(n_split, rows)](
-        z,
-        mpart,
-        cand,
-        cand_n,
-        alphas,
-        starts,
-        ends,
-        H,
-        Nq,
-        Nk,
-        split,
-        n_split,
-        cap,
-        causal,
-        BLOCK_J=BJ,
-        BLOCK_S=_next_pow2(n_split),
-        MODE=mode,
-        num_warps=cfg["dec"],
-    )
-    _dec_solve_kernel[(rows,)](
-        z,
-        mpart,
-        cand,
-        cand_n,
-        stats,
-        alphas,
-        starts,
-        ends,
-        H,
-        Nq,
-        Nk,
-        n_split,
-        cap,
-        causal,
-        BLOCK_J=BJ,
-        BLOCK_S=_next_pow2(n_split),
-        MODE=mode,
-        P0=p0,
-        P=p_later,
-        MAX_SWEEPS=max_sweeps,
-        TOL=_TOL,
-        FTOL=tolerance,
-    )
-    opart = torch.empty((rows, n_split, D), dtype=torch.float32, device=q.device)
-    lpart = torch.empty((rows, n_split), dtype=torch.float32, device=q.device)
-    _dec_out_kernel[(n_split, n_prog)](
-        z,
-        v,
-        stats,
-        opart,
-        lpart,
-        alphas,
-        starts,
-        ends,
-        *v.stride(),
-        H,
-        group,
-        hpp,
-        Nq,
-        Nk,
-        split,
-        n_split,
-        causal,
-        D=D,
-        BM=BMd,
-        BN=BN,
-        MODE=mode,
-        DOT_PREC=cfg["prec"],
-        num_warps=cfg["dec"],
-    )
-    lsum = lpart.sum(1)
-    inv = torch.where(lsum > 0, 1.0 / lsum, torch.zeros_like(lsum))
-    o.copy_((opart.sum(1) * inv[:, None]).view(B, H, Nq, D))
-    stats[2].copy_(inv.view(B, H, Nq))
-    return o, stats, torch.empty((0,), dtype=torch.int8, device=q.device), empty
-
-
-def _key_norm_bound(k: Tensor, starts: Tensor, ends: Tensor) -> Tensor:
-    """(B·H_kv,) fp32: an upper bound of ‖k_j‖ over each batch row's keys [start, end) (the norms of 16-bit
-    keys are rounded to their dtype, 2^-9 relative at most for bfloat16: widened by 2^-8)."""
-    B, Hkv, Nk, _ = k.shape
-    kn = torch.linalg.vector_norm(k, dim=-1).float() * (1.0 + 2.0**-8)
-    j = torch.arange(Nk, device=k.device)
-    seen = (j >= starts.long()[:, None]) & (j < ends.long()[:, None])  # (B, Nk)
-    return kn.masked_fill(~seen[:, None, :], 0.0).amax(-1).reshape(B * Hkv).contiguous()
-
-
-def _live_lists(tile_mask: Tensor, B: int, H: int, Nq: int, Nk: int, BM: int, BN: int):
-    """From the forward's tile mask (B, H, n_qb, n_kt) (or, for the decode path, every visible tile): per
-    query block the key tiles holding support, listed first (B, H, n_qb, n_kt) int32, and their count
-    (B, H, n_qb); per key tile the query blocks, (B, H, n_kt, n_qb) and (B, H, n_kt). The backward's loops
-    then run over plain lists, which Triton software-pipelines (a branch on a mask bit inside the loop
-    would not be)."""
-    live = tile_mask.bool()
-    tiles = torch.argsort((~live).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-    blocks = torch.argsort((~live).transpose(-1, -2).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-    return (
-        tiles.contiguous(),
-        live.sum(-1, dtype=torch.int32).contiguous(),
-        blocks.contiguous(),
-        live.sum(-2, dtype=torch.int32).contiguous(),
-    )
-
-
-def _backward_impl(
-    do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    stats: Tensor,
-    tile_mask: Tensor,
-    uv: Tensor,
-    alpha: float,
-    alpha_heads: Tensor | None,
-    slopes: Tensor | None,
-    key_start: Tensor | None,
-    key_end: Tensor | None,
-    scale: float,
-    is_causal: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    _kernels()
-    B, H, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    group = H // Hkv
-    cfg = _config(D, q.dtype, q.device.type)
-    BM, BN = cfg["BM"], cfg["BN"]
-    n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
-    mode = _mode(alpha, alpha_heads)
-    alphas, slopes, starts, ends = _runtime_args(q, k, alpha, alpha_heads, slopes, key_start, key_end)
-    do = do.contiguous()
-    dq = torch.empty((B, H, Nq, D), dtype=q.dtype, device=q.device)
-    dk = torch.empty((B, Hkv, Nk, D), dtype=k.dtype, device=k.device)
-    dv = torch.empty((B, Hkv, Nk, D), dtype=v.dtype, device=v.device)
-    args = (alphas, slopes, starts, ends, *_common_args(q, k, v), H, group, Nq, Nk, n_qb)
-    flags = {"D": D, "BM": BM, "BN": BN, "MODE": mode, "DOT_PREC": cfg["prec"]}
-    if uv.numel() > 0:  # δ_i = dO_i · (Σ_j u_ij v_j / Σ_j u_ij), the second sum kept by the forward
-        delta = (do.float() * uv).sum(-1).contiguous()
-    else:
-        delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-        _bwd_prep_kernel[(B * H, n_qb)](
-            q, k, v, do, stats, delta, *args, scale, int(is_causal), num_warps=cfg["prep"], **flags
-        )
-    if tile_mask.numel() == 0:  # the decode path keeps no tile mask: every tile a row can see
-        tile_mask = _visible_tiles(q, k, starts, ends, is_causal, BM, BN)
-    tiles, n_tiles, blocks, n_blocks = _live_lists(tile_mask, B, H, Nq, Nk, BM, BN)
-    _bwd_dkdv_kernel[(B * Hkv, n_kt)](
-        q,
-        k,
-        v,
-        do,
-        dk,
-        dv,
-        stats,
-        delta,
-        blocks,
-        n_blocks,
-        *args,
-        n_kt,
-        scale,
-        int(is_causal),
-        num_warps=cfg["dkdv"],
-        num_stages=cfg["stages"],
-        **flags,
-    )
-    _bwd_dq_kernel[(B * H, n_qb)](
-        q,
-        k,
-        v,
-        do,
-        dq,
-        stats,
-        delta,
-        tiles,
-        n_tiles,
-        *args,
-        n_kt,
-        scale,
-        int(is_causal),
-        num_warps=cfg["dq"],
-        num_stages=cfg["stages"],
-        **flags,
-    )
-    return dq, dk, dv
-
-
-def _visible_tiles(q: Tensor, k: Tensor, starts: Tensor, ends: Tensor, is_causal: bool, BM: int, BN: int) -> Tensor:
-    """(B, H, n_qb, n_kt) int8: 1 for the key tiles holding a key some row of the query block can see."""
-    B, H, Nq, _ = q.shape
-    Nk = k.shape[2]
-    n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
-    dev = q.device
-    first_key = torch.arange(n_kt, device=dev) * BN  # (n_kt,)
-    last_row = torch.clamp(torch.arange(n_qb, device=dev) * BM + BM - 1, max=Nq - 1) + (Nk - Nq)  # (n_qb,)
-    lo = starts.to(dev).long().clamp(0, Nk)[:, None, None]
-    hi = ends.to(dev).long().clamp(0, Nk)[:, None, None]
-    tile_hi = torch.minimum(first_key + BN, torch.full_like(first_key, Nk))
-    seen = (first_key[None, None, :] < hi) & (tile_hi[None, None, :] > lo)
-    if is_causal:
-        seen = seen & (first_key[None, None, :] <= last_row[None, :, None])
-    return seen.to(torch.int8)[:, None].expand(B, H, n_qb, n_kt).contiguous()
-
-
-# ============================================================================ custom ops (torch.compile)
-
-
-@torch.library.custom_op("longsparse::triton_entmax_attention", mutates_args=())
-def _attention_op(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    alpha: float,
-    alpha_heads: Tensor | None,
-    slopes: Tensor | None,
-    key_start: Tensor | None,
-    key_end: Tensor | None,
-    scale: float,
-    is_causal: bool,
-    decode: bool,
-    need_uv: bool,
-    tolerance: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(O (B, H, Nq, D), stats (3, B, H, Nq) fp32 = row max, τ, 1/Σp, tile mask int8 (B, H, ⌈Nq/BM⌉,
-    ⌈Nk/BN⌉) or (0,) from the decode path, and with need_uv (block path) Σ_j u_ij v_j / Σ_j u_ij (B, H, Nq, D)
-    fp32 for the backward's δ, else (0,)). tolerance: 0 (exact τ) or the opt-in mode's bound on |Σp − 1|."""
-    return _forward_impl(
-        q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode, need_uv, tolerance
-    )
-
-
-@_attention_op.register_fake
-def _attention_fake(
-    q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, decode, need_uv, tolerance
-):
-    B, H, Nq, D = q.shape
-    Nk = k.shape[2]
-    o = q.new_empty((B, H, Nq, D))
-    stats = q.new_empty((3, B, H, Nq), dtype=torch.float32)
-    mask = q.new_empty(_tile_mask_shape(B, H, Nq, Nk, D, q.dtype, q.device.type, decode), dtype=torch.int8)
-    uv = q.new_empty((B, H, Nq, D) if need_uv and not decode else (0,), dtype=torch.float32)
-    return o, stats, mask, uv
-
-
-@torch.library.custom_op("longsparse::triton_entmax_attention_backward", mutates_args=())
-def _attention_backward_op(
-    do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    stats: Tensor,
-    tile_mask: Tensor,
-    uv: Tensor,
-    alpha: float,
-    alpha_heads: Tensor | None,
-    slopes: Tensor | None,
-    key_start: Tensor | None,
-    key_end: Tensor | None,
-    scale: float,
-    is_causal: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    return _backward_impl(
-        do, q, k, v, stats, tile_mask, uv, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal
-    )
-
-
-@_attention_backward_op.register_fake
-def _attention_backward_fake(
-    do, q, k, v, stats, tile_mask, uv, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal
-):
-    # contiguous, as `_backward_impl` returns them (empty_like would copy the strides of a transposed q)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, alpha, alpha_heads, slopes, key_start, key_end, scale, is_causal, _decode, _need_uv, _tol = inputs
-    _, stats, tile_mask, uv = output
-    ctx.save_for_backward(q, k, v, stats, tile_mask, uv, alpha_heads, slopes, key_start, key_end)
-    ctx.alpha, ctx.scale, ctx.is_causal = alpha, scale, is_causal
-    ctx.mark_non_differentiable(stats, tile_mask, uv)
-
-
-def _backward(ctx, do, _dstats, _dmask, _duv):
-    q, k, v, stats, tile_mask, uv, alpha_heads, slopes, key_start, key_end = ctx.saved_tensors
-    dq, dk, dv = _attention_backward_op(
-        do, q, k, v, stats, tile_mask, uv, ctx.alpha, alpha_heads, slopes, key_start, key_end, ctx.scale, ctx.is_causal
-    )
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
-
-
-_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ============================================================================ public API
@@ -741,56 +137,22 @@ def supports(
     for key in other:
         if key not in _IGNORED_KWARGS:
             return f"unsupported argument {key!r}"
-    if mapping not in ("entmax", "asentmax", "sparsemax"):
-        return f"mapping {mapping!r} is not α-entmax"
-    if mapping == "sparsemax":
-        alpha = 2.0
-    tensors = {"q": q, "k": k, "v": v}
-    for name, t in tensors.items():
+    for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             return f"{name} must be a 4-D (B, H, N, D) tensor"
-    devices = {t.device for t in tensors.values()}
-    if len(devices) != 1:
-        return f"q, k, v are on different devices: {sorted(map(str, devices))}"
-    if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreter_mode()):
-        return f"tensors on {q.device.type}: the kernels need CUDA (or CPU tensors with TRITON_INTERPRET=1)"
-    if q.dtype not in DTYPES:
-        return f"dtype {q.dtype} is not float16, bfloat16 or float32"
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
     B, H, Nq, D = q.shape
+    Nk = k.shape[2]
     if k.shape[0] != B or v.shape[0] != B or k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
         return f"inconsistent shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-    if k.shape[3] != D or v.shape[3] != D:
-        return f"head dims differ: q {D}, k {k.shape[3]}, v {v.shape[3]}"
     if H % k.shape[1]:
         return f"query heads ({H}) not a multiple of key/value heads ({k.shape[1]})"
-    if D not in HEAD_DIMS:
-        return f"head dim {D} not one of {HEAD_DIMS}"
-    Nk = k.shape[2]
-    if Nk < 1 or Nq < 1:
-        return "empty query or key sequence"
     if Nq > Nk:
         return f"more queries ({Nq}) than keys ({Nk}): queries sit at the last key positions"
-    if isinstance(alpha, Tensor):
-        if alpha.requires_grad:
-            return "alpha requires grad (the kernels do not differentiate α; use backend='reference')"
-        if alpha.numel() != 1 and tuple(alpha.shape) != (H,):
-            return f"alpha tensor of shape {tuple(alpha.shape)}: only a scalar or per-head (H,) = ({H},)"
-        if alpha.device.type == "cpu" and not torch.compiler.is_compiling():  # no device sync for CUDA α
-            a = alpha.detach()
-            if not bool(((a > 1) & (a <= 2)).all()):
-                return "alpha outside (1, 2]"
-    else:
-        if not isinstance(alpha, (int, float)) or not 1.0 < float(alpha) <= 2.0:
-            return f"alpha {alpha!r} outside (1, 2]"
-    if attn_mask is not None:
-        return "attn_mask is not supported (key_start / key_end take left / right padding, is_causal causality)"
-    if alibi_slopes is not None:
-        if alibi_slopes.requires_grad:
-            return "alibi_slopes requires grad (not differentiated by the kernels)"
-        if tuple(alibi_slopes.shape) != (H,):
-            return f"alibi_slopes must have shape ({H},); got {tuple(alibi_slopes.shape)}"
+    problem = _kernel_problem(q, k, v, mapping, alpha, attn_mask, alibi_slopes, decode)
+    if problem is not None:
+        return problem
+    if alibi_slopes is not None and tuple(alibi_slopes.shape) != (H,):
+        return f"alibi_slopes must have shape ({H},); got {tuple(alibi_slopes.shape)}"
     if q_scale is not None and tuple(q_scale.shape) not in ((B, H, Nq), (B, H, Nq, 1)):
         return f"q_scale must have shape ({B}, {H}, {Nq}) or ({B}, {H}, {Nq}, 1); got {tuple(q_scale.shape)}"
     for name, t in (("key_start", key_start), ("key_end", key_end)):
@@ -802,11 +164,79 @@ def supports(
             or tuple(t.shape) != (B,)
         ):
             return f"{name} must be an integer tensor of shape ({B},)"
-    if decode and Nq > DECODE_MAX_QUERIES:
-        return f"the decode path takes at most {DECODE_MAX_QUERIES} queries; got {Nq}"
     if scale is not None and not math.isfinite(float(scale)):
         return f"scale {scale!r} is not finite"
     return tolerance_problem(tolerance)
+
+
+def supports_call(call: AttentionCall) -> str | None:
+    """`supports` for an `AttentionCall`, whose arguments `make_call` has validated (the triton backend's
+    check): only what the kernels add — the mapping and α, device, dtypes, head dims, no attn_mask, slopes
+    without gradient — with `supports`' reasons."""
+    if call.mapping.alpha is None:
+        return f"mapping {call.mapping_name!r} is not α-entmax"
+    if _TRITON_ERROR is not None:
+        return _TRITON_ERROR
+    return _kernel_problem(
+        call.q, call.k, call.v, call.mapping_name, _call_alpha(call), call.attn_mask, call.alibi_slopes, None
+    )
+
+
+def _call_alpha(call: AttentionCall) -> AlphaArg:
+    """α for the kernels: the float of softmax / sparsemax / entmax, or the tensor α as the caller gave it."""
+    return call.alpha if isinstance(call.mapping.alpha, Tensor) else call.mapping.alpha
+
+
+def _kernel_problem(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mapping: str,
+    alpha: AlphaArg,
+    attn_mask: Tensor | None,
+    alibi_slopes: Tensor | None,
+    decode: bool | None,
+) -> str | None:
+    """What the kernels refuse in arguments of consistent shapes (q (B, H, Nq, D), k and v (B, H_kv, Nk, ·) with
+    H_kv dividing H and Nq ≤ Nk), else None."""
+    if mapping not in ("entmax", "asentmax", "sparsemax"):
+        return f"mapping {mapping!r} is not α-entmax"
+    if mapping == "sparsemax":
+        alpha = 2.0
+    devices = {t.device for t in (q, k, v)}
+    if len(devices) != 1:
+        return f"q, k, v are on different devices: {sorted(map(str, devices))}"
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreter_mode()):
+        return f"tensors on {q.device.type}: the kernels need CUDA (or CPU tensors with TRITON_INTERPRET=1)"
+    if q.dtype not in DTYPES:
+        return f"dtype {q.dtype} is not float16, bfloat16 or float32"
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
+    _, H, Nq, D = q.shape
+    if k.shape[3] != D or v.shape[3] != D:
+        return f"head dims differ: q {D}, k {k.shape[3]}, v {v.shape[3]}"
+    if D not in HEAD_DIMS:
+        return f"head dim {D} not one of {HEAD_DIMS}"
+    if k.shape[2] < 1 or Nq < 1:
+        return "empty query or key sequence"
+    if isinstance(alpha, Tensor):
+        if alpha.requires_grad:
+            return "alpha requires grad (the kernels do not differentiate α; use backend='reference')"
+        if alpha.numel() != 1 and tuple(alpha.shape) != (H,):
+            return f"alpha tensor of shape {tuple(alpha.shape)}: only a scalar or per-head (H,) = ({H},)"
+        if alpha.device.type == "cpu" and not torch.compiler.is_compiling():  # no device sync for CUDA α
+            a = alpha.detach()
+            if not bool(((a > 1) & (a <= 2)).all()):
+                return "alpha outside (1, 2]"
+    elif not isinstance(alpha, (int, float)) or not 1.0 < float(alpha) <= 2.0:
+        return f"alpha {alpha!r} outside (1, 2]"
+    if attn_mask is not None:
+        return "attn_mask is not supported (key_start / key_end take left / right padding, is_causal causality)"
+    if alibi_slopes is not None and alibi_slopes.requires_grad:
+        return "alibi_slopes requires grad (not differentiated by the kernels)"
+    if decode and Nq > DECODE_MAX_QUERIES:
+        return f"the decode path takes at most {DECODE_MAX_QUERIES} queries; got {Nq}"
+    return None
 
 
 def entmax_attention_triton(
@@ -862,6 +292,25 @@ def entmax_attention_triton(
     return out
 
 
+def run_call(call: AttentionCall) -> Tensor:
+    """Runs an `AttentionCall` that `supports_call` takes (the triton backend): (B, H, Nq, D) in q's dtype."""
+    args = _to_op_args(
+        call.q,
+        call.k,
+        call.v,
+        _call_alpha(call),
+        call.is_causal,
+        call.alibi_slopes,
+        call.q_scale,
+        call.scale,
+        call.key_start,
+        call.key_end,
+        None,
+        call.tolerance,
+    )
+    return _attention_op(*args)[0]
+
+
 def threshold_stats(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
     """The forward op's results for diagnostics and tests: (O, stats (3, B, H, Nq) fp32 = row max M / τ /
     1/Σp, tile mask int8 (B, H, ⌈Nq/BM⌉, ⌈Nk/BN⌉) with 1 where a key tile holds some p > 0; shape (0,)
@@ -879,11 +328,10 @@ def solver_counts(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> dict:
     `entmax_attention_triton`'s keywords."""
     args = _op_args(q, k, v, **{**kwargs, "decode": False})
     B, H, Nq, D = q.shape
-    cfg = _config(D, q.dtype, q.device.type)
-    n_qb = triton.cdiv(Nq, cfg["BM"])
+    n_qb = -(-Nq // ops._config(D, q.dtype, q.device.type)["BM"])
     counts = torch.zeros((B, H, n_qb, 4), dtype=torch.int32, device=q.device)
     with torch.no_grad():
-        _forward_impl(*args[:11], False, args[12], counts)
+        ops._forward_impl(*args[:11], False, args[12], counts)
     out = dict(zip(("sweeps", "tiles_visited", "causal_tiles", "uncertified"), counts.unbind(-1)))
     out["qk_passes"] = out["tiles_visited"].float() / out["causal_tiles"].clamp(min=1).float()
     return out
@@ -921,6 +369,24 @@ def _op_args(
     )
     if reason is not None:
         raise ValueError(f"entmax_attention_triton: {reason}")
+    return _to_op_args(q, k, v, alpha, is_causal, alibi_slopes, q_scale, scale, key_start, key_end, decode, tolerance)
+
+
+def _to_op_args(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alpha: AlphaArg,
+    is_causal: bool,
+    alibi_slopes: Tensor | None,
+    q_scale: Tensor | None,
+    scale: float | None,
+    key_start: Tensor | None,
+    key_end: Tensor | None,
+    decode: bool | None,
+    tolerance: float | None,
+) -> tuple:
+    """The custom op's arguments from arguments `supports` takes."""
     H, Nq, D = q.shape[1:]
     Nk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)

@@ -27,7 +27,7 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from longsparse.mappings import _kernel
+from longsparse import cpu_kernel
 
 AlphaLike = Union[float, int, Tensor]
 
@@ -269,7 +269,7 @@ def _finish_generic(X: Tensor, tau: Tensor, alpha: Union[float, Tensor], dim: in
 
 
 def _use_kernel(z: Tensor) -> bool:
-    return not torch.compiler.is_compiling() and _kernel.usable_on(z.device)
+    return not torch.compiler.is_compiling() and cpu_kernel.usable_on(z.device)
 
 
 def _rows(t: Tensor, dim: int) -> Tensor:
@@ -288,7 +288,7 @@ def _row_alpha(alpha: Union[float, Tensor], z: Tensor, dim: int) -> Tensor:
 
 def _kernel_forward(z: Tensor, alpha: Union[float, Tensor], dim: int) -> Tensor:
     # the kernel takes each row's max itself (the row is then in cache) and reports NaN / +inf rows
-    p, bad = _kernel.get().entmax_forward(_rows(z, dim), _row_alpha(alpha, z, dim))
+    p, bad = cpu_kernel.get().entmax_forward(_rows(z, dim), _row_alpha(alpha, z, dim))
     if bad:
         _reject_input(bad)
     moved = list(z.movedim(dim, -1).shape)
@@ -355,7 +355,7 @@ def entmax_jvp_backward(p: Tensor, grad: Tensor, alpha: Union[float, Tensor], di
     α ≥ 1 only: rows with α < 1 (dense) take the PyTorch form."""
     dense = (alpha < 1) if isinstance(alpha, float) else (torch.compiler.is_compiling() or bool((alpha < 1).any()))
     if not (isinstance(alpha, float) and alpha == 1.0) and not dense and _use_kernel(p):
-        dz = _kernel.get().entmax_backward(_rows(p, dim), _rows(grad, dim), _row_alpha(alpha, p, dim))
+        dz = cpu_kernel.get().entmax_backward(_rows(p, dim), _rows(grad, dim), _row_alpha(alpha, p, dim))
         return dz.view(list(p.movedim(dim, -1).shape)).movedim(-1, dim)
     u = _support_weights(p, alpha)
     ug = u * grad

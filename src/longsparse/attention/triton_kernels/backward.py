@@ -1,7 +1,7 @@
 """The backward: δ where the forward kept no Σ u·V (decode), then dk/dv per key tile and dq per query block,
 over the lists of live tiles built from the forward's tile mask.
 
-Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_entmax.py)."""
+Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_ops.py)."""
 
 from .lang import tl
 from .solve import _powers, _u_norm

@@ -1,7 +1,7 @@
 """Decoding (few queries, a long KV cache): split-K logits, per-split candidates, a per-row solve over them,
 split-K output.
 
-Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_entmax.py)."""
+Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_ops.py)."""
 
 from .lang import tl
 from .solve import _bracket_hi, _bracket_update, _later_bounds, _powers, _sweep_sums, _sweep_tile

@@ -1,7 +1,7 @@
 """The block forward: row max (walking only the ALiBi band on ALiBi heads), the threshold sweeps over
 live-tile lists, and the output pass (O, row statistics, the tile mask, Σ u·V for the backward).
 
-Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_entmax.py)."""
+Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_ops.py)."""
 
 from .lang import tl
 from .solve import _bracket_hi, _bracket_update, _later_bounds, _powers, _sweep_sums, _sweep_tile

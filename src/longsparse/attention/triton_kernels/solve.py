@@ -2,7 +2,7 @@
 sums of a sweep and `_bracket_update`, which folds them into each row's bracket and finishes rows (exactly,
 or within the opt-in tolerance).
 
-Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_entmax.py)."""
+Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_ops.py)."""
 
 from .lang import tl
 from .tiles import _rmax, _rmin, _rsum

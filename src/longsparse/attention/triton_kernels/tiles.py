@@ -1,7 +1,7 @@
 """What every kernel computes per tile: key ranges and row limits, the head's constants, reductions, tile
 loads, logits with ALiBi and masks, the ALiBi band's bounds and the block kernels' prologue (`_query_block`).
 
-Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_entmax.py)."""
+Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_ops.py)."""
 
 from .lang import tl
 
