@@ -678,7 +678,7 @@ def test_set_errors_name_the_setting(tmp_path, capsys, setting, message):
 # ---- the CPU kernel build: said while it runs, left out of the ETA, cached across checkouts and venvs ----------
 def test_a_kernel_build_is_left_out_of_the_eta(monkeypatch):
     """A first step that includes the kernel build (a minute) would put hours into the ETA of a long run."""
-    from longsparse.mappings import _kernel  # where the training loop reads the build time
+    from longsparse import cpu_kernel  # where the training loop reads the build time
     from longsparse.train import loop
 
     real_step, built = loop.train_step, [0.0]
@@ -697,7 +697,7 @@ def test_a_kernel_build_is_left_out_of_the_eta(monkeypatch):
             raise Stop
 
     monkeypatch.setattr(loop, "train_step", step_with_a_build)
-    monkeypatch.setattr(_kernel, "build_seconds", lambda: built[0])
+    monkeypatch.setattr(cpu_kernel, "build_seconds", lambda: built[0])
     logs = []
     cfg = build_config("copy", method="softmax", positions="nape", steps=10_000, sets=TINY + COPY)
     with pytest.raises(Stop):

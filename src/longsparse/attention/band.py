@@ -14,7 +14,7 @@ band finds the same max and the same support as one that visits every key.
 
 Kernels compute the logits in finite precision; `ROUNDING_MARGIN` widens the band for that (see its comment).
 `alibi_live_keys` computes the band before a kernel runs (the fused CPU kernel's calls). The Triton kernel
-applies the same bound inside its max pass instead (`triton_entmax._band_reach` / `_band_dead`, with this
+applies the same bound inside its max pass instead (`triton_kernels/tiles.py`: `_band_reach` / `_band_dead`, with this
 module's `ROUNDING_MARGIN`): walking out from the diagonal it takes for LB_i the row max of the tiles it has
 already computed, which costs no extra launch and tightens as it goes; computing the band in torch before each
 launch cost more GPU time than it saved (docs/benchmarks.md, "The rewritten Triton kernel on an H200").

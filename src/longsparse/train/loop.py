@@ -38,8 +38,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 
+from longsparse import cpu_kernel
 from longsparse.io import is_temp_name
-from longsparse.mappings import _kernel
 from longsparse.models import load_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
 from longsparse.train import fsdp
@@ -220,7 +220,7 @@ class Trainer:
         log.bar = bar
         self.model.train()
         t0, tokens = time.perf_counter(), 0
-        built0 = _kernel.build_seconds()  # a kernel build during the first steps is left out of speed and ETA
+        built0 = cpu_kernel.build_seconds()  # a kernel build during the first steps is left out of speed and ETA
         stopped = False
         while st.step < tr.steps:
             if self._past_deadline(deadline):
@@ -231,7 +231,7 @@ class Trainer:
             if bar is not None:
                 bar.update(1)
             if st.step % tr.log_every == 0 or st.step == tr.steps or st.step == 1:
-                elapsed = time.perf_counter() - t0 - (_kernel.build_seconds() - built0)
+                elapsed = time.perf_counter() - t0 - (cpu_kernel.build_seconds() - built0)
                 self._log_losses(
                     batch, lr, gnorm, tokens / elapsed, eta_text(st.step - start, tr.steps - st.step, elapsed)
                 )
@@ -264,7 +264,7 @@ class Trainer:
         gradient norm before clipping). Adds the batch's mean loss to the state's running sum and the update's
         seconds (without a kernel build) to ``train_seconds``."""
         st, tr, d = self.state, self.tr, self.dist
-        t_step, built = time.perf_counter(), _kernel.build_seconds()
+        t_step, built = time.perf_counter(), cpu_kernel.build_seconds()
         batch = self.task.batch(tuple(tr.train_lengths), tr.batch_size, rng=st.data_rng)
         n_global = int((batch.labels != IGNORE_INDEX).sum())
         per_rank = tr.batch_size // d.world
@@ -292,7 +292,7 @@ class Trainer:
         total = d.all_reduce_(loss_sum.reshape(1).clone())
         st.loss_sum += float(total) / max(1, n_global)
         st.loss_count += 1
-        self.update_s = time.perf_counter() - t_step - (_kernel.build_seconds() - built)
+        self.update_s = time.perf_counter() - t_step - (cpu_kernel.build_seconds() - built)
         st.train_seconds += self.update_s
         return batch, lr, gnorm
 
