@@ -358,9 +358,10 @@ def markdown(result: dict, train_length: int = 64) -> str:
     return "\n".join(lines) + "\n"
 
 
-def forest_plot(result: dict, path, train_length: int = 64):
+def forest_plot(result: dict, path, train_length: int = 64, tight: bool = False):
     """Per-seed differences (dots) and the mean with its t-interval (bar; none for one seed) for every pair and
-    length; returns the path, or None without matplotlib."""
+    length; returns the path, or None without matplotlib. ``tight``: crop the PNG to the drawing's bounding box
+    (long pair labels would be cut off otherwise)."""
     try:
         import matplotlib
 
@@ -386,6 +387,6 @@ def forest_plot(result: dict, path, train_length: int = 64):
     ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)], fontsize=8)
     ax.set_xlabel("exact match difference, points (dots: seeds; bar: mean, 95 % t-interval over seeds)")
     fig.tight_layout()
-    atomic_savefig(fig, path, dpi=100)
+    atomic_savefig(fig, path, dpi=100, **({"bbox_inches": "tight"} if tight else {}))
     plt.close(fig)
     return path
