@@ -28,7 +28,7 @@ import random
 import statistics
 from collections.abc import Sequence
 
-from longsparse.io import atomic_savefig
+from longsparse.report import plotting
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
@@ -362,12 +362,8 @@ def forest_plot(result: dict, path, train_length: int = 64, tight: bool = False)
     """Per-seed differences (dots) and the mean with its t-interval (bar; none for one seed) for every pair and
     length; returns the path, or None without matplotlib. ``tight``: crop the PNG to the drawing's bounding box
     (long pair labels would be cut off otherwise)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = plotting.pyplot_or_none()
+    if plt is None:
         return None
     rows = [
         (f"{row['a']} − {row['b']}, {int(L) // train_length}×", r)
@@ -386,7 +382,4 @@ def forest_plot(result: dict, path, train_length: int = 64, tight: bool = False)
     ax.axvline(0, color="grey", lw=1)
     ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)], fontsize=8)
     ax.set_xlabel("exact match difference, points (dots: seeds; bar: mean, 95 % t-interval over seeds)")
-    fig.tight_layout()
-    atomic_savefig(fig, path, dpi=100, **({"bbox_inches": "tight"} if tight else {}))
-    plt.close(fig)
-    return path
+    return plotting.save(fig, path, dpi=100, **({"bbox_inches": "tight"} if tight else {}))
