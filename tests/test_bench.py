@@ -79,12 +79,12 @@ def test_train_step_is_the_loops_update():
     first logged loss of `train` (same model init, same first batch)."""
     from longsparse.train import build_config, train
 
-    cfg, task, model, opt = bench._train_setup("mqmtar_inline", "cpu", "asentmax", "nape", TINY)
+    cfg, task, model, opt = bench.training._train_setup("mqmtar_inline", "cpu", "asentmax", "nape", TINY)
     batch = task.batch(
         tuple(cfg["train"]["train_lengths"]), cfg["train"]["batch_size"], rng=task.rng(cfg["train"]["seed"], "train")
     )
     n_target = int((batch.labels != -100).sum())
-    loss_sum, _ = bench._step_fn(cfg, model, opt, batch)()
+    loss_sum, _ = bench.training._step_fn(cfg, model, opt, batch)()
     res = train(
         build_config(
             "mqmtar_inline",
