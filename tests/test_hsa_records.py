@@ -55,6 +55,20 @@ def test_write_rerenders_the_committed_page_and_report_pages(tmp_path):
     assert main(["hsa", "check", "--root", str(tmp_path), "--store", str(HSA_STORE)]) == 0
 
 
+def test_write_never_replaces_a_report_page_it_did_not_write(tmp_path, capsys):
+    foreign = tmp_path / tables.PAGES_DIR / "report_dec" / "results.md"
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text("mine")
+    (tmp_path / tables.PAGE).parent.mkdir(parents=True)
+    (tmp_path / tables.PAGE).write_text((ROOT / tables.PAGE).read_text(encoding="utf-8"), encoding="utf-8")
+    assert main(["hsa", "write", "--root", str(tmp_path), "--store", str(HSA_STORE)]) == 2
+    assert "was not written by `longsparse hsa write`" in capsys.readouterr().err
+    assert foreign.read_text() == "mine" and not (tmp_path / tables.PAGES_DIR / "report" / "results.md").exists()
+    for page in tables.REPORT_PAGES:  # the committed pages are this command's
+        manifest = json.loads((ROOT / tables.PAGES_DIR / page / ".longsparse-outputs.json").read_text())
+        assert manifest["files"] == {f: tables.WRITER for f in tables.PAGE_FILES}
+
+
 def test_a_page_without_its_blocks_is_one_line(tmp_path, capsys):
     (tmp_path / tables.PAGE).parent.mkdir(parents=True)
     (tmp_path / tables.PAGE).write_text("no blocks here\n")

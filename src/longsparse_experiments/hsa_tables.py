@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from longsparse.io import atomic_write_bytes, atomic_write_text, read_json_or_none, read_jsonl, warn_stderr
+from longsparse.io import (
+    atomic_write_bytes,
+    atomic_write_text,
+    claim_outputs,
+    read_json_or_none,
+    read_jsonl,
+    warn_stderr,
+)
 from longsparse.report import build_report, store
 from longsparse.train.config import config_hash
 
@@ -33,6 +40,8 @@ from longsparse.train.config import config_hash
 STORE = Path("results") / "hsa"
 PAGE = Path("docs") / "reports" / "2026-11-21-hsa-development.md"
 PAGES_DIR = Path("docs") / "hsa"
+WRITER = "longsparse hsa write"
+PAGE_FILES = ("results.md", "accuracy_vs_length.png")  # of each report page
 # "left the loss plateau": the first logged step below this (chance on single-token passkey, 16 values: 1.39)
 PLATEAU_LOSS = 1.0
 # score_needles counts only the answer tokens from this time on; needle diagnostics written earlier (no
@@ -340,8 +349,12 @@ def render_report_page(page: str, records: list[dict], out: Path, printer=None) 
 
 def stale_outputs(root: str | Path = ".", store_dir: str | Path | None = None, write: bool = False) -> list[str]:
     """The outputs (``PAGE`` and each report page's results.md, relative to ``root``) that differ from their
-    rendering of the store; with ``write``, rewrite every output from the store (atomically) and return []."""
+    rendering of the store; with ``write``, rewrite every output from the store (atomically) and return []. A
+    report page's file that ``WRITER`` did not write is never replaced (ForeignFileError, before any write)."""
     root = Path(root)
+    if write:
+        for page in REPORT_PAGES:
+            claim_outputs(root / PAGES_DIR / page, PAGE_FILES, WRITER)
     records = store.read_records(root / STORE if store_dir is None else store_dir)
     if not records:
         raise FileNotFoundError(f"no records in {root / STORE if store_dir is None else store_dir} (pass --root)")
@@ -358,8 +371,7 @@ def stale_outputs(root: str | Path = ".", store_dir: str | Path | None = None, w
             ):
                 stale.append(str(PAGES_DIR / page / "results.md"))
             if write:
-                target.mkdir(parents=True, exist_ok=True)
-                for f in ("results.md", "accuracy_vs_length.png"):
+                for f in PAGE_FILES:
                     if (Path(tmp) / page / f).is_file():
                         atomic_write_bytes(target / f, (Path(tmp) / page / f).read_bytes())
     if write:
