@@ -100,7 +100,6 @@ def main(argv=None) -> int:
                 f"  (CPU s: {cpu['nape']:.2f} / {cpu['nope']:.2f} / {cpu['sdpa']:.2f})",
                 flush=True,
             )
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this tree's writer (not a worker's)
     from longsparse_experiments.bench import write_result
 
     config = {

@@ -12,8 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
 import torch
 
 from longsparse.tasks import IGNORE_INDEX

@@ -27,7 +27,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch
 

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import benchmark_script
 
 from longsparse_experiments import bench
 from longsparse_experiments.cli import build_parser
@@ -79,12 +80,12 @@ def test_train_step_is_the_loops_update():
     first logged loss of `train` (same model init, same first batch)."""
     from longsparse.train import build_config, train
 
-    cfg, task, model, opt = bench._train_setup("mqmtar_inline", "cpu", "asentmax", "nape", TINY)
+    cfg, task, model, opt = bench.training._train_setup("mqmtar_inline", "cpu", "asentmax", "nape", TINY)
     batch = task.batch(
         tuple(cfg["train"]["train_lengths"]), cfg["train"]["batch_size"], rng=task.rng(cfg["train"]["seed"], "train")
     )
     n_target = int((batch.labels != -100).sum())
-    loss_sum, _ = bench._step_fn(cfg, model, opt, batch)()
+    loss_sum, _ = bench.training._step_fn(cfg, model, opt, batch)()
     res = train(
         build_config(
             "mqmtar_inline",
@@ -141,16 +142,11 @@ def test_eval_benchmark_scores_the_same_examples_with_each_model(tmp_path):
 def test_sdpa_blocks_benchmark_writes_its_table_and_never_overwrites(tmp_path, monkeypatch):
     """benchmarks/sdpa_blocks.py at a tiny size, with auto's SDPA limit lowered so that the sdpa backend
     really runs in query blocks: every backend timed, outputs equal, the table renders, no overwrite."""
-    import importlib.util
-    from pathlib import Path
 
     from longsparse.attention import backends
     from longsparse.attention import flex as flex_backend
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sdpa_blocks.py"
-    spec = importlib.util.spec_from_file_location("sdpa_blocks", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = benchmark_script("sdpa_blocks")
     monkeypatch.setattr(backends, "SDPA_MAX_ELEMENTS", 4 * 48)  # one bias row of 4 heads × 48 keys per block
     out = tmp_path / "b.json"
     args = ["--out", str(out), "--n", "48", "--heads", "4", "--dim", "8", "--repeats", "1"]
@@ -167,13 +163,10 @@ def test_sdpa_blocks_benchmark_writes_its_table_and_never_overwrites(tmp_path, m
 def test_alibi_band_benchmark_times_nape_nope_and_sdpa_and_never_overwrites(tmp_path):
     """benchmarks/alibi_band.py at a tiny size on this tree's source: the three calls timed in a worker process,
     ratios from the same run, the table renders, no overwrite."""
-    import importlib.util
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("alibi_band", root / "benchmarks" / "alibi_band.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = benchmark_script("alibi_band")
     out = tmp_path / "a.json"
     args = ["--src", f"here={root / 'src'}", "--lengths", "128", "--repeats", "1", "--out", str(out)]
     assert mod.main(args) == 0

@@ -82,7 +82,7 @@ def test_print_config_and_presets(capsys):
 
 
 LIBRARY_COMMANDS = {"train", "eval", "report", "presets", "data"}
-EXPERIMENT_COMMANDS = {"demo", "figures", "lm", "reproduce", "bench"}
+EXPERIMENT_COMMANDS = {"demo", "figures", "findings", "hsa", "lm", "reproduce", "bench"}
 
 
 def _commands(parser) -> set:

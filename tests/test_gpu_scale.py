@@ -4,7 +4,6 @@ dry run of benchmarks/gpu_scale.sh twice, the second job resumed from the first 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -14,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import benchmark_script
 
 from longsparse.report import store as result_store
 from longsparse_experiments.presets import presets_dir
@@ -24,10 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gpu_scale", REPO / "benchmarks" / "gpu_scale.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("gpu_scale")
 
 
 gs = _module()

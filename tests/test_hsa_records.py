@@ -1,32 +1,22 @@
-"""The HSA study's results store (results/hsa/records.jsonl) and docs/hsa/tables.py, which renders the tables of
+"""The HSA study's results store (results/hsa/records.jsonl) and ``longsparse_experiments.hsa_tables`` (the
+`longsparse hsa` command), which renders the tables of
 the study's report (docs/reports/2026-11-21-hsa-development.md) and the report pages docs/hsa/report*/ from it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
 from longsparse.report import store
 from longsparse.train.config import config_hash
+from longsparse_experiments import hsa_tables as tables
+from longsparse_experiments.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 HSA_STORE = ROOT / "results" / "hsa"
-
-
-def _tables():
-    spec = importlib.util.spec_from_file_location("hsa_tables", ROOT / "docs" / "hsa" / "tables.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hsa_tables"] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-tables = _tables()
 
 
 def wilson_by_roots(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -39,7 +29,57 @@ def wilson_by_roots(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 def test_page_and_report_tables_are_rebuilt_from_the_store(capsys):
     """Every generated block of the study's report and the table of every report page equal the store's rendering."""
-    assert tables.main(["--check"]) == 0, capsys.readouterr().err
+    assert main(["hsa", "check", "--root", str(ROOT)]) == 0, capsys.readouterr().err
+
+
+def test_write_rerenders_the_committed_page_and_report_pages(tmp_path):
+    """`longsparse hsa write` into a copy whose blocks and report pages are emptied gives back the committed
+    files byte for byte (the plots too, where this matplotlib made the committed ones)."""
+    page = (ROOT / tables.PAGE).read_text(encoding="utf-8")
+    emptied, pos = [], 0
+    for _, (start, end) in sorted(tables.page_blocks(page).items(), key=lambda kv: kv[1]):
+        emptied += [page[pos:start]]
+        pos = end
+    (tmp_path / tables.PAGE).parent.mkdir(parents=True)
+    (tmp_path / tables.PAGE).write_text("".join(emptied + [page[pos:]]), encoding="utf-8")
+    assert main(["hsa", "check", "--root", str(tmp_path), "--store", str(HSA_STORE)]) == 1
+    assert main(["hsa", "write", "--root", str(tmp_path), "--store", str(HSA_STORE)]) == 0
+    assert (tmp_path / tables.PAGE).read_text(encoding="utf-8") == page
+    for name in tables.REPORT_PAGES:
+        committed, made = ROOT / tables.PAGES_DIR / name, tmp_path / tables.PAGES_DIR / name
+        assert (made / "results.md").read_bytes() == (committed / "results.md").read_bytes()
+        png = (committed / "accuracy_vs_length.png").read_bytes()
+        matplotlib = pytest.importorskip("matplotlib")
+        if f"Matplotlib version{matplotlib.__version__},".encode() in png:
+            assert (made / "accuracy_vs_length.png").read_bytes() == png
+    assert main(["hsa", "check", "--root", str(tmp_path), "--store", str(HSA_STORE)]) == 0
+
+
+def test_write_never_replaces_a_report_page_it_did_not_write(tmp_path, capsys):
+    foreign = tmp_path / tables.PAGES_DIR / "report_dec" / "results.md"
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text("mine")
+    (tmp_path / tables.PAGE).parent.mkdir(parents=True)
+    (tmp_path / tables.PAGE).write_text((ROOT / tables.PAGE).read_text(encoding="utf-8"), encoding="utf-8")
+    assert main(["hsa", "write", "--root", str(tmp_path), "--store", str(HSA_STORE)]) == 2
+    assert "was not written by `longsparse hsa write`" in capsys.readouterr().err
+    assert foreign.read_text() == "mine" and not (tmp_path / tables.PAGES_DIR / "report" / "results.md").exists()
+    for page in tables.REPORT_PAGES:  # the committed pages are this command's
+        manifest = json.loads((ROOT / tables.PAGES_DIR / page / ".longsparse-outputs.json").read_text())
+        assert manifest["files"] == {f: tables.WRITER for f in tables.PAGE_FILES}
+
+
+def test_a_page_without_its_blocks_is_one_line(tmp_path, capsys):
+    (tmp_path / tables.PAGE).parent.mkdir(parents=True)
+    (tmp_path / tables.PAGE).write_text("no blocks here\n")
+    assert main(["hsa", "check", "--root", str(tmp_path), "--store", str(HSA_STORE)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "block stripped missing" in err
+
+
+def test_an_unknown_block_is_one_line(capsys):
+    assert main(["hsa", "tables", "nonesuch", "--root", str(ROOT)]) == 2
+    assert "unknown block 'nonesuch'" in capsys.readouterr().err
 
 
 def test_stored_results_are_consistent_with_their_counts_and_configs():
@@ -157,5 +197,5 @@ def test_add_stores_a_run_folder_once_and_renders_it(tmp_path, monkeypatch):
 
 
 def test_a_run_missing_from_the_store_is_named():
-    with pytest.raises(SystemExit, match="hsa_full/no_such_run"):
+    with pytest.raises(ValueError, match="hsa_full/no_such_run"):
         tables.run_view(store.read_records(HSA_STORE), "hsa_full", "no_such_run")

@@ -22,6 +22,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before the first kernel is built (triton
 
 import pytest
 import torch
+from conftest import benchmark_script
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'longsparse[gpu]')")
 
@@ -428,8 +429,7 @@ def test_tolerance_through_attention_and_exact_backends():
 def test_kernel_counts_script_refuses_what_it_would_overwrite(tmp_path, capsys):
     """benchmarks/kernel_counts.py: an existing --out, α outside (1, 2] and a bad tolerance stop it before any
     work; its table names α and the solve (exact, or the tolerance)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import kernel_counts
+    kernel_counts = benchmark_script("kernel_counts")
 
     existing = tmp_path / "counts.json"
     existing.write_text("{}")
@@ -704,8 +704,7 @@ def _rescore(path) -> dict:
 
 def test_fp32_verdict_bounds_by_float32_arithmetic():
     """A float32 error passes within max(1e-4, 2x the float32 reference's own error), per quantity."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_check import fp32_verdict
+    fp32_verdict = benchmark_script("gpu_check").fp32_verdict
 
     assert fp32_verdict({"out": 3e-4, "dk": 5e-5}, {"out": 2e-4, "dk": 1e-6})
     assert not fp32_verdict({"out": 5e-4}, {"out": 2e-4})
@@ -716,8 +715,7 @@ def test_fp32_verdict_bounds_by_float32_arithmetic():
 def test_gpu_check_timing_tables_of_a_call_cut_short(tmp_path):
     """A call whose time ran out before SDPA was timed stores no ratio: its tables show '-' there; the ratio
     to the baseline kernel pairs triton_X with prev_X of the same group."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_check import timing_tables
+    timing_tables = benchmark_script("gpu_check").timing_tables
 
     data = {
         "timings": [

@@ -3,6 +3,8 @@ the experiments:
 
     longsparse demo [--out runs/demo] [--quick]          softmax+RoPE, ASEntmax+NAPE, softmax+NAPE: 1x-16x, verdicts
     longsparse figures --out docs/figures [--runs RUN ...] [--quick] [--only 1,3]   the paper's analyses (docs/method.md §7)
+    longsparse findings cross-study|interval-coverage   the cross-study analyses of docs/findings.md (C2, C14)
+    longsparse hsa tables NAME | check | write | add STUDY RUN_DIR ...   the HSA study's report tables (docs/hsa.md)
     longsparse lm run [--quick] [--out runs/lm]          LM study: perplexity + passkey vs length (docs/lm.md)
     longsparse lm report runs/lm --out docs/lm
     longsparse reproduce synthetic [--quick] [--only TASKS]   the length-generalisation study (docs/results.md)
@@ -56,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     """Every ``longsparse`` command: the library's (``longsparse.cli.add_library_commands``) and the experiments'."""
     from longsparse_experiments.bench import add_cli as add_bench_cli
     from longsparse_experiments.figures import add_cli as add_figures_cli
+    from longsparse_experiments.findings import add_cli as add_findings_cli
+    from longsparse_experiments.hsa_tables import add_cli as add_hsa_cli
     from longsparse_experiments.lm_study import add_cli as add_lm_cli
     from longsparse_experiments.reproduce import add_cli as add_reproduce_cli
 
@@ -65,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     presets = sub.choices["presets"]
     presets.set_defaults(func=_with_experiment_presets(presets.get_default("func")))
     add_figures_cli(sub)
+    add_findings_cli(sub)
+    add_hsa_cli(sub)
     add_lm_cli(sub)
     add_reproduce_cli(sub)
     add_bench_cli(sub)

@@ -305,14 +305,9 @@ def mass_summary(mech: dict, train_hi: int) -> str:
 
 
 def plot_mass(mech: dict, path: Path, train_hi: int) -> Path:
-    import matplotlib
+    from longsparse.report import plotting
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from longsparse.io import atomic_savefig
-
-    fig, ax = plt.subplots(figsize=(6.2, 4))
+    fig, ax = plotting.pyplot().subplots(figsize=(6.2, 4))
     for name, m in mech["models"].items():
         layer, h = m["head"].split(".")
         (line,) = ax.plot(
@@ -330,9 +325,7 @@ def plot_mass(mech: dict, path: Path, train_hi: int) -> Path:
         fontsize=9,
     )
     ax.legend(fontsize=8)
-    atomic_savefig(fig, path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return plotting.save(fig, path, dpi=110, tight_layout=False, bbox_inches="tight")
 
 
 def run_configs(quick: bool = False, seed: int = 0) -> dict[tuple[str, str], dict]:

@@ -21,7 +21,6 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from longsparse.io import (
-    atomic_savefig,
     atomic_write_text,
     claim_outputs,
     read_json,
@@ -31,6 +30,7 @@ from longsparse.io import (
 from longsparse.lm.evaluate import bucket_positions, passkey_accuracy, perplexity_by_length
 from longsparse.lm.streams import prepare
 from longsparse.models import load_checkpoint
+from longsparse.report import plotting
 from longsparse.train import ConfigError, train
 from longsparse.train.rundir import checkpoint_path
 from longsparse_experiments.lm_config import LMEval, LMStudyConfig, load_study_config
@@ -427,12 +427,8 @@ def markdown_tables(agg: Dict[str, dict]) -> str:
 
 
 def plot(agg: Dict[str, dict], out: Path) -> List[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = plotting.pyplot_or_none()
+    if plt is None:
         return []
     any_ = next(iter(agg.values()))
     T = any_["seq_len"]
@@ -492,11 +488,7 @@ def plot(agg: Dict[str, dict], out: Path) -> List[str]:
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel("passkey exact match (%)")
     ax.set_title("passkey retrieval")
-    fig.tight_layout()
-    p = out / "lm_results.png"
-    atomic_savefig(fig, p, dpi=110)
-    plt.close(fig)
-    made.append(str(p))
+    made.append(str(plotting.save(fig, out / "lm_results.png", dpi=110)))
     # passkey heatmaps (length × depth) per method
     n = len(agg)
     fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3.2), squeeze=False)
@@ -521,11 +513,7 @@ def plot(agg: Dict[str, dict], out: Path) -> List[str]:
                     color="white" if m[i][j] < 0.5 else "black",
                 )
     axes[0][0].set_ylabel("needle depth")
-    fig.tight_layout()
-    p = out / "lm_passkey_depth.png"
-    atomic_savefig(fig, p, dpi=110)
-    plt.close(fig)
-    made.append(str(p))
+    made.append(str(plotting.save(fig, out / "lm_passkey_depth.png", dpi=110)))
     return made
 
 

@@ -11,7 +11,8 @@ import statistics
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from longsparse.io import atomic_savefig, atomic_write_text, check_outputs, claim_outputs, read_jsonl
+from longsparse.io import atomic_write_text, check_outputs, claim_outputs, read_jsonl
+from longsparse.report import plotting
 from longsparse.report import store as result_store
 from longsparse.train.config import ConfigError, config_hash, resolve
 from longsparse_experiments.study import CHECKPOINTS, Cell, Study, StudyFile
@@ -367,12 +368,8 @@ def markdown_per_seed(data: dict, checkpoint: str) -> str:
 def plot(data: dict, out_dir: Path) -> list[Path]:
     """Per study: exact match vs length (log x), mean over seeds with the min–max band; a panel per checkpoint
     the study evaluates (best, last)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = plotting.pyplot_or_none()
+    if plt is None:
         return []
     paths = []
     for name, sd in data["studies"].items():
@@ -402,11 +399,7 @@ def plot(data: dict, out_dir: Path) -> list[Path]:
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("exact match %: seed mean, band min–max")
         axes[-1].legend(fontsize=8)
-        fig.tight_layout()
-        p = out_dir / f"{name}.png"
-        atomic_savefig(fig, p, dpi=90)
-        plt.close(fig)
-        paths.append(p)
+        paths.append(plotting.save(fig, out_dir / f"{name}.png", dpi=90))
     return paths
 
 

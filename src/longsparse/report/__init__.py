@@ -20,7 +20,8 @@ import json
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from longsparse.io import atomic_savefig, atomic_write_text, read_json_or_none, warn_stderr
+from longsparse.io import atomic_write_text, read_json_or_none, warn_stderr
+from longsparse.report import plotting
 
 MERGED_FORMAT = "longsparse-report"
 MD_MARKER = "<!-- written by `longsparse report`; it replaces this file when rerun into the same folder -->"
@@ -149,16 +150,9 @@ def markdown_table(series: list[dict]) -> str:
 
 
 def plot(series: list[dict], path: Path) -> Path:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ReportError(
-            "the plot needs matplotlib, which is not installed: pip install 'longsparse[plot]' "
-            "(or pip install matplotlib); the table and JSON were written"
-        ) from None
+    plt = plotting.pyplot_or_none()
+    if plt is None:
+        raise ReportError(f"{plotting.MISSING}; the table and JSON were written")
     tasks = sorted({s["task"] for s in series}, key=str)
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
@@ -179,11 +173,8 @@ def plot(series: list[dict], path: Path) -> Path:
         ax.set_title(str(task))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_savefig(fig, path, dpi=120, metadata={PNG_KEY: PNG_VALUE})
-    plt.close(fig)
-    return path
+    return plotting.save(fig, path, dpi=120, metadata={PNG_KEY: PNG_VALUE})
 
 
 def png_text(path: Path) -> dict:

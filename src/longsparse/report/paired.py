@@ -28,7 +28,7 @@ import random
 import statistics
 from collections.abc import Sequence
 
-from longsparse.io import atomic_savefig
+from longsparse.report import plotting
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
@@ -358,15 +358,12 @@ def markdown(result: dict, train_length: int = 64) -> str:
     return "\n".join(lines) + "\n"
 
 
-def forest_plot(result: dict, path, train_length: int = 64):
+def forest_plot(result: dict, path, train_length: int = 64, tight: bool = False):
     """Per-seed differences (dots) and the mean with its t-interval (bar; none for one seed) for every pair and
-    length; returns the path, or None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    length; returns the path, or None without matplotlib. ``tight``: crop the PNG to the drawing's bounding box
+    (long pair labels would be cut off otherwise)."""
+    plt = plotting.pyplot_or_none()
+    if plt is None:
         return None
     rows = [
         (f"{row['a']} − {row['b']}, {int(L) // train_length}×", r)
@@ -385,7 +382,4 @@ def forest_plot(result: dict, path, train_length: int = 64):
     ax.axvline(0, color="grey", lw=1)
     ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)], fontsize=8)
     ax.set_xlabel("exact match difference, points (dots: seeds; bar: mean, 95 % t-interval over seeds)")
-    fig.tight_layout()
-    atomic_savefig(fig, path, dpi=100)
-    plt.close(fig)
-    return path
+    return plotting.save(fig, path, dpi=100, **({"bbox_inches": "tight"} if tight else {}))

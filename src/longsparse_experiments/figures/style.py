@@ -1,24 +1,17 @@
-"""The one plotting style of the figures: matplotlib on the Agg backend, the default colour cycle, tight layout,
-atomic PNG writes; and the JSON every figure writes beside its PNG."""
+"""The plotting style of the figures, on the project's one matplotlib set-up (``longsparse.report.plotting``:
+the Agg backend, atomic PNG writes): the default colour cycle, tight layout at 100 dpi; and the JSON every figure
+writes beside its PNG."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from longsparse.io import atomic_savefig, atomic_write_text
+from longsparse.io import atomic_write_text
+from longsparse.report import plotting
+from longsparse.report.plotting import pyplot
 
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend; an ImportError naming the extra when matplotlib is missing."""
-    try:
-        import matplotlib
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("figures need matplotlib: pip install 'longsparse[plot]'") from e
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+__all__ = ["color_cycle", "plot_note", "pyplot", "save", "write_json"]
 
 
 def color_cycle() -> list[str]:
@@ -28,10 +21,7 @@ def color_cycle() -> list[str]:
 
 def save(fig, path: Path, dpi: int = 100, tight: bool = True) -> None:
     """Write ``fig`` to ``path`` (PNG, atomically) and close it."""
-    if tight:
-        fig.tight_layout()
-    atomic_savefig(fig, path, dpi=dpi)
-    pyplot().close(fig)
+    plotting.save(fig, path, dpi=dpi, tight_layout=tight)
 
 
 def plot_note(data: dict, path: Path) -> None:

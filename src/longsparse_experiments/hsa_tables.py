@@ -1,24 +1,23 @@
 """The tables of the HSA study's report (``PAGE``, docs/reports/2026-11-21-hsa-development.md) and the report
 pages docs/hsa/report*/, rebuilt from the HSA study's results store ``results/hsa/records.jsonl`` (one record per
-`longsparse eval` result file of a study run; results/README.md). Run from anywhere; reads only the store (nothing
-from models or run folders, except with --add):
+`longsparse eval` result file of a study run; results/README.md). Reads only the store (nothing from models or run
+folders, except ``add``); paths are relative to the repository root (``--root``, default the current folder):
 
-    python docs/hsa/tables.py NAME ...                  # print blocks (stripped, full, decoders, decoders4, tasks)
-    python docs/hsa/tables.py --check                   # exit 1 if a block of PAGE or a report table differs
-    python docs/hsa/tables.py --write                   # rewrite those blocks, and the report pages with their plots
-    python docs/hsa/tables.py --add STUDY RUN_DIR ...   # append the evaluations of run folders to the store
+    longsparse hsa tables NAME ...          # print blocks (stripped, full, decoders, decoders4, tasks)
+    longsparse hsa check                    # exit 1 if a block of PAGE or a report table differs
+    longsparse hsa write                    # rewrite those blocks, and the report pages with their plots
+    longsparse hsa add STUDY RUN_DIR ...    # append the evaluations of run folders to the store
 
-A block of ``PAGE`` is the text between the lines ``<!-- tables.py NAME -->`` and ``<!-- /tables.py -->``; nothing
-else in the page is written. For a length a run was evaluated at more than once, the later record wins
-(the store's rule). ``--add`` reads a run folder's ``eval/*.json``, its ``metrics.jsonl`` (the logged training
+A block of ``PAGE`` is the text between the lines ``<!-- hsa tables NAME -->`` and ``<!-- /hsa tables -->``;
+nothing else in the page is written. For a length a run was evaluated at more than once, the later record wins
+(the store's rule). ``add`` reads a run folder's ``eval/*.json``, its ``metrics.jsonl`` (the logged training
 losses) and the ``train wall N s`` line (the wall clock of `longsparse train`, written by the queue that ran it)
 of ``RUN_DIR/train.log`` or ``RUNS/<run>.train.log``; a result file already stored (same run, same date) is not
-added again. The plots need matplotlib; without it --write rewrites the tables only.
+added again. The plots need matplotlib; without it ``write`` rewrites the tables only.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -26,14 +25,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from longsparse.io import atomic_write_text, read_json_or_none, read_jsonl, warn_stderr
+from longsparse.io import (
+    atomic_write_bytes,
+    atomic_write_text,
+    claim_outputs,
+    read_json_or_none,
+    read_jsonl,
+    warn_stderr,
+)
 from longsparse.report import build_report, store
 from longsparse.train.config import config_hash
 
-ROOT = Path(__file__).resolve().parents[2]
-STORE = ROOT / "results" / "hsa"
-PAGE = ROOT / "docs" / "reports" / "2026-11-21-hsa-development.md"
-PAGES_DIR = ROOT / "docs" / "hsa"
+# relative to the repository root
+STORE = Path("results") / "hsa"
+PAGE = Path("docs") / "reports" / "2026-11-21-hsa-development.md"
+PAGES_DIR = Path("docs") / "hsa"
+WRITER = "longsparse hsa write"
+PAGE_FILES = ("results.md", "accuracy_vs_length.png")  # of each report page
 # "left the loss plateau": the first logged step below this (chance on single-token passkey, 16 values: 1.39)
 PLATEAU_LOSS = 1.0
 # score_needles counts only the answer tokens from this time on; needle diagnostics written earlier (no
@@ -144,14 +152,14 @@ def training_record(run_dir: Path, steps: Optional[int] = None) -> dict:
     }
 
 
-def add_runs(study: str, run_dirs: list[str | Path], store_dir: Path = STORE, printer=print) -> int:
+def add_runs(study: str, run_dirs: list[str | Path], store_dir: str | Path = STORE, printer=print) -> int:
     """Append the evaluations of ``run_dirs`` (runs of ``study``) that the store lacks; returns how many."""
     stored = {(r["run"], r["date"]) for r in store.read_records(store_dir)}
     new = []
     for run_dir in map(Path, run_dirs):
         files = sorted((run_dir / "eval").glob("*.json"))
         if not files:
-            raise SystemExit(f"{run_dir}: no evaluation results in {run_dir / 'eval'}")
+            raise FileNotFoundError(f"{run_dir}: no evaluation results in {run_dir / 'eval'}")
         docs = [(f, read_json_or_none(f, warn_stderr)) for f in files]  # None: cut by an interrupted eval
         docs = [(f, d) for f, d in docs if d is not None]
         train = training_record(run_dir, steps=max(d.get("checkpoint_step") or 0 for _, d in docs) or None)
@@ -170,7 +178,7 @@ def run_view(records: list[dict], study: str, name: str) -> dict:
     per length the result of the latest record, the training record of the latest record."""
     recs = [r for r in records if r["run"] == f"{study}/{name}"]
     if not recs:
-        raise SystemExit(f"no record of run {study}/{name} in {store.records_path(STORE)}")
+        raise ValueError(f"no record of run {study}/{name} in the HSA store's records")
     by_length = {int(r["length"]): (r, rec) for rec in recs for r in rec["results"]}
     why = {int(L): w for rec in recs for L, w in (rec.get("not_evaluated") or {}).items()}
     return {
@@ -223,7 +231,7 @@ def render_block(name: str, records: list[dict]) -> str:
             + " |"
         )
     lines = [
-        f"*Rebuilt from `results/hsa/records.jsonl` by `python docs/hsa/tables.py {name}`.*",
+        f"*Rebuilt from `results/hsa/records.jsonl` by `longsparse hsa tables {name}`.*",
         "",
         head,
         "|---|" + "---|" * (len(lengths) + 2 * inline),
@@ -273,10 +281,10 @@ def render_block(name: str, records: list[dict]) -> str:
 
 
 def _begin(name: str) -> str:
-    return f"<!-- tables.py {name} -->"
+    return f"<!-- hsa tables {name} -->"
 
 
-END = "<!-- /tables.py -->"
+END = "<!-- /hsa tables -->"
 
 
 def page_blocks(text: str) -> dict[str, tuple[int, int]]:
@@ -285,11 +293,11 @@ def page_blocks(text: str) -> dict[str, tuple[int, int]]:
     for name in BLOCKS:
         begin = text.find(_begin(name) + "\n")
         if begin < 0:
-            raise SystemExit(f"{PAGE}: block {name} missing (line {_begin(name)!r})")
+            raise ValueError(f"{PAGE}: block {name} missing (line {_begin(name)!r})")
         start = begin + len(_begin(name)) + 1
         end = text.find(END, start)
         if end < 0:
-            raise SystemExit(f"{PAGE}: block {name} has no closing line {END!r}")
+            raise ValueError(f"{PAGE}: block {name} has no closing line {END!r}")
         spans[name] = (start, end)
     return spans
 
@@ -335,58 +343,95 @@ def render_report_page(page: str, records: list[dict], out: Path, printer=None) 
         files = []
         for i, doc in enumerate(eval_docs(records, study, runs)):
             files.append(Path(tmp) / f"{i:03d}.json")
-            files[-1].write_text(json.dumps(doc))
+            atomic_write_text(files[-1], json.dumps(doc))
         return build_report(files, out, printer=printer)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("blocks", nargs="*", help=f"blocks to print: {', '.join(BLOCKS)}")
-    ap.add_argument("--check", action="store_true", help="exit 1 if a block of PAGE or a report table is stale")
-    ap.add_argument("--write", action="store_true", help="rewrite the blocks of PAGE and the report pages")
-    ap.add_argument("--add", nargs="+", metavar=("STUDY", "RUN_DIR"), help="append run folders' evaluations")
-    ap.add_argument("--store", default=str(STORE), help="the results store (default results/hsa)")
-    args = ap.parse_args(argv)
-    if args.add:
-        if len(args.add) < 2:
-            ap.error("--add needs a study name and at least one run folder")
-        add_runs(args.add[0], args.add[1:], Path(args.store))
-        return 0
-    records = store.read_records(args.store)
-    for name in args.blocks:
-        if name not in BLOCKS:
-            ap.error(f"unknown block {name!r}; choose from {', '.join(BLOCKS)}")
-        print(render_block(name, records))
-    if not (args.check or args.write):
-        return 0 if args.blocks else ap.error("name a block, or give --check / --write / --add")
-    text = PAGE.read_text(encoding="utf-8")
+def stale_outputs(root: str | Path = ".", store_dir: str | Path | None = None, write: bool = False) -> list[str]:
+    """The outputs (``PAGE`` and each report page's results.md, relative to ``root``) that differ from their
+    rendering of the store; with ``write``, rewrite every output from the store (atomically) and return []. A
+    report page's file that ``WRITER`` did not write is never replaced (ForeignFileError, before any write)."""
+    root = Path(root)
+    if write:
+        for page in REPORT_PAGES:
+            claim_outputs(root / PAGES_DIR / page, PAGE_FILES, WRITER)
+    records = store.read_records(root / STORE if store_dir is None else store_dir)
+    if not records:
+        raise FileNotFoundError(f"no records in {root / STORE if store_dir is None else store_dir} (pass --root)")
+    text = (root / PAGE).read_text(encoding="utf-8")
     new = render_page(text, records)
     stale = [] if new == text else [str(PAGE)]
     with tempfile.TemporaryDirectory() as tmp:
         for page in REPORT_PAGES:
             rendered = render_report_page(page, records, Path(tmp) / page)
-            target = PAGES_DIR / page
+            target = root / PAGES_DIR / page
             if (
                 not (target / "results.md").is_file()
                 or (target / "results.md").read_text() != Path(rendered["markdown"]).read_text()
             ):
-                stale.append(str(target / "results.md"))
-            if args.write:
-                target.mkdir(parents=True, exist_ok=True)
-                for f in ("results.md", "accuracy_vs_length.png"):
+                stale.append(str(PAGES_DIR / page / "results.md"))
+            if write:
+                for f in PAGE_FILES:
                     if (Path(tmp) / page / f).is_file():
-                        (target / f).write_bytes((Path(tmp) / page / f).read_bytes())
-    if args.write:
+                        atomic_write_bytes(target / f, (Path(tmp) / page / f).read_bytes())
+    if write:
         if new != text:
-            atomic_write_text(PAGE, new)
-        print(f"wrote {PAGE} and the report pages {', '.join(REPORT_PAGES)} from {args.store}")
-        return 0
+            atomic_write_text(root / PAGE, new)
+        return []
+    return stale
+
+
+# ---- command line ------------------------------------------------------------------------------------------
+def add_cli(sub) -> None:
+    """Register ``longsparse hsa tables|check|write|add`` on the top-level subparsers."""
+    h = sub.add_parser("hsa", help="the HSA study's report tables and pages from its results store (docs/hsa.md)")
+    hsub = h.add_subparsers(dest="hsa_command", required=True, metavar="tables|check|write|add")
+
+    def common(p):
+        p.add_argument("--root", default=".", help="repository root (default: the current folder)")
+        p.add_argument("--store", default=None, help="the results store (default ROOT/results/hsa)")
+        return p
+
+    t = common(hsub.add_parser("tables", help="print blocks of the report's tables"))
+    t.add_argument("blocks", nargs="+", metavar="NAME", help=f"blocks to print: {', '.join(BLOCKS)}")
+    t.set_defaults(func=_cli_tables)
+    c = common(hsub.add_parser("check", help="exit 1 if a block of the report or a report page is stale"))
+    c.set_defaults(func=_cli_check)
+    w = common(hsub.add_parser("write", help="rewrite the report's blocks and the report pages from the store"))
+    w.set_defaults(func=_cli_write)
+    a = common(hsub.add_parser("add", help="append the evaluations of run folders to the store"))
+    a.add_argument("study", help="the study the runs belong to (hsa, hsa_full)")
+    a.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    a.set_defaults(func=_cli_add)
+
+
+def _store(args) -> Path:
+    return Path(args.store) if args.store else Path(args.root) / STORE
+
+
+def _cli_tables(args) -> int:
+    unknown = [n for n in args.blocks if n not in BLOCKS]
+    if unknown:
+        raise ValueError(f"unknown block {unknown[0]!r}; choose from {', '.join(BLOCKS)}")
+    records = store.read_records(_store(args))
+    for name in args.blocks:
+        print(render_block(name, records))
+    return 0
+
+
+def _cli_check(args) -> int:
+    stale = stale_outputs(args.root, _store(args))
     for s in stale:
-        print(f"stale: {s} (rebuild: python docs/hsa/tables.py --write)", file=sys.stderr)
+        print(f"stale: {s} (rebuild: longsparse hsa write)", file=sys.stderr)
     return 1 if stale else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _cli_write(args) -> int:
+    stale_outputs(args.root, _store(args), write=True)
+    print(f"wrote {PAGE} and the report pages {', '.join(REPORT_PAGES)} from {_store(args)}")
+    return 0
+
+
+def _cli_add(args) -> int:
+    add_runs(args.study, args.run_dirs, _store(args))
+    return 0
