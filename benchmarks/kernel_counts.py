@@ -69,8 +69,9 @@ def random_rows(N: int, seed: int = 0, alpha: float = 1.5, tolerance: float | No
     ]
 
 
-def trained_rows(run: str, N: int) -> list:
-    """Counts on the per-layer q, k of a trained model at length N (one test example)."""
+def capture_attention_inputs(run: str, N: int) -> list:
+    """What each attention layer of a trained model (a run folder's last checkpoint) receives on one test example
+    of its task at length N: [(q times its q-scale, k, ALiBi slopes or None, scale or None)] per layer."""
     import random
 
     from longsparse.evaluate.sweep import load_run_model
@@ -93,10 +94,18 @@ def trained_rows(run: str, N: int) -> list:
             model.eval()(batch.input_ids[:, :N])
     finally:
         nn_attention.attention = original
-    rows = []
-    for layer, (q, k, q_scale, slopes, scale) in enumerate(seen):
+    out = []
+    for q, k, q_scale, slopes, scale in seen:
         if q_scale is not None:
             q = q * (q_scale if q_scale.dim() == 4 else q_scale.unsqueeze(-1))
+        out.append((q, k, slopes, scale))
+    return out
+
+
+def trained_rows(run: str, N: int) -> list:
+    """Counts on the per-layer q, k of a trained model at length N (one test example)."""
+    rows = []
+    for layer, (q, k, slopes, scale) in enumerate(capture_attention_inputs(run, N)):
         H = q.shape[1]
         v = torch.zeros_like(k)
         counts = te.solver_counts(

@@ -1,0 +1,309 @@
+"""An exact emulator of the Triton forward's threshold solve for α = 1.5, per query block, to compare solve
+strategies on the CPU in seconds (the instrumented kernel in Triton's interpreter, benchmarks/kernel_counts.py,
+takes minutes per length). The strategy `kernel` is the forward as it is (triton_kernels/forward.py and
+solve.py, MODE 1, `SOLVER_POINTS[1]`); tests/test_solver_emulator.py checks that it reproduces the interpreter's
+committed counts block for block. The other strategies are candidates for the kernel:
+
+* kernel: a first sweep at P0 points geometric over the bracket [−1, −n^{−1/2}], then sweeps at the bracket's
+  two ends (lo, hi) until every row of the block has certified its τ;
+* candidate: later sweeps at ONE point, the closed form of the latest sweep (from its lowest point above the
+  root, else its highest point below) where it lies in the bracket, else the bracket's middle; a row whose next
+  point would repeat its last ends at lo (renormalised, as the kernel's no-progress rule does);
+* anchored: `candidate`, with the first sweep folded into the max pass: its P0 points are placed from the row
+  max of the block's diagonal tile (the first tile the pass visits), the only maximum known before the pass
+  ends. That sweep proposes the first point and nothing else (no bound, no finish: its sums are taken relative
+  to a different maximum, so only sweeps relative to the row max decide anything), and the P0-point sweep
+  after the max pass is skipped.
+
+Counted per query block of 64 rows (CUDA's tile; BN = 64): QKᵀ passes (tiles whose logits were computed over
+every pass, per causal tile), sweeps, rows that ended renormalised instead of certified, and point evaluations
+(tile × sweep point pairs, per causal tile: the element-wise work of the sweeps, which a GPU pays beside the
+QKᵀ tile). Live-tile lists are emulated as the kernel keeps them. τ is checked against a float64 solve.
+
+    python benchmarks/solver_emulator.py --out benchmarks/results/FILE.json [--lengths 1024 4096] [--run RUN]
+    python benchmarks/solver_emulator.py --table benchmarks/results/FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from longsparse.io import atomic_write_json
+
+AM1 = 0.5  # α − 1
+TILE = 64  # BM = BN of the CUDA configuration
+STRATEGIES = ("kernel", "candidate", "anchored")
+FIRST_POINTS = 4  # SOLVER_POINTS[1][0]
+MAX_SWEEPS = 24  # the kernel's _MAX_SWEEPS_EXACT
+
+
+def sweep_sums(X: torch.Tensor, points: torch.Tensor) -> tuple:
+    """Per-point sums of a sweep over shifted scores X (R, N) (−inf where masked) at points (R, P): support
+    count, Σw = Σd₊, Σp = Σd₊², the smallest positive gap and the largest non-positive one, each (R, P)."""
+    d = X[:, None, :] - points[:, :, None]
+    pos = d > 0
+    dp = torch.where(pos, d, 0.0)
+    inf = torch.tensor(math.inf)
+    return (
+        pos.float().sum(-1),
+        dp.sum(-1),
+        (dp * dp).sum(-1),
+        torch.where(pos, d, inf).amin(-1),
+        torch.where(pos, -inf, d).amax(-1),
+    )
+
+
+def bracket_update(points, sums, lo, hi, tau, active):
+    """The kernel's `_bracket_update` for α = 1.5 (each point: bounds, the closed form τ_S of its support,
+    the exact finish when S is certified), without its end rule. Returns (lo, hi, tau, active, certified,
+    candidate): candidate (R,) is the closed form from the lowest point above the root, else from the highest
+    point below it (nan where neither has one)."""
+    cnt, sw, sp, mind, dneg = sums
+    done = ~active
+    new_tau = tau.clone()
+    certified = torch.zeros_like(active)
+    from_above = torch.full_like(lo, math.nan)
+    from_below = torch.full_like(lo, math.nan)
+    for pi in range(points.shape[1]):
+        t, n, w, f = points[:, pi], cnt[:, pi], sw[:, pi], sp[:, pi] - 1.0
+        below, has = f >= 0, w > 0
+        newton = t + f * AM1 / torch.where(has, w, 1.0)
+        disc = w * w - n * f
+        s = f / torch.where(has, w + disc.clamp(min=0).sqrt(), 1.0)
+        valid = has & (disc >= 0)
+        lo = torch.where(active & below, torch.maximum(lo, t), lo)
+        hi = torch.where(active & ~below, torch.minimum(hi, t), hi)
+        lo = torch.where(active & below & has, torch.maximum(lo, torch.minimum(newton, hi)), lo)
+        hi = torch.where(active & below & valid, torch.minimum(hi, t + s), hi)
+        lo = torch.where(active & ~below & valid, torch.maximum(lo, torch.minimum(t + s, hi)), lo)
+        fin = active & ~done & valid & torch.where(below, mind[:, pi] > s, dneg[:, pi] <= s)
+        certified |= fin
+        new_tau = torch.where(fin, t + s, new_tau)
+        done |= fin
+        from_below = torch.where(below & valid, t + s, from_below)
+        from_above = torch.where(~below & valid & from_above.isnan(), t + s, from_above)
+    candidate = torch.where(from_above.isnan(), from_below, from_above)
+    return lo, hi, torch.where(active, new_tau, tau), active & ~done, certified, candidate
+
+
+def geometric_points(lo: torch.Tensor, hi: torch.Tensor, P: int) -> torch.Tensor:
+    """P points from lo to hi (both < 0), evenly spaced in log2(−t), as the kernel's first sweep (R, P)."""
+    a, b = torch.log2(-lo), torch.log2(-hi)
+    frac = torch.arange(P) / (P - 1)
+    return -torch.exp2(a[:, None] + (b - a)[:, None] * frac[None, :])
+
+
+def _live_tiles(X: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """Which key tiles hold an entry above their row's floor, for some row (n_tiles,) bool."""
+    R, N = X.shape
+    above = (X - floor[:, None]) > 0
+    return above.view(R, N // TILE, TILE).any(-1).any(0)
+
+
+def solve_block(z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_points: int = FIRST_POINTS) -> dict:
+    """Emulates one query block: z (R, N) raw logits (−inf where masked, N a multiple of the tile, the
+    diagonal tile last), nkeys (R,) keys per row. Returns the block's counts and τ (R,)."""
+    R, N = z.shape
+    n_tiles = N // TILE
+    m = z.amax(-1)
+    X = AM1 * (z - m[:, None])
+    lo = torch.full((R,), -1.0)
+    hi = -nkeys.float().clamp(min=1).rsqrt()
+    tau = lo.clone()
+    active = nkeys > 1
+    uncertified = 0
+    point_evals = 0
+    visited = n_tiles  # the max pass
+    proposal = None
+    if strategy == "anchored":
+        anchor = z[:, -TILE:].amax(-1)  # the diagonal tile's row max (each row holds its own key there)
+        offset = AM1 * (anchor - m)
+        pts = offset[:, None] + geometric_points(lo, hi, first_points)
+        *_, proposal = bracket_update(pts, sweep_sums(X, pts), lo, hi, tau, active)
+        point_evals += first_points * n_tiles
+        # the max pass's list: tiles holding an entry within 1 (in X) of the row max seen so far, visiting the
+        # diagonal tile first, then the others in order (a superset of the tiles live at the row max)
+        order = [n_tiles - 1, *range(n_tiles - 1)]
+        tile_max = z.view(R, n_tiles, TILE).amax(-1)[:, order]
+        running = tile_max.cummax(-1).values
+        live = torch.zeros(n_tiles, dtype=torch.bool)
+        live[order] = (AM1 * (tile_max - running) > -1.0).any(0)
+    sweeps = 0
+    while bool(active.any()) and sweeps < MAX_SWEEPS:
+        floor = torch.where(active, lo, tau)
+        if sweeps == 0 and strategy != "anchored":
+            pts = geometric_points(lo, hi, first_points)
+            tiles = n_tiles
+        elif strategy == "kernel":
+            pts = torch.stack([lo, hi], 1)
+            tiles = int(live.sum())
+        else:
+            pts = torch.where(proposal.isnan(), 0.5 * (lo + hi), proposal)[:, None]
+            tiles = int(live.sum())
+        visited += tiles
+        point_evals += pts.shape[1] * tiles
+        live = _live_tiles(X, floor)  # the list the next pass reads: floors only rise
+        was = active
+        lo_in, hi_in = lo, hi
+        lo, hi, tau, active, certified, candidate = bracket_update(pts, sweep_sums(X, pts), lo, hi, tau, active)
+        proposal = torch.where((candidate >= lo) & (candidate <= hi), candidate, 0.5 * (lo + hi))
+        if pts.shape[1] == 1:
+            stuck = active & ((proposal == pts[:, 0]) | (hi <= lo))
+        else:
+            stuck = active & (((lo <= lo_in) & (hi >= hi_in)) | (hi <= lo))
+        tau = torch.where(stuck, lo, tau)
+        active = active & ~stuck
+        uncertified += int((was & ~active & ~certified).sum())
+        sweeps += 1
+    tau = torch.where(active, lo, tau)
+    uncertified += int(active.sum())
+    visited += int(live.sum())  # the output pass
+    return {
+        "sweeps": sweeps,
+        "passes": visited / n_tiles,
+        "point_evals": point_evals / n_tiles,
+        "uncertified": uncertified,
+        "tau": tau,
+        "X": X,
+    }
+
+
+def exact_tau(X: torch.Tensor) -> torch.Tensor:
+    """τ of 1.5-entmax of each row of X (R, N), in float64, from the sorted row: the k whose closed form
+    τ_k (Σ_{i ≤ k} (x_i − τ)² = 1) satisfies x_k > τ_k ≥ x_{k+1}."""
+    xs = X.double().sort(-1, descending=True).values
+    xs = torch.where(xs.isinf(), -1e30, xs)
+    k = torch.arange(1, xs.shape[1] + 1, dtype=torch.float64)
+    s1, s2 = xs.cumsum(-1), (xs * xs).cumsum(-1)
+    t = (s1 - (s1 * s1 - k * (s2 - 1)).clamp(min=0).sqrt()) / k
+    nxt = torch.cat([xs[:, 1:], torch.full_like(xs[:, :1], -1e30)], -1)
+    ok = (xs > t) & (t >= nxt)
+    return torch.where(ok, t, torch.nan).nan_to_num(nan=-math.inf).amax(-1)
+
+
+def random_logits(N: int, seed: int = 0, temperature: float = 1.0) -> list:
+    """The NoPE heads of benchmarks/kernel_counts.py's random input (8 heads of dim 64, q, k, v ~ N(0, 1) from
+    the generator seeded seed + N; heads 4–7 have slope 0), causal logits (4, N, N), times `temperature`."""
+    H, D = 8, 64
+    g = torch.Generator().manual_seed(seed + N)
+    q, k, _ = (torch.randn(1, H, N, D, generator=g) for _ in range(3))
+    z = temperature * (q[0, H // 2 :] @ k[0, H // 2 :].transpose(-1, -2)) / math.sqrt(D)
+    return list(z.masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), -math.inf))
+
+
+def count(heads: list, strategy: str, check: bool = True) -> dict:
+    """Emulates every query block of causal logits heads [(N, N)]: the counts' means and maxima."""
+    passes, sweeps, evals, uncertified, err = [], [], [], 0, 0.0
+    for z in heads:
+        N = z.shape[0]
+        for b in range(N // TILE):
+            rows = slice(b * TILE, (b + 1) * TILE)
+            r = solve_block(z[rows, : (b + 1) * TILE], torch.arange(b * TILE + 1, (b + 1) * TILE + 1), strategy)
+            passes.append(r["passes"])
+            sweeps.append(r["sweeps"])
+            evals.append(r["point_evals"])
+            uncertified += r["uncertified"]
+            if check:
+                ok = torch.arange(b * TILE + 1, (b + 1) * TILE + 1) > 1
+                err = max(err, (r["tau"][ok].double() - exact_tau(r["X"][ok])).abs().max().item())
+    return {
+        "strategy": strategy,
+        "qk_passes_mean": sum(passes) / len(passes),
+        "qk_passes_max": max(passes),
+        "sweeps_mean": sum(sweeps) / len(sweeps),
+        "sweeps_max": max(sweeps),
+        "point_evals_mean": sum(evals) / len(evals),
+        "uncertified_rows": uncertified,
+        "max_tau_error": err if check else None,
+        "blocks": len(passes),
+    }
+
+
+def trained_logits(run: str, N: int) -> list:
+    """The NoPE heads' causal logits (q times its q-scale, the model's scale) of every layer of a trained
+    model on one test example of its task at length N: [(layer, [(N, N)])]."""
+    from kernel_counts import capture_attention_inputs
+
+    out = []
+    for layer, (q, k, slopes, scale) in enumerate(capture_attention_inputs(run, N)):
+        nope = [h for h in range(q.shape[1]) if slopes is None or float(slopes[h]) == 0.0]
+        s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        z = s * (q[0, nope].float() @ k[0, nope].float().transpose(-1, -2))
+        out.append((layer, list(z.masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), -math.inf))))
+    return out
+
+
+def table(path: str) -> str:
+    """A stored result as a markdown table."""
+    data = json.loads(Path(path).read_text())
+    lines = [
+        "| input | N | layer | strategy | QKᵀ passes mean / max | sweeps mean / max | point evaluations per tile "
+        "| uncertified rows | max abs τ error |",
+        "|---|---:|---:|---|---|---|---:|---:|---:|",
+    ]
+    for r in data["rows"]:
+        err = "-" if r["max_tau_error"] is None else f"{r['max_tau_error']:.0e}"
+        lines.append(
+            f"| {r['source']} | {r['N']} | {r.get('layer', '-')} | {r['strategy']} | {r['qk_passes_mean']:.2f} / "
+            f"{r['qk_passes_max']:.0f} | {r['sweeps_mean']:.2f} / {r['sweeps_max']} | {r['point_evals_mean']:.1f} "
+            f"| {r['uncertified_rows']} | {err} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="JSON file to write")
+    ap.add_argument("--table", metavar="JSON", help="print a stored result as a markdown table, and stop")
+    ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096])
+    ap.add_argument("--run", help="a trained run folder: also count on its layers' NoPE heads")
+    ap.add_argument("--temperature", type=float, default=1.0, help="multiplies the random logits")
+    args = ap.parse_args(argv)
+    if args.table:
+        print(table(args.table), end="")
+        return 0
+    if not args.out:
+        ap.error("--out is required (the JSON file to write), unless --table")
+    if Path(args.out).exists():
+        ap.error(f"--out {args.out} exists: choose a new file (stored results are not overwritten)")
+    bad = [n for n in args.lengths if n < TILE or n % TILE]
+    if bad:
+        ap.error(f"--lengths {bad}: each must be a positive multiple of the tile ({TILE})")
+    if args.run and not Path(args.run, "config.json").is_file():
+        ap.error(f"--run {args.run}: not a run folder (no config.json)")
+    torch.set_num_threads(1)
+    data = {
+        "benchmark": "solver_emulator",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "first_points": FIRST_POINTS,
+        "tile": TILE,
+        "temperature": args.temperature,
+        "rows": [],
+    }
+    for N in args.lengths:
+        inputs = [("random", None, random_logits(N, temperature=args.temperature))]
+        if args.run:
+            inputs += [(f"trained:{Path(args.run).name}", layer, z) for layer, z in trained_logits(args.run, N)]
+        for source, layer, heads in inputs:
+            for strategy in STRATEGIES:
+                t0 = time.perf_counter()
+                row = {"source": source, "N": N, **({"layer": layer} if layer is not None else {})}
+                row |= count(heads, strategy, check=N <= 4096)
+                row["seconds"] = round(time.perf_counter() - t0, 1)
+                print(json.dumps(row), flush=True)
+                data["rows"].append(row)
+        atomic_write_json(Path(args.out), data, indent=1)  # after each length: a run cut short keeps its rows
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

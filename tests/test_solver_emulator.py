@@ -1,0 +1,68 @@
+"""benchmarks/solver_emulator.py: an exact emulator of the Triton forward's α = 1.5 threshold solve, used to
+compare solve strategies on the CPU. Its `kernel` strategy must count what the instrumented kernel counted in
+Triton's interpreter (the committed benchmarks/results/kernel-counts-cpu-2026-11-27.json), and every strategy
+must return the exact τ."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import benchmark_script
+
+ROOT = Path(__file__).resolve().parents[1]
+emulator = benchmark_script("solver_emulator")
+
+
+def test_the_kernel_strategy_counts_what_the_interpreted_kernel_counted():
+    stored = json.loads((ROOT / "benchmarks/results/kernel-counts-cpu-2026-11-27.json").read_text())
+    want = next(r for r in stored["rows"] if r["source"] == "random" and r["N"] == 1024 and r["heads"] == "nope")
+    got = emulator.count(emulator.random_logits(1024), "kernel", check=False)
+    for key in ("qk_passes_mean", "qk_passes_max", "sweeps_mean", "sweeps_max", "uncertified_rows", "blocks"):
+        assert got[key] == want[key], key
+
+
+@pytest.mark.parametrize("strategy", emulator.STRATEGIES)
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 8.0])
+def test_every_strategy_returns_the_exact_threshold(strategy, temperature):
+    """Flat (0.3), random (1) and peaked (8) logits over 256 keys: τ within float32 rounding of the float64 τ."""
+    got = emulator.count(emulator.random_logits(256, seed=7, temperature=temperature), strategy, check=True)
+    assert got["max_tau_error"] < 5e-7
+    assert got["sweeps_max"] < emulator.MAX_SWEEPS
+
+
+def test_the_float64_threshold_solves_its_equation():
+    """The oracle's oracle: Σ (x − τ)₊² = 1 for α = 1.5, on rows with masked entries and ties."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(6, 50, generator=g)
+    X[0, 10:] = -math.inf
+    X[1] = 0.25
+    X[2, :2] = 3.0
+    tau = emulator.exact_tau(X)
+    f = ((X.double() - tau[:, None]).clamp(min=0) ** 2).sum(-1)
+    torch.testing.assert_close(f, torch.ones(6, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--lengths", "100"], "multiple of the tile"),
+        (["--run", "no/such/run"], "not a run folder"),
+    ],
+)
+def test_the_script_refuses_bad_input_in_one_line(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        emulator.main(["--out", str(tmp_path / "new.json"), *argv])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "new.json").exists()
+
+
+def test_the_script_does_not_overwrite_a_stored_result(tmp_path, capsys):
+    stored = tmp_path / "stored.json"
+    stored.write_text("{}")
+    with pytest.raises(SystemExit):
+        emulator.main(["--out", str(stored), "--lengths", "64"])
+    assert "exists" in capsys.readouterr().err
+    assert stored.read_text() == "{}"
