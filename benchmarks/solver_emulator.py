@@ -127,7 +127,8 @@ def solve_block(z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_point
         anchor = z[:, -TILE:].amax(-1)  # the diagonal tile's row max (each row holds its own key there)
         offset = AM1 * (anchor - m)
         pts = offset[:, None] + geometric_points(lo, hi, first_points)
-        *_, proposal = bracket_update(pts, sweep_sums(X, pts), lo, hi, tau, active)
+        *_, candidate = bracket_update(pts, sweep_sums(X, pts), lo, hi, tau, active)
+        proposal = torch.where((candidate >= lo) & (candidate <= hi), candidate, 0.5 * (lo + hi))
         point_evals += first_points * n_tiles
         # the max pass's list: tiles holding an entry within 1 (in X) of the row max seen so far, visiting the
         # diagonal tile first, then the others in order (a superset of the tiles live at the row max)
@@ -146,7 +147,7 @@ def solve_block(z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_point
             pts = torch.stack([lo, hi], 1)
             tiles = int(live.sum())
         else:
-            pts = torch.where(proposal.isnan(), 0.5 * (lo + hi), proposal)[:, None]
+            pts = proposal[:, None]
             tiles = int(live.sum())
         visited += tiles
         point_evals += pts.shape[1] * tiles

@@ -27,10 +27,13 @@ DECODE_CANDIDATE_DIVISOR = 4
 _TOL = 1e-6  # Newton step (in τ, whose bracket has width < 1) at which general α stops
 _MAX_SWEEPS_EXACT = 24  # α = 1.5 / 2: the exact finish certifies after a few sweeps (a cap, not a budget)
 _MAX_SWEEPS_GENERAL = 32  # other α: quadratic convergence once the bracket is tight
-# Points per sweep of the threshold solve, (first sweep, later sweeps), by mode (general, 1.5, 2); powers of
-# two. More points cost element-wise work in every tile but fewer passes over K: on an H200, 4 first points
-# timed 6 % faster than 8 and 3 % faster than 2 at 4K and 16K keys (benchmarks/results/gpu_check-h200-*).
-SOLVER_POINTS = {0: (4, 2), 1: (4, 2), 2: (4, 2)}
+# Points per sweep of the threshold solve, (first sweep, later sweeps), by mode (general, 1.5, 2). More points
+# cost element-wise work in every tile but fewer passes over K: on an H200, 4 first points timed 6 % faster
+# than 8 and 3 % faster than 2 at 4K and 16K keys (benchmarks/results/gpu_check-h200-*). α = 1.5 sweeps later
+# at one point, the closed form of the last sweep, and its forward takes the first sweep inside the max pass
+# on heads without the ALiBi band (`ANCHOR`): fewer passes and a quarter fewer point evaluations than
+# (4, 2), counted by benchmarks/solver_emulator.py.
+SOLVER_POINTS = {0: (4, 2), 1: (4, 1), 2: (4, 2)}
 
 _MODE_GENERAL, _MODE_15, _MODE_2 = 0, 1, 2
 INTERPRETER_BLOCK = 32  # query and key tile of the interpreter (CPU tensors): see `_config`
@@ -287,6 +290,7 @@ def _forward_impl(
             DOT_PREC=cfg["prec"],
             BAND=band,
             BAND_EPS=ROUNDING_MARGIN,
+            ANCHOR=mode == _MODE_15 and p_later == 1,
             STORE_UV=need_uv,
             COUNT=counts is not None,
             num_warps=cfg["fwd"],

@@ -194,17 +194,17 @@ def _dec_solve_kernel(
     cnt0, sw0, sp0, mind0, dneg0 = _dec_sweep(
         zrow, Cand, Cnt, row, start, lim, n_split, cap, overflow, m, lhi, lhi, am1, BLOCK_J, P0, True, MODE
     )
-    lo, hi, tau, active, _ = _bracket_update(
+    lo, hi, tau, active, _, nxt = _bracket_update(
         lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, lo, hi, tau, active, am1, P0, True, MODE, TOL, FTOL
     )
     sweeps = 1
     n_active = tl.sum(active.to(tl.int32), 0)
     while (sweeps < MAX_SWEEPS) & (n_active > 0):
-        pa, pb = _later_bounds(lo, hi, MODE)
+        pa, pb = _later_bounds(lo, hi, nxt, P, MODE)
         cnt, sw, sp, mind, dneg = _dec_sweep(
             zrow, Cand, Cnt, row, start, lim, n_split, cap, overflow, m, pa, pb, am1, BLOCK_J, P, False, MODE
         )
-        lo, hi, tau, active, _ = _bracket_update(
+        lo, hi, tau, active, _, nxt = _bracket_update(
             pa, pb, cnt, sw, sp, mind, dneg, lo, hi, tau, active, am1, P, False, MODE, TOL, FTOL
         )
         n_active = tl.sum(active.to(tl.int32), 0)

@@ -4,7 +4,15 @@ live-tile lists, and the output pass (O, row statistics, the tile mask, Σ u·V 
 Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_ops.py)."""
 
 from .lang import tl
-from .solve import _bracket_hi, _bracket_update, _later_bounds, _powers, _sweep_sums, _sweep_tile
+from .solve import (
+    _anchored_proposal,
+    _bracket_hi,
+    _bracket_update,
+    _later_bounds,
+    _powers,
+    _sweep_sums,
+    _sweep_tile,
+)
 from .tiles import _band_dead, _band_reach, _block_scores, _dot, _in_range, _load_tile, _query_block, _rmax, _rsum
 
 
@@ -59,6 +67,7 @@ def _fwd_kernel(
     DOT_PREC: tl.constexpr,
     BAND: tl.constexpr,
     BAND_EPS: tl.constexpr,
+    ANCHOR: tl.constexpr,
     STORE_UV: tl.constexpr,
     COUNT: tl.constexpr,
 ):
@@ -67,7 +76,9 @@ def _fwd_kernel(
     per row (UV, fp32), and with COUNT the program's counters (Counts: sweeps, key tiles visited over all
     passes, key tiles of the block's causal range, rows finished uncertified). Live: (B·H·⌈Nq/BM⌉, 2·n_kt)
     int32 scratch, the blocks' lists of live key tiles. BAND: ALiBi heads bound their tiles in-kernel, with
-    KNorm (B·H_kv,) fp32 the largest ‖k_j‖ over each batch row's keys."""
+    KNorm (B·H_kv,) fp32 the largest ‖k_j‖ over each batch row's keys. ANCHOR (α = 1.5 with one-point later
+    sweeps): the first sweep rides the max pass, anchored at the row max of the first tile it visits, and only
+    proposes the solve's first point (`_anchored_proposal`)."""
     (bh, pid_m, rows, rmask, qpos, start, row_lim, kend, t0, t1, ti0, ti1, am1, slope, q, k_base, v_base) = (
         _query_block(
             Q,
@@ -100,10 +111,21 @@ def _fwd_kernel(
 
     # 1. row max. ALiBi heads walk out from the diagonal and stop once `_band_dead` proves every farther key
     # tile holds no support, so every later pass visits only [t_lo, t_hi); other heads take every tile in a
-    # plain (pipelined) loop.
+    # plain (pipelined) loop. ANCHOR: the pass also takes the first sweep, at points placed from the row max
+    # of the first tile it visits (the diagonal one; `_anchored_proposal` turns it into the solve's first
+    # point), and lists the tiles that hold an entry within 1 (in X) of the running row max: a superset of
+    # the tiles live at the row max, which the first sweep after it reads.
     m = tl.full([BM], float("-inf"), tl.float32)
     t_lo = t0
     t_hi = t1
+    lo = tl.full([BM], -1.0, tl.float32)
+    hi = _bracket_hi(tl.maximum(row_lim - start, 0), am1, MODE)
+    lhi = tl.log2(-hi)
+    lists = Live + (bh.to(tl.int64) * n_qb + pid_m) * (2 * n_kt)
+    n_live = 0
+    # (the first sweep's sums have P0 columns: names of their own, since loop-carried values keep one type)
+    cnt0, sw0, sp0, mind0, dneg0 = _sweep_sums(BM, P0)
+    m0 = tl.zeros([BM], tl.float32)  # ANCHOR: the first visited tile's row max (0 where that tile is empty)
     if BAND & (slope > 0):
         qn = tl.sqrt(_rsum(q.to(tl.float32) * q.to(tl.float32), 1)) * tl.abs(scale)  # |scale|·‖q_i‖ (BM,)
         kmax = tl.load(KNorm + bh // GROUP)  # the kv head's largest ‖k_j‖ over the row's keys
@@ -116,6 +138,11 @@ def _fwd_kernel(
                 q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
             )
             m = tl.maximum(m, _rmax(z, 1))
+            if ANCHOR:
+                m0 = tl.where(t == t_mid, tl.where(m > float("-inf"), m, 0.0), m0)
+                cnt0, sw0, sp0, mind0, dneg0, n_live = _anchored_tile(
+                    z, t, m, m0, lists + n_kt, n_live, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, MODE
+                )
             t_lo = t
             t -= 1
             # keys of the tiles before t + 1 sit at least qpos − (t + 1)·BN + 1 before each row
@@ -127,10 +154,26 @@ def _fwd_kernel(
                 q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
             )
             m = tl.maximum(m, _rmax(z, 1))
+            if ANCHOR:
+                cnt0, sw0, sp0, mind0, dneg0, n_live = _anchored_tile(
+                    z, t, m, m0, lists + n_kt, n_live, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, MODE
+                )
             t += 1
             t_hi = t
             # keys of the tiles from t on sit at least t·BN − qpos after each row (non-causal rows only)
             go = (t < t1) & (_band_dead(reach, m, slope, t * BN - qpos, BAND_EPS) == 0)
+    elif ANCHOR:
+        # the diagonal tile (the last) first, then the others in order
+        for i in range(t0, t1):
+            t = tl.where(i == t0, t1 - 1, i - 1)
+            kpos, z = _block_scores(
+                q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+            )
+            m = tl.maximum(m, _rmax(z, 1))
+            m0 = tl.where(i == t0, tl.where(m > float("-inf"), m, 0.0), m0)
+            cnt0, sw0, sp0, mind0, dneg0, n_live = _anchored_tile(
+                z, t, m, m0, lists + n_kt, n_live, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, MODE
+            )
     else:
         for t in range(t0, t1):
             kpos, z = _block_scores(
@@ -138,45 +181,47 @@ def _fwd_kernel(
             )
             m = tl.maximum(m, _rmax(z, 1))
     m = tl.where(row_lim > 0, m, 0.0)
-    visited = 2 * (t_hi - t_lo)  # the max pass and the first sweep
+    visited = t_hi - t_lo  # the max pass
 
-    # 2. threshold: a first sweep at P0 points spread over the bracket, then sweeps at P points (see
-    # `_bracket_update`) until every row of the block has finished. Each sweep also lists the key tiles that
-    # hold an entry above its rows' floor (lo, or τ once finished): τ only rises from there, so the other
-    # tiles hold no support and later sweeps and the output pass skip them. Two lists per block (`Live`),
-    # one read while the other is written, a barrier between sweeps.
-    lo = tl.full([BM], -1.0, tl.float32)
-    hi = _bracket_hi(tl.maximum(row_lim - start, 0), am1, MODE)
+    # 2. threshold: a first sweep at P0 points spread over the bracket (or, anchored, the max pass's proposal),
+    # then sweeps at P points (see `_bracket_update`) until every row of the block has finished. Each sweep
+    # also lists the key tiles that hold an entry above its rows' floor (lo, or τ once finished): τ only rises
+    # from there, so the other tiles hold no support and later sweeps and the output pass skip them. Two lists
+    # per block (`Live`), one read while the other is written, a barrier between sweeps.
     tau = lo
     active = (row_lim - start) > 1
     uncertified = tl.zeros([BM], tl.int32)
-    lhi = tl.log2(-hi)
-    lists = Live + (bh.to(tl.int64) * n_qb + pid_m) * (2 * n_kt)
-    n_live = 0
-    # (the first sweep's sums have P0 columns: names of their own, since loop-carried values keep one type)
-    cnt0, sw0, sp0, mind0, dneg0 = _sweep_sums(BM, P0)
-    for t in range(t_lo, t_hi):
-        kpos, z = _block_scores(
-            q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+    sweeps = 0
+    if ANCHOR:
+        anchor = am1 * (m0 - m)  # ≤ 0: the anchor in the row max's frame (0 for rows without keys)
+        nxt = _anchored_proposal(cnt0, sw0, sp0, anchor, lo, hi, lhi, am1, P0)
+    else:
+        for t in range(t_lo, t_hi):
+            kpos, z = _block_scores(
+                q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+            )
+            X = am1 * (z - m[:, None])
+            cnt0, sw0, sp0, mind0, dneg0 = _sweep_tile(X, lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, True, MODE)
+            alive = _rmax(_rmax(X - lo[:, None], 1), 0) > 0
+            tl.store(lists + n_kt + n_live, t, mask=alive)
+            n_live += alive.to(tl.int32)
+        tl.debug_barrier()
+        visited += t_hi - t_lo
+        was = active
+        lo, hi, tau, active, cert, nxt = _bracket_update(
+            lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, lo, hi, tau, active, am1, P0, True, MODE, TOL, FTOL
         )
-        X = am1 * (z - m[:, None])
-        cnt0, sw0, sp0, mind0, dneg0 = _sweep_tile(X, lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, True, MODE)
-        alive = _rmax(_rmax(X - lo[:, None], 1), 0) > 0
-        tl.store(lists + n_kt + n_live, t, mask=alive)
-        n_live += alive.to(tl.int32)
+        uncertified += (was & (active == 0) & (cert == 0)).to(tl.int32)
+        sweeps = 1
     tl.debug_barrier()
-    was = active
-    lo, hi, tau, active, cert = _bracket_update(
-        lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, lo, hi, tau, active, am1, P0, True, MODE, TOL, FTOL
-    )
-    uncertified += (was & (active == 0) & (cert == 0)).to(tl.int32)
-    sweeps = 1
     n_active = tl.sum(active.to(tl.int32), 0)
+    # the list the first later sweep reads is the one the max pass or the first sweep wrote (lists + n_kt)
+    parity = 1 - sweeps
     while (sweeps < MAX_SWEEPS) & (n_active > 0):
-        pa, pb = _later_bounds(lo, hi, MODE)
+        pa, pb = _later_bounds(lo, hi, nxt, P, MODE)
         floor = tl.where(active, lo, tau)
-        read = lists + (sweeps % 2) * n_kt
-        write = lists + ((sweeps + 1) % 2) * n_kt
+        read = lists + ((sweeps + parity) % 2) * n_kt
+        write = lists + ((sweeps + parity + 1) % 2) * n_kt
         visited += n_live
         n_next = 0
         cnt, sw, sp, mind, dneg = _sweep_sums(BM, P)
@@ -193,7 +238,7 @@ def _fwd_kernel(
         tl.debug_barrier()
         n_live = n_next
         was = active
-        lo, hi, tau, active, cert = _bracket_update(
+        lo, hi, tau, active, cert, nxt = _bracket_update(
             pa, pb, cnt, sw, sp, mind, dneg, lo, hi, tau, active, am1, P, False, MODE, TOL, FTOL
         )
         uncertified += (was & (active == 0) & (cert == 0)).to(tl.int32)
@@ -209,7 +254,7 @@ def _fwd_kernel(
     uacc = tl.zeros([BM, D], tl.float32)
     usum = tl.zeros([BM], tl.float32)
     mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
-    read = lists + (sweeps % 2) * n_kt
+    read = lists + ((sweeps + parity) % 2) * n_kt
     visited += n_live
     for i in range(n_live):
         t = tl.load(read + i)
@@ -247,3 +292,16 @@ def _fwd_kernel(
         tl.store(crow + 1, visited)
         tl.store(crow + 2, n_causal)
         tl.store(crow + 3, tl.sum(uncertified, 0))
+
+
+def _anchored_tile(z, t, m, m0, write, n_live, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0: tl.constexpr, MODE):
+    """ANCHOR: one tile z (BM, BN) of the max pass, m the running row max including it: adds it to the first
+    sweep's sums at the points relative to m0, and lists tile t at write + n_live when some entry lies within
+    1 (in X) of m. Returns the sums and the new list length."""
+    cnt0, sw0, sp0, mind0, dneg0 = _sweep_tile(
+        am1 * (z - m0[:, None]), lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, True, MODE
+    )
+    m_seen = tl.where(m > float("-inf"), m, 0.0)  # rows without a key yet: their z are −inf
+    alive = _rmax(_rmax(am1 * (z - m_seen[:, None]) + 1.0, 1), 0) > 0
+    tl.store(write + n_live, t, mask=alive)
+    return cnt0, sw0, sp0, mind0, dneg0, n_live + alive.to(tl.int32)

@@ -65,10 +65,13 @@ def _point(a, b, pi: tl.constexpr, P: tl.constexpr, GEOM: tl.constexpr):
     return t
 
 
-def _later_bounds(lo, hi, MODE: tl.constexpr):
-    """(a, b) of a later sweep's points: the bracket's ends [lo, hi] for α = 1.5 / 2 (both are bounds the
-    last sweep proved, each close to τ* from its side), lo and the bracket's middle for other α (Newton from
-    lo, guarded by bisection)."""
+def _later_bounds(lo, hi, nxt, P: tl.constexpr, MODE: tl.constexpr):
+    """(a, b) of a later sweep's points. One point (P = 1, α = 1.5): `nxt`, the point `_bracket_update`
+    proposed. Otherwise the bracket's ends [lo, hi] for α = 1.5 / 2 (both are bounds the last sweep proved,
+    each close to τ* from its side), lo and the bracket's middle for other α (Newton from lo, guarded by
+    bisection)."""
+    if P == 1:
+        return nxt, nxt
     if MODE == 0:
         far = 0.5 * (lo + hi)
     else:
@@ -147,12 +150,18 @@ def _bracket_update(
     (rounding: the next points would repeat) ends at lo, where Σp ≥ 1: the output pass renormalises it.
     FTOL > 0 (the opt-in tolerance mode): a row without an exact finish ends at the first point with
     |Σp − 1| ≤ FTOL, renormalised by the output pass.
-    Returns (lo, hi, tau, active, certified), the last the rows finished exactly here."""
+    Next point (`nxt`, what a one-point sweep evaluates next): the closed form τ_S from this sweep's lowest
+    point above the root, else from its highest point below it, where it lies in the new bracket, else the
+    bracket's middle. A one-point sweep (P = 1) tightens one side only, so its row ends at lo only when its
+    next point would repeat this one (or the bracket closed).
+    Returns (lo, hi, tau, active, certified, nxt); certified: the rows finished exactly here."""
     done = active == 0
     new_tau = tau
     certified = tl.zeros(lo.shape, tl.int1)
     lo_in = lo
     hi_in = hi
+    from_above = tl.full(lo.shape, float("nan"), tl.float32)
+    from_below = tl.full(lo.shape, float("nan"), tl.float32)
     for pi in tl.static_range(P):
         t = _point(a, b, pi, P, GEOM)
         n = _column(cnt, pi, P)
@@ -188,13 +197,44 @@ def _bracket_update(
             certified = certified | fin
         new_tau = tl.where(fin, t + s, new_tau)
         done = done | fin
+        from_below = tl.where(below & valid, t + s, from_below)
+        from_above = tl.where((f < 0) & valid & (from_above != from_above), t + s, from_above)
         if FTOL > 0:
             near = active & (done == 0) & (tl.abs(f) <= FTOL)
             new_tau = tl.where(near, t, new_tau)
             done = done | near
-    # a sweep that could not tighten the bracket (its points repeat: rounding) ends the row at lo, as does a
-    # bracket that rounding closed or crossed
-    closed = active & (done == 0) & (((lo <= lo_in) & (hi >= hi_in)) | (hi <= lo))
+    cand = tl.where(from_above != from_above, from_below, from_above)
+    nxt = tl.where((cand >= lo) & (cand <= hi), cand, 0.5 * (lo + hi))  # nan compares false: the middle
+    if P == 1:
+        # the next point repeats this one (rounding), or the bracket closed or crossed: end at lo
+        closed = active & (done == 0) & ((nxt == a) | (hi <= lo))
+    else:
+        # a sweep that could not tighten the bracket (its points repeat: rounding) ends the row at lo, as
+        # does a bracket that rounding closed or crossed
+        closed = active & (done == 0) & (((lo <= lo_in) & (hi >= hi_in)) | (hi <= lo))
     new_tau = tl.where(closed, lo, new_tau)
     done = done | closed
-    return lo, hi, tl.where(active, new_tau, tau), active & (done == 0), certified
+    return lo, hi, tl.where(active, new_tau, tau), active & (done == 0), certified, nxt
+
+
+def _anchored_proposal(cnt, sw, sp, anchor, lo, hi, lhi, am1, P: tl.constexpr):
+    """α = 1.5: the first point of the solve from a sweep the max pass took at the points `_point(lhi, lhi, ·,
+    GEOM)` relative to `anchor` (BM,), the shifted row max of the block's diagonal tile (≤ 0 in the row max's
+    frame). The closed form from its lowest point above the root, else from its highest point below, where it
+    lies in [lo, hi], else the bracket's middle. Only a proposal: those sums were taken relative to another
+    maximum, so no bound or finish is drawn from them (the sweeps that follow decide everything)."""
+    from_above = tl.full(lo.shape, float("nan"), tl.float32)
+    from_below = tl.full(lo.shape, float("nan"), tl.float32)
+    for pi in tl.static_range(P):
+        t = anchor + _point(lhi, lhi, pi, P, True)
+        n = _column(cnt, pi, P)
+        w_sum = _column(sw, pi, P)
+        f = _column(sp, pi, P) - 1.0
+        has = w_sum > 0
+        disc = w_sum * w_sum - n * f
+        s = f / tl.where(has, w_sum + tl.sqrt(tl.maximum(disc, 0.0)), 1.0)
+        valid = has & (disc >= 0)
+        from_below = tl.where((f >= 0) & valid, t + s, from_below)
+        from_above = tl.where((f < 0) & valid & (from_above != from_above), t + s, from_above)
+    cand = tl.where(from_above != from_above, from_below, from_above)
+    return tl.where((cand >= lo) & (cand <= hi), cand, 0.5 * (lo + hi))
