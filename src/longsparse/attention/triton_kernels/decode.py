@@ -148,7 +148,7 @@ def _dec_sweep(
             j = j0 + tl.arange(0, BLOCK_J)
             x = tl.load(base + j, mask=j < length, other=float("-inf"))
             cnt, sw, sp, mind, dneg = _sweep_tile(
-                am1 * (x[None, :] - m), a, b, cnt, sw, sp, mind, dneg, am1, P, GEOM, MODE
+                am1 * (x[None, :] - m), a, b, cnt, sw, sp, mind, dneg, am1, P, GEOM, MODE, True
             )
     return cnt, sw, sp, mind, dneg
 

@@ -201,7 +201,9 @@ def _fwd_kernel(
                 q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
             )
             X = am1 * (z - m[:, None])
-            cnt0, sw0, sp0, mind0, dneg0 = _sweep_tile(X, lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, True, MODE)
+            cnt0, sw0, sp0, mind0, dneg0 = _sweep_tile(
+                X, lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, True, MODE, True
+            )
             alive = _rmax(_rmax(X - lo[:, None], 1), 0) > 0
             tl.store(lists + n_kt + n_live, t, mask=alive)
             n_live += alive.to(tl.int32)
@@ -231,7 +233,7 @@ def _fwd_kernel(
                 q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
             )
             X = am1 * (z - m[:, None])
-            cnt, sw, sp, mind, dneg = _sweep_tile(X, pa, pb, cnt, sw, sp, mind, dneg, am1, P, False, MODE)
+            cnt, sw, sp, mind, dneg = _sweep_tile(X, pa, pb, cnt, sw, sp, mind, dneg, am1, P, False, MODE, True)
             alive = _rmax(_rmax(X - floor[:, None], 1), 0) > 0
             tl.store(write + n_next, t, mask=alive)
             n_next += alive.to(tl.int32)
@@ -299,7 +301,7 @@ def _anchored_tile(z, t, m, m0, write, n_live, lhi, cnt0, sw0, sp0, mind0, dneg0
     sweep's sums at the points relative to m0, and lists tile t at write + n_live when some entry lies within
     1 (in X) of m. Returns the sums and the new list length."""
     cnt0, sw0, sp0, mind0, dneg0 = _sweep_tile(
-        am1 * (z - m0[:, None]), lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, True, MODE
+        am1 * (z - m0[:, None]), lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, True, MODE, False
     )
     m_seen = tl.where(m > float("-inf"), m, 0.0)  # rows without a key yet: their z are −inf
     alive = _rmax(_rmax(am1 * (z - m_seen[:, None]) + 1.0, 1), 0) > 0

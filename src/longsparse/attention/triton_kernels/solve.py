@@ -89,10 +89,13 @@ def _add_column(T, pi: tl.constexpr, x, P: tl.constexpr):
     return tl.where(tl.arange(0, P)[None, :] == pi, T + x[:, None], T)
 
 
-def _sweep_tile(X, a, b, cnt, sw, sp, mind, dneg, am1, P: tl.constexpr, GEOM: tl.constexpr, MODE: tl.constexpr):
+def _sweep_tile(
+    X, a, b, cnt, sw, sp, mind, dneg, am1, P: tl.constexpr, GEOM: tl.constexpr, MODE: tl.constexpr, GAPS: tl.constexpr
+):
     """Adds one tile of shifted scores X (BM, BN) to the per-point sums of a sweep at the P points of
     `_point(a, b, ·)`: support count, Σw, Σp, the smallest positive gap X − t and the largest non-positive
-    one (each (BM, P)). The last two certify a closed-form τ from either side of the root (`_bracket_update`)."""
+    one (each (BM, P)). The last two certify a closed-form τ from either side of the root (`_bracket_update`);
+    GAPS = False leaves them as they are (a sweep that certifies nothing: the max pass's anchored one)."""
     cols = tl.arange(0, P)[None, :]
     for pi in tl.static_range(P):
         d = X - _point(a, b, pi, P, GEOM)[:, None]
@@ -101,7 +104,7 @@ def _sweep_tile(X, a, b, cnt, sw, sp, mind, dneg, am1, P: tl.constexpr, GEOM: tl
         cnt = _add_column(cnt, pi, _rsum(pos.to(tl.float32), 1), P)
         sw = _add_column(sw, pi, _rsum(w, 1), P)
         sp = _add_column(sp, pi, _rsum(p, 1), P)
-        if MODE != 0:
+        if (MODE != 0) & GAPS:
             lo_gap = _rmin(tl.where(pos, d, float("inf")), 1)
             hi_gap = _rmax(tl.where(pos, float("-inf"), d), 1)
             mind = tl.where(cols == pi, tl.minimum(mind, lo_gap[:, None]), mind)
