@@ -179,8 +179,9 @@ def test_alibi_band_benchmark_times_nape_nope_and_sdpa_and_never_overwrites(tmp_
         mod.main(args)
 
 
-# kinds whose tables their own scripts print (benchmarks/gpu_check.py --rescore, benchmarks/kernel_counts.py --table)
-SCRIPT_TABLES = {"gpu_check", "kernel_counts"}
+# kinds whose tables their own scripts print (benchmarks/gpu_check.py --rescore, benchmarks/kernel_counts.py --table,
+# benchmarks/solver_emulator.py --table: tests/test_solver_emulator.py renders its committed results)
+SCRIPT_TABLES = {"gpu_check", "kernel_counts", "solver_emulator"}
 
 
 def test_every_committed_result_has_a_table():

@@ -66,3 +66,14 @@ def test_the_script_does_not_overwrite_a_stored_result(tmp_path, capsys):
         emulator.main(["--out", str(stored), "--lengths", "64"])
     assert "exists" in capsys.readouterr().err
     assert stored.read_text() == "{}"
+
+
+def test_the_committed_results_render_as_tables():
+    """Every stored emulator result prints one table row per record (`--table`)."""
+    files = sorted((ROOT / "benchmarks/results").glob("solver-emulator-*.json"))
+    assert files
+    for f in files:
+        rows = json.loads(f.read_text())["rows"]
+        lines = emulator.table(str(f)).splitlines()
+        assert len(lines) == 2 + len(rows)
+        assert all(f"| {r['strategy']} |" in line for r, line in zip(rows, lines[2:]))
