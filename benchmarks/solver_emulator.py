@@ -1,19 +1,19 @@
-"""An exact emulator of the Triton forward's threshold solve for α = 1.5, per query block, to compare solve
-strategies on the CPU in seconds (the instrumented kernel in Triton's interpreter, benchmarks/kernel_counts.py,
-takes minutes per length). The strategy `kernel` is the forward as it is (triton_kernels/forward.py and
-solve.py, MODE 1, `SOLVER_POINTS[1]`); tests/test_solver_emulator.py checks that it reproduces the interpreter's
-committed counts block for block. The other strategies are candidates for the kernel:
+"""An exact emulator of the Triton forward's threshold solve for α = 1.5 on heads without ALiBi, per query block,
+to compare solve strategies on the CPU in seconds (the instrumented kernel in Triton's interpreter,
+benchmarks/kernel_counts.py, takes minutes per length). tests/test_solver_emulator.py checks two strategies
+against the interpreter's committed counts: `two_point` against the forward before its solve changed
+(kernel-counts-cpu-2026-11-27.json), `anchored` against the forward as it is (kernel-counts-cpu-2026-11-28.json).
 
-* kernel: a first sweep at P0 points geometric over the bracket [−1, −n^{−1/2}], then sweeps at the bracket's
+* two_point: a first sweep at P0 points geometric over the bracket [−1, −n^{−1/2}], then sweeps at the bracket's
   two ends (lo, hi) until every row of the block has certified its τ;
-* candidate: later sweeps at ONE point, the closed form of the latest sweep (from its lowest point above the
+* one_point: later sweeps at ONE point, the closed form of the latest sweep (from its lowest point above the
   root, else its highest point below) where it lies in the bracket, else the bracket's middle; a row whose next
   point would repeat its last ends at lo (renormalised, as the kernel's no-progress rule does);
-* anchored: `candidate`, with the first sweep folded into the max pass: its P0 points are placed from the row
-  max of the block's diagonal tile (the first tile the pass visits), the only maximum known before the pass
-  ends. That sweep proposes the first point and nothing else (no bound, no finish: its sums are taken relative
-  to a different maximum, so only sweeps relative to the row max decide anything), and the P0-point sweep
-  after the max pass is skipped.
+* anchored (the kernel's, `ANCHOR` in triton_kernels/forward.py): `one_point`, with the first sweep folded into
+  the max pass: its P0 points are placed from the row max of the block's diagonal tile (the first tile the pass
+  visits), the only maximum known before the pass ends. That sweep proposes the first point and nothing else
+  (no bound, no finish: its sums are taken relative to a different maximum, so only sweeps relative to the row
+  max decide anything), and the P0-point sweep after the max pass is skipped.
 
 Counted per query block of 64 rows (CUDA's tile; BN = 64): QKᵀ passes (tiles whose logits were computed over
 every pass, per causal tile), sweeps, rows that ended renormalised instead of certified, and point evaluations
@@ -40,7 +40,7 @@ from longsparse.io import atomic_write_json
 
 AM1 = 0.5  # α − 1
 TILE = 64  # BM = BN of the CUDA configuration
-STRATEGIES = ("kernel", "candidate", "anchored")
+STRATEGIES = ("two_point", "one_point", "anchored")
 FIRST_POINTS = 4  # SOLVER_POINTS[1][0]
 MAX_SWEEPS = 24  # the kernel's _MAX_SWEEPS_EXACT
 
@@ -143,7 +143,7 @@ def solve_block(z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_point
         if sweeps == 0 and strategy != "anchored":
             pts = geometric_points(lo, hi, first_points)
             tiles = n_tiles
-        elif strategy == "kernel":
+        elif strategy == "two_point":
             pts = torch.stack([lo, hi], 1)
             tiles = int(live.sum())
         else:
@@ -207,13 +207,14 @@ def count(heads: list, strategy: str, check: bool = True) -> dict:
         N = z.shape[0]
         for b in range(N // TILE):
             rows = slice(b * TILE, (b + 1) * TILE)
-            r = solve_block(z[rows, : (b + 1) * TILE], torch.arange(b * TILE + 1, (b + 1) * TILE + 1), strategy)
+            nkeys = torch.arange(b * TILE + 1, (b + 1) * TILE + 1)  # causal: row i sees keys 0..i
+            r = solve_block(z[rows, : (b + 1) * TILE], nkeys, strategy)
             passes.append(r["passes"])
             sweeps.append(r["sweeps"])
             evals.append(r["point_evals"])
             uncertified += r["uncertified"]
             if check:
-                ok = torch.arange(b * TILE + 1, (b + 1) * TILE + 1) > 1
+                ok = nkeys > 1
                 err = max(err, (r["tau"][ok].double() - exact_tau(r["X"][ok])).abs().max().item())
     return {
         "strategy": strategy,
