@@ -31,8 +31,8 @@ _MAX_SWEEPS_GENERAL = 32  # other α: quadratic convergence once the bracket is 
 # cost element-wise work in every tile but fewer passes over K: on an H200, 4 first points timed 6 % faster
 # than 8 and 3 % faster than 2 at 4K and 16K keys (benchmarks/results/gpu_check-h200-*). α = 1.5 sweeps later
 # at one point, the closed form of the last sweep, and its forward takes the first sweep inside the max pass
-# on heads without the ALiBi band (`ANCHOR`): fewer passes and a quarter fewer point evaluations than
-# (4, 2), counted by benchmarks/solver_emulator.py.
+# (`ANCHOR`): fewer passes on most heads and 17–29 % fewer point evaluations than (4, 2) on NoPE heads
+# (docs/reports/2026-11-28-threshold-solve-strategies.md).
 SOLVER_POINTS = {0: (4, 2), 1: (4, 1), 2: (4, 2)}
 
 _MODE_GENERAL, _MODE_15, _MODE_2 = 0, 1, 2
