@@ -128,7 +128,7 @@ def test_legacy_hsa_run_config_reads_evaluates_and_keeps_its_label(tmp_path):
     from longsparse.evaluate import evaluate_run
     from longsparse.evaluate.sweep import load_run_model
 
-    stored = json.loads((LEGACY / "run" / "config.json").read_text())
+    stored = json.loads((LEGACY / "config_schema1.json").read_text())  # the config as that code wrote it
     assert (stored["model"]["method"], stored["model"]["positions"]) == ("hsa", "hsa")  # the old form
     cfg = resolve(stored)
     m = cfg["model"]
