@@ -98,6 +98,8 @@ def test_an_hsa_config_of_older_code_is_rewritten_with_the_hash_it_had(tmp_path)
     assert new["legacy_hash"] == config_hash(old) == recorded != config_hash(new)
     assert run_identity(resolve(new)) == run_identity(new) and migrate_run_config(new) == new  # a fixed point
     assert all(new[s][k] == v for s in ("task", "train") for k, v in old[s].items())  # as they were
+    with pytest.raises(ConfigError, match="`longsparse migrate FILE` rewrites it"):
+        resolve(old)  # only the migration reads the older form
     # the file as the command writes it; a second run leaves it byte-identical
     path = tmp_path / "config.json"
     shutil.copy(LEGACY / "config_schema1.json", path)

@@ -1,9 +1,9 @@
 """The model registry (longsparse.models): architectures by name, save/load through it for both architectures,
 `model.arch` in run configs, what every architecture shares (its attention settings, stored flat; greedy
 generation), and what older code wrote: an HSA run folder from before `model.arch` existed (tests/data/hsa_legacy:
-its config names HSA as the method) still loads, gives the same logits and evaluates; the flat model sections and
-their hashes, and checkpoints written before the configs held an `AttentionSettings` (tests/data/checkpoints),
-are unchanged."""
+its config named HSA as the method; `longsparse migrate` rewrote it) loads, gives the same logits and evaluates;
+the flat model sections and their hashes, and checkpoints written before the configs held an `AttentionSettings`
+(tests/data/checkpoints), are unchanged."""
 
 from __future__ import annotations
 
@@ -124,12 +124,17 @@ def test_legacy_hsa_checkpoint_gives_the_same_logits():
         assert torch.equal(model.generate(prompt, 4), expected["generated"])
 
 
-def test_legacy_hsa_run_config_reads_evaluates_and_keeps_its_label(tmp_path):
+def test_legacy_hsa_run_config_is_read_once_migrated_evaluates_and_keeps_its_label(tmp_path):
     from longsparse.evaluate import evaluate_run
     from longsparse.evaluate.sweep import load_run_model
+    from longsparse.migrate import migrate_run_config
 
-    stored = json.loads((LEGACY / "config_schema1.json").read_text())  # the config as that code wrote it
-    assert (stored["model"]["method"], stored["model"]["positions"]) == ("hsa", "hsa")  # the old form
+    old = json.loads((LEGACY / "config_schema1.json").read_text())  # the config as that code wrote it
+    assert (old["model"]["method"], old["model"]["positions"]) == ("hsa", "hsa")  # the old form
+    with pytest.raises(ConfigError, match=r"'hsa' is an architecture, not a method.*`longsparse migrate FILE`"):
+        resolve(old)  # read by the migration only
+    stored = json.loads((LEGACY / "run" / "config.json").read_text())  # the run folder's, migrated
+    assert migrate_run_config(old) == stored and stored["legacy_hash"] == config_hash(old)
     cfg = resolve(stored)
     m = cfg["model"]
     assert (m["arch"], m["method"], m["positions"]) == ("hsa", "softmax", "rope")

@@ -267,6 +267,6 @@ class HSAConfig:
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "HSAConfig":
-        """Strict: unknown keys raise. Dicts written before the token-attention keys existed get their
-        defaults (softmax, RoPE): the model they described."""
+        """Strict: unknown keys and values of the wrong type raise ValueError naming them; a key left out takes
+        its default."""
         return strict_from_dict(cls, d)

@@ -45,7 +45,6 @@ from longsparse.train.config.identity import (
     config_hash,
     run_identity,
 )
-from longsparse.train.config.legacy import upgrade_legacy_model
 from longsparse.train.config.presets import (
     SCALES,
     available_presets,
@@ -88,5 +87,4 @@ __all__ = [
     "config_diff",
     "SCHEMA_VERSION",
     "FORM_KEYS",
-    "upgrade_legacy_model",
 ]

@@ -12,7 +12,6 @@ from longsparse.models import ARCHITECTURES, DEFAULT_ARCH, config_section, get_a
 from longsparse.models import build_model as _build_model
 from longsparse.train.config.errors import ConfigError
 from longsparse.train.config.identity import FORM_KEYS, SCHEMA_VERSION
-from longsparse.train.config.legacy import upgrade_legacy_model
 from longsparse.train.config.training import TRAIN_DEFAULTS, TrainConfig
 
 SECTIONS = ("task", "model", "train")
@@ -47,7 +46,7 @@ def resolve(cfg: Mapping) -> dict:
     model = dict(cfg.get("model", {}))
     if "vocab_size" in model:
         raise ConfigError("model.vocab_size is set from the task; do not give it")
-    model_cfg = _resolve_model(upgrade_legacy_model(model), task)
+    model_cfg = _resolve_model(model, task)
 
     tr = copy.deepcopy(dict(cfg.get("train", {})))
     bad = sorted(set(tr) - set(TRAIN_DEFAULTS))
@@ -102,7 +101,7 @@ def _resolve_model(model: dict, task) -> dict:
     # the two axes every architecture has: named here so that a typo gets the list of valid values
     if "method" in model and model["method"] not in METHODS:
         raise ConfigError(
-            not_a_method(model["method"])
+            not_a_method(model["method"]) + " (a run config older code wrote so: `longsparse migrate FILE` rewrites it)"
             if model["method"] in ARCHITECTURES
             else f"unknown method {model['method']!r}; valid methods: {', '.join(METHODS)}"
         )
