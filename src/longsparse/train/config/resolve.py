@@ -131,8 +131,8 @@ def run_label(cfg: Mapping) -> str:
     if name == DEFAULT_ARCH:
         return f"{m['method']}/{m['positions']}"
     arch = get_architecture(name)
-    default = arch.config_cls(vocab_size=2)
-    diff = [f"{k}={m[k]}" for k in arch.label_keys if k in m and m[k] != getattr(default, k)]
+    default = arch.config_cls(vocab_size=2).to_dict()
+    diff = [f"{k}={m[k]}" for k in arch.label_keys if k in m and m[k] != default[k]]
     return name + (f"[{','.join(diff)}]" if diff else "")
 
 
