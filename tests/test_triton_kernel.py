@@ -590,15 +590,17 @@ def test_torch_compile_traces_a_model_that_calls_it():
 
     torch.manual_seed(0)
     model = Transformer(
-        ModelConfig(
-            vocab_size=23,
-            d_model=32,
-            n_layers=1,
-            n_heads=2,
-            d_ff=64,
-            method="asentmax",
-            positions="nape",
-            attn_backend="triton",
+        ModelConfig.from_dict(
+            dict(
+                vocab_size=23,
+                d_model=32,
+                n_layers=1,
+                n_heads=2,
+                d_ff=64,
+                method="asentmax",
+                positions="nape",
+                attn_backend="triton",
+            )
         )
     )
     ids = torch.randint(0, 23, (2, 20))
