@@ -154,7 +154,7 @@ def _alpha_reason(caps: Capabilities, call: AttentionCall):
         # `make_call` views a tensor α to broadcast over (B, H, Nq, Nk): per head is (1, H or 1, 1, 1)
         per_head = alpha.dim() == 4 and alpha.shape[0] == 1 and alpha.shape[2] == alpha.shape[3] == 1
         if caps.alpha_tensor == "per_head" and not per_head:
-            return "alpha_tensor", f"α of shape {tuple(alpha.shape)}: one α per head at most"
+            return "alpha_tensor", f"α of shape {tuple(alpha.shape)}: not one α per head"
     reason = None if caps.alpha is None else alpha_range_reason(caps.alpha, alpha)
     return None if reason is None else ("alpha", reason)
 

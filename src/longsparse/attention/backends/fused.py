@@ -23,7 +23,6 @@ DENSE_CAPABILITIES = Capabilities(
     notes={
         "devices": "the kernel reads CPU memory only",
         "mappings": "the kernel solves α-entmax rows",
-        "alpha_tensor": "the kernel takes one α per head",
         "attn_mask": "the kernel applies only the causal mask",
     },
 )
