@@ -35,18 +35,6 @@ from longsparse_experiments.study import Cell, Study, StudyFile
 
 REPORT_WRITER = "longsparse reproduce"
 REPORT_FILES = ("tables.md",)
-# `longsparse reproduce` options that run a study as a time-boxed or parallel job, or analyse the generic records:
-# the HSA study runs its cells one after the other in this process
-JOB_OPTIONS = (
-    ("time_budget", "--time-budget"),
-    ("eval_seconds", "--eval-seconds"),
-    ("max_examples", "--max-examples"),
-    ("bundle_out", "--bundle-out"),
-    ("bundle_max", "--bundle-max"),
-    ("bundle_files", "--bundle-files"),
-    ("resume_from", "--resume-from"),
-    ("analyse", "--analyse"),
-)
 
 
 def stored_identity(rec: dict) -> Optional[str]:
@@ -140,15 +128,12 @@ def train_command(study: Study, cell: Cell) -> str:
     )
 
 
-def run_hsa_study(args, spec: StudyFile) -> int:
+def run_reproduce(args, spec: StudyFile) -> int:
     """`longsparse reproduce` of a study file with ``report = "hsa"`` (``args``: its parsed command line)."""
+    from longsparse_experiments.jobs import refuse_job_options
     from longsparse_experiments.reproduce import parse_shard, run_study
 
-    given = [flag for key, flag in JOB_OPTIONS if getattr(args, key, None) is not None]
-    if args.workers != 1:
-        given.append("--workers")
-    if given:
-        raise ConfigError(f"{', '.join(given)}: not for a study with report = 'hsa' (its cells run one by one)")
+    refuse_job_options(args, "hsa")
     out = Path(args.out or ("runs/reproduce-quick" if args.quick else "runs/reproduce"))
     report = Path(args.report or out / "report")
     store = Path(args.store) if args.store else report

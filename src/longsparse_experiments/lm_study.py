@@ -13,24 +13,27 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
 
-from longsparse.io import (
-    atomic_write_text,
-    read_json,
-    read_json_or_none,
-)
+from longsparse.io import atomic_write_text, check_outputs, read_json, read_json_or_none
 from longsparse.lm.evaluate import bucket_positions, passkey_accuracy, perplexity_by_length
 from longsparse.lm.streams import prepare
 from longsparse.models import load_checkpoint
 from longsparse.train import ConfigError, train
+from longsparse.train.config import load_toml
 from longsparse.train.rundir import checkpoint_path
 from longsparse_experiments.lm_config import LMEval, LMStudyConfig, load_study_config
-from longsparse_experiments.lm_report import build_lm_report, store_lm_results
+from longsparse_experiments.lm_report import (
+    LM_REPORT_OUTPUTS,
+    LM_REPORT_WRITER,
+    LM_STUDY,
+    build_lm_report,
+    store_lm_results,
+)
 
 
 # ---- one run ----------------------------------------------------------------------------------------------
@@ -178,6 +181,29 @@ def _delta_buckets(delta, T: int):
     return [{"start": b["start"], "end": b["end"], "delta_nll": b["nll"]} for b in bucket_positions(delta, T)]
 
 
+def run_name(method: str, positions: str, seed: int) -> str:
+    """The folder of an LM run (and, under ``lm/``, its run in the results store)."""
+    return f"{method}-{positions}-s{seed}"
+
+
+def train_and_evaluate(
+    cfg: LMStudyConfig,
+    method: str,
+    positions: str,
+    seed: int,
+    run_dir: Path,
+    streams: tuple,
+    cache_dir: Optional[str],
+    printer: Callable = print,
+) -> dict:
+    """Train (or resume, or find complete) the LM run ``run_dir`` of ``method`` / ``positions`` / ``seed`` and
+    evaluate its last checkpoint on the test stream (``streams``: the tokenizer and token streams of ``prepare``);
+    returns the evaluation (its ``eval.json``)."""
+    printer(f"== {run_dir.name}")
+    train(run_config(cfg, method, positions, seed, cache_dir), str(run_dir), printer=printer, progress=False)
+    return evaluate_lm_run(run_dir, cfg.eval, *streams, printer=printer)
+
+
 def run_study(
     cfg: LMStudyConfig,
     out,
@@ -211,16 +237,133 @@ def run_study(
     for seed in cfg.study.seeds:  # seed-major: a cut study still has every method at seed 0
         for pos in cfg.study.positions:
             for method in cfg.study.methods:
-                rc = run_config(cfg, method, pos, seed, cache_dir)
-                run_dir = out / f"{method}-{pos}-s{seed}"
-                printer(f"== {run_dir.name}")
-                train(rc, str(run_dir), printer=printer, progress=False)
-                results.append(evaluate_lm_run(run_dir, cfg.eval, tok, tokens, printer=printer))
+                run_dir = out / run_name(method, pos, seed)
+                results.append(train_and_evaluate(cfg, method, pos, seed, run_dir, (tok, tokens), cache_dir, printer))
     printer(f"study: {len(results)} run(s) in {time.perf_counter() - t0:.0f} s")
     rep = None
     if report_dir is not None:
         rep = build_lm_report([out], report_dir, printer=printer)
     return {"results": results, "report": rep}
+
+
+# ---- the study as cells of `longsparse reproduce lm` ----------------------------------------------------------
+FILE_KEYS = ("report", "description", "preset", "study")
+STUDY_KEYS = ("name", "methods", "positions", "seeds")
+
+
+@dataclass(frozen=True)
+class LMCell:
+    """One run of an LM study file: ``run`` is its folder below ``OUT/lm`` and, as ``lm/<run>``, its run in the
+    results store."""
+
+    study: str
+    method: str
+    positions: str
+    seed: int
+    run: str
+
+
+@dataclass(frozen=True)
+class LMStudyFile:
+    """An LM study file (``report = "lm"``): the LM preset every run is made by (``config``: corpus, model,
+    training, evaluation) and the cells of its ``[[study]]`` grids, in file order, each grid seed-major."""
+
+    path: str
+    preset: str
+    config: LMStudyConfig
+    cells: tuple[LMCell, ...]
+
+
+def load_lm_study(path: str | Path) -> LMStudyFile:
+    """The LM study file ``path``: ``preset`` names ``configs/lm/<preset>.toml``; each ``[[study]]`` has a
+    ``name`` and the ``methods``, ``positions`` and ``seeds`` of its runs (each checked as the preset's own
+    ``[study]`` is, with the preset's model). Raises ConfigError naming the file and the problem."""
+    raw = load_toml(path)
+    unknown = sorted(set(raw) - set(FILE_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {unknown}; an LM study file has {', '.join(FILE_KEYS)}")
+    preset, tables = raw.get("preset"), raw.get("study")
+    if not isinstance(preset, str) or not isinstance(tables, list) or not tables:
+        raise ConfigError(f"{path}: needs preset = NAME (configs/lm/NAME.toml) and at least one [[study]] table")
+    cfg, cells, names = load_study_config(preset), [], set()
+    for i, t in enumerate(tables):
+        where = f"{path}: study #{i + 1}"
+        bad = sorted(set(t) - set(STUDY_KEYS)) + [k for k in STUDY_KEYS if k not in t]
+        if bad:
+            raise ConfigError(f"{where}: unknown or missing key(s) {bad}; a study has {', '.join(STUDY_KEYS)}")
+        if not isinstance(t["name"], str) or not t["name"] or t["name"] in names:
+            raise ConfigError(f"{where}: name must be a non-empty string, unique in the file, got {t['name']!r}")
+        names.add(t["name"])
+        try:
+            grid = replace(cfg, study=replace(cfg.study, **{k: t[k] for k in STUDY_KEYS[1:]})).study
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        cells += [
+            LMCell(t["name"], m, pos, seed, run_name(m, pos, seed))
+            for seed in grid.seeds
+            for pos in grid.positions
+            for m in grid.methods
+        ]
+    runs = [c.run for c in cells]
+    if len(set(runs)) != len(runs):
+        raise ConfigError(f"{path}: two studies share the run(s) {sorted({r for r in runs if runs.count(r) > 1})}")
+    return LMStudyFile(str(path), preset, cfg, tuple(cells))
+
+
+def is_stored(study: LMStudyFile, cell: LMCell, latest: dict) -> bool:
+    """Whether ``latest`` (run -> its latest ``lm_eval`` in the store) holds ``cell``'s evaluation as the study
+    makes it: the preset's evaluation config, test split, training length and step count."""
+    ev = latest.get(f"{LM_STUDY}/{cell.run}")
+    t = study.config.train
+    return ev is not None and (ev.get("eval_config"), ev.get("split"), ev.get("seq_len"), ev.get("steps")) == (
+        study.config.eval.as_dict(),
+        "test",
+        t.seq_len,
+        t.steps,
+    )
+
+
+def run_reproduce(args, spec) -> int:
+    """`longsparse reproduce` of a study file with ``report = "lm"`` (``args``: its parsed command line): train
+    and evaluate every cell whose evaluation the store lacks into ``OUT/lm/<run>``, append each to the store,
+    then the report (tables, JSON, plots) from the store."""
+    from longsparse.report import store as result_store
+    from longsparse_experiments.jobs import refuse_job_options
+
+    refuse_job_options(args, "lm", also=[("shard", "--shard")])
+    study = load_lm_study(spec.path)
+    only = [x for x in args.only.split(",") if x] if args.only else None
+    if only and set(only) - {c.study for c in study.cells}:
+        known = sorted({c.study for c in study.cells})
+        raise ConfigError(f"--only: unknown {sorted(set(only) - set(known))}; the study file has {known}")
+    cells = [c for c in study.cells if not only or c.study in only]
+    out = Path(args.out or ("runs/reproduce-quick" if args.quick else "runs/reproduce"))
+    report = Path(args.report or out / "report")
+    store = Path(args.store) if args.store else report
+    check_outputs(report, LM_REPORT_OUTPUTS, LM_REPORT_WRITER)  # before any work
+    latest = {r["run"]: r["lm_eval"] for r in result_store.read_records(store) if "lm_eval" in r}
+    todo = []
+    for c in [] if args.report_only else cells:
+        if is_stored(study, c, latest):
+            print(f"{LM_STUDY}/{c.run}: its evaluation is in the store; skipped")
+        else:
+            todo.append(c)
+    if args.dry_run:
+        for c in todo:
+            print(
+                f"{LM_STUDY}/{c.run}: would train ({study.config.train.steps} steps) and evaluate, as `longsparse "
+                f"lm run --preset {study.preset} --methods {c.method} --positions {c.positions} --seeds {c.seed}`"
+            )
+        return 0
+    if todo:
+        cache_dir = str(out / "data") if study.config.data.is_sample else None
+        streams = prepare(study.config.data.as_dict(), cache_dir=cache_dir)
+        for c in todo:
+            run_dir = out / LM_STUDY / c.run
+            train_and_evaluate(study.config, c.method, c.positions, c.seed, run_dir, streams, cache_dir)
+            store_lm_results([run_dir], store)
+    build_lm_report([], report, store_dir=store)
+    return 0
 
 
 # ---- command line (registered in longsparse_experiments.cli) -----------------------------------------------------

@@ -57,8 +57,9 @@ OPTIONAL = (
 )
 # A study file's optional top-level ``report``: how its results are recorded and rendered. "tables": the records
 # and tables of study_records (per method/positions, mean over seeds); "hsa": each evaluation recorded whole (needle
-# diagnostics, training record) in the form the HSA study's tables read (``hsa_study``).
-REPORTS = ("tables", "hsa")
+# diagnostics, training record) in the form the HSA study's tables read (``hsa_study``); "lm": the LM study, whose
+# [[study]] tables are grids over an LM preset, read and run by ``lm_study`` (its task needs the corpus to check).
+REPORTS = ("tables", "hsa", "lm")
 DEFAULT_RUN_NAME = "{method}-{positions}-s{seed}"
 
 
@@ -179,6 +180,11 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
     if not p.is_file():
         raise ConfigError(f"no study file {p}")
     raw = load_toml(p)
+    report = raw.get("report", "tables")
+    if report not in REPORTS:
+        raise ConfigError(f"{p}: report must be one of {', '.join(REPORTS)}, got {report!r}")
+    if report == "lm":
+        return StudyFile(str(p), (), report)
     tables = raw.get("study")
     if not isinstance(tables, list) or not tables:
         raise ConfigError(f"{p}: needs at least one [[study]] table")
@@ -211,9 +217,6 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
     twice = sorted({r for r in runs if runs.count(r) > 1})
     if twice:  # one folder trained by two cells would mix two configs
         raise ConfigError(f"{p}: two cells share the run folder(s) {twice}; give the studies distinct folder/run_name")
-    report = raw.get("report", "tables")
-    if report not in REPORTS:
-        raise ConfigError(f"{p}: report must be one of {', '.join(REPORTS)}, got {report!r}")
     return StudyFile(str(p), studies, report)
 
 
