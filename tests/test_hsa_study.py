@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from longsparse.io import claim_outputs
 from longsparse.report import store
 from longsparse.train.config import ConfigError, build_config, config_hash
 from longsparse_experiments import hsa_study, hsa_tables
@@ -79,12 +80,15 @@ def test_dry_run_skips_the_stored_cells_and_lists_the_train_commands_of_the_rest
         assert config_hash(cfg) == hsa_study.stored_identity(latest[run]), run
 
 
-def test_quick_study_trains_evaluates_records_and_renders(tmp_path, capsys):
-    """`longsparse reproduce hsa --quick`: three tiny runs trained and evaluated, every evaluation in the store
-    whole (needle diagnostics of the HSA runs, the config, the training record), the tables rendered from the
-    store; a second call finds everything stored and appends nothing."""
-    out, st, rep = tmp_path / "runs", tmp_path / "store", tmp_path / "rep"
-    args = ["reproduce", "hsa", "--quick", "--out", str(out), "--store", str(st), "--report", str(rep)]
+def test_quick_study_trains_evaluates_records_and_renders(tmp_path, capsys, monkeypatch):
+    """`longsparse reproduce hsa --quick`: three tiny runs trained and evaluated into its own folder (not the
+    synthetic study's runs/reproduce-quick, whose store and tables.md it would mix into), every evaluation in the
+    store whole (needle diagnostics of the HSA runs, the config, the training record), the tables rendered from
+    the store; a second call finds everything stored and appends nothing."""
+    monkeypatch.chdir(tmp_path)
+    out = Path("runs") / "reproduce-hsa-quick"  # relative: the store as the tables name it
+    st = rep = out / "report"
+    args = ["reproduce", "hsa", "--quick"]
     assert main(args) == 0
     capsys.readouterr()
     records = store.read_records(st)
@@ -140,6 +144,12 @@ def test_render_block_with_some_runs_is_the_full_block_without_the_others():
 
 def test_bad_hsa_study_options_and_files(tmp_path, capsys):
     out = ["--out", str(tmp_path / "runs"), "--report", str(tmp_path / "rep")]
+    # the tables.md of another study's report is never written over
+    claim_outputs(tmp_path / "rep", ["tables.md"], "longsparse reproduce")
+    (tmp_path / "rep" / "tables.md").write_text("the synthetic study's tables")
+    assert main(["reproduce", "hsa", "--quick", *out]) == 2
+    assert "was not written by `longsparse reproduce hsa`" in capsys.readouterr().err
+    assert (tmp_path / "rep" / "tables.md").read_text() == "the synthetic study's tables"
     assert main(["reproduce", "hsa", "--quick", "--workers", "2", *out]) == 2
     assert "--workers: not for a study with report = 'hsa'" in capsys.readouterr().err
     assert main(["reproduce", "hsa", "--quick", "--time-budget", "60", *out]) == 2

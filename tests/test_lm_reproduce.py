@@ -45,15 +45,18 @@ def test_dry_run_lists_each_run_as_its_lm_run_command(tmp_path, capsys):
     assert not out.exists() and not (tmp_path / "s").exists()
 
 
-def test_quick_study_gives_the_numbers_of_lm_run_quick_and_resumes(tmp_path, capsys):
+def test_quick_study_gives_the_numbers_of_lm_run_quick_and_resumes(tmp_path, capsys, monkeypatch):
     """`longsparse reproduce lm --quick` trains the runs of `longsparse lm run --quick` (the same numbers; wall
     clocks aside), appends each evaluation once with its config hash, and renders the report from the store; a
-    second call trains nothing and appends nothing."""
+    second call trains nothing and appends nothing. Its default folders are its own, not the synthetic study's
+    runs/reproduce-quick, whose store it would mix its records into."""
     from test_experiment_numbers import NOT_COMPARED
 
     assert main(["lm", "run", "--quick", "--out", str(tmp_path / "lm")]) == 0
-    out, st, rep = tmp_path / "runs", tmp_path / "store", tmp_path / "rep"
-    args = ["reproduce", "lm", "--quick", "--out", str(out), "--store", str(st), "--report", str(rep)]
+    monkeypatch.chdir(tmp_path)  # the default folders: its own, not the synthetic study's store
+    out = tmp_path / "runs" / "reproduce-lm-quick"
+    st = rep = out / "report"
+    args = ["reproduce", "lm", "--quick"]
     assert main(args) == 0
     records = store.read_records(st)
     assert sorted(r["run"] for r in records) == ["lm/asentmax-nape-s0", "lm/softmax-nape-s0"]

@@ -33,7 +33,7 @@ from longsparse.train.config import ConfigError, config_hash, resolve
 from longsparse_experiments import hsa_tables
 from longsparse_experiments.study import Cell, Study, StudyFile
 
-REPORT_WRITER = "longsparse reproduce"
+REPORT_WRITER = "longsparse reproduce hsa"  # its tables.md is not the tables.md of another study's report
 REPORT_FILES = ("tables.md",)
 
 
@@ -134,7 +134,7 @@ def run_reproduce(args, spec: StudyFile) -> int:
     from longsparse_experiments.reproduce import parse_shard, run_study
 
     refuse_job_options(args, "hsa")
-    out = Path(args.out or ("runs/reproduce-quick" if args.quick else "runs/reproduce"))
+    out = Path(args.out or f"runs/reproduce-hsa{'-quick' * args.quick}")  # not another study's folders
     report = Path(args.report or out / "report")
     store = Path(args.store) if args.store else report
     picked = spec.select([s for s in args.only.split(",") if s] if args.only else None)

@@ -337,7 +337,7 @@ def run_reproduce(args, spec) -> int:
         known = sorted({c.study for c in study.cells})
         raise ConfigError(f"--only: unknown {sorted(set(only) - set(known))}; the study file has {known}")
     cells = [c for c in study.cells if not only or c.study in only]
-    out = Path(args.out or ("runs/reproduce-quick" if args.quick else "runs/reproduce"))
+    out = Path(args.out or f"runs/reproduce-lm{'-quick' * args.quick}")  # not another study's folders or store
     report = Path(args.report or out / "report")
     store = Path(args.store) if args.store else report
     check_outputs(report, LM_REPORT_OUTPUTS, LM_REPORT_WRITER)  # before any work
