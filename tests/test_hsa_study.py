@@ -160,6 +160,7 @@ def test_bad_hsa_study_options_and_files(tmp_path, capsys):
         'report = "hsa"': ('report = "plots"', "report must be one of tables, hsa"),
         'run_name = "fl_dense16_s{seed}"': ('run_name = "fl_full_s{seed}"', "share the run folder(s)"),
         'run_name = "dec_softmax_s{seed}"': ('run_name = "dec_{lr}"', "may use only {method}, {positions}, {seed}"),
+        'run_name = "fl_full_s{seed}"': ('run_name = "fl_{seed.real.x}"', "may use only {method}, {positions}, {seed}"),
         'folder = "hsa_full"': ('folder = "a/b"', "folder must give a folder name"),
         "samples = 2": (
             'samples = 2\nsamples_at = { "4096" = 3 }',

@@ -66,8 +66,8 @@ DEFAULT_RUN_NAME = "{method}-{positions}-s{seed}"
 @dataclass(frozen=True)
 class Cell:
     """One run of a study: a method and positions at one seed. ``run`` is its folder below the study's output
-    folder (``<folder>/<run_name>``; by default ``<study>/<method>-<positions>-s<seed>``); ``overrides`` are the study's with the method's merged
-    over them (the later setting of a key wins)."""
+    folder (``<folder>/<run_name>``; by default ``<study>/<method>-<positions>-s<seed>``); ``overrides`` are the
+    study's with the method's merged over them (the later setting of a key wins)."""
 
     method: str
     positions: str
@@ -308,7 +308,7 @@ def _check_run_name(where: str, folder: str, run_name: str) -> None:
     and ``run_name`` may use only the fields method, positions and seed."""
     try:
         example = run_name.format(method="m", positions="p", seed=0)
-    except (KeyError, IndexError, ValueError) as e:
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
         raise ConfigError(f"{where}: run_name {run_name!r} may use only {{method}}, {{positions}}, {{seed}} ({e})")
     for what, text in (("folder", folder), ("run_name", example)):
         if not text or text.startswith(".") or any(c in text for c in "/\\\0"):
