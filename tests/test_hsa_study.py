@@ -3,6 +3,7 @@ recorded into the HSA store and rendered as its tables (``longsparse_experiments
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -173,6 +174,15 @@ def test_bad_hsa_study_options_and_files(tmp_path, capsys):
         bad.write_text(base.replace(old, new, 1))
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("{", r"\{")):
             load_study(path=str(bad))
+
+
+def test_train_command_gives_nested_overrides_as_set_strings():
+    spec = load_study("hsa", quick=True)
+    study = dataclasses.replace(spec.studies[0], overrides={"model": {"arch": "hsa"}, "task": {"params": {"x": [1]}}})
+    cell = study.cells()[0]
+    assert hsa_study.train_command(study, cell).endswith(
+        "--arch hsa --method softmax --positions rope --seed 0 --set task.params.x=[1]"
+    )
 
 
 def test_samples_at_overrides_the_sample_tiers(tmp_path):

@@ -117,15 +117,25 @@ def write_report(store: str | Path, report: str | Path, printer: Callable[[str],
 def train_command(study: Study, cell: Cell) -> str:
     """The `longsparse train` command line that trains ``cell`` (without ``--out``): task, preset, architecture,
     method, positions, seed and one ``--set`` per override, as docs/hsa.md writes them."""
-    model = dict(cell.overrides.get("model", {}))
-    arch = model.pop("arch", None)
-    flat = [(f"{section}.{k}", v) for section, table in cell.overrides.items() for k, v in table.items()]
-    sets = [f"--set {key}={v if isinstance(v, str) else json.dumps(v)}" for key, v in flat if key != "model.arch"]
+    arch = cell.overrides.get("model", {}).get("arch")
+    sets = [
+        f"--set {key}={v if isinstance(v, str) else json.dumps(v)}"
+        for key, v in _dotted(cell.overrides)
+        if key != "model.arch"
+    ]
     return " ".join(
         ["longsparse train", f"--task {study.task}", f"--preset {study.preset}"]
         + ([f"--arch {arch}"] if arch else [])
         + [f"--method {cell.method}", f"--positions {cell.positions}", f"--seed {cell.seed}", *sets]
     )
+
+
+def _dotted(table: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """(dotted key, value) of every leaf of a nested override table, as ``--set`` takes them."""
+    out = []
+    for k, v in table.items():
+        out += _dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+    return out
 
 
 def run_reproduce(args, spec: StudyFile) -> int:
@@ -146,15 +156,10 @@ def run_reproduce(args, spec: StudyFile) -> int:
             for study in todo.studies:
                 for c in study.cells():
                     print(f"{c.run}: {train_command(study, c)}")
-        run_study(
-            todo,
-            out,
-            shard=shard,
-            dry_run=args.dry_run,
-            after_cell=lambda: record_runs(todo, out, store),
-        )
-        if args.dry_run:
-            return 0
-        record_runs(todo, out, store)  # run folders evaluated before (an interrupted session)
+        run_study(todo, out, shard=shard, dry_run=args.dry_run, after_cell=lambda: record_runs(todo, out, store))
+        if not args.dry_run:
+            record_runs(todo, out, store)  # run folders evaluated before (an interrupted session)
+    if args.dry_run:
+        return 0
     write_report(store, report)
     return 0
