@@ -84,6 +84,7 @@ def test_quick_study_gives_the_numbers_of_lm_run_quick_and_resumes(tmp_path, cap
             "needs preset",
         ),
         ('report = "lm"\npreset = "quick"\nwindow = 3\n', "unknown key(s) ['window']"),
+        ('report = "lm"\npreset = "quick"\nstudy = [1]\n', "study #1: must be a [[study]] table"),
         ('report = "lm"\npreset = "nope"\n[[study]]\nname = "a"\n', "no LM preset 'nope'"),
         (
             'report = "lm"\npreset = "quick"\n[[study]]\nname = "a"\nmethods = ["softmax"]\npositions = ["nape"]\n',

@@ -288,6 +288,8 @@ def load_lm_study(path: str | Path) -> LMStudyFile:
     cfg, cells, names = load_study_config(preset), [], set()
     for i, t in enumerate(tables):
         where = f"{path}: study #{i + 1}"
+        if not isinstance(t, dict):
+            raise ConfigError(f"{where}: must be a [[study]] table, got {t!r}")
         bad = sorted(set(t) - set(STUDY_KEYS)) + [k for k in STUDY_KEYS if k not in t]
         if bad:
             raise ConfigError(f"{where}: unknown or missing key(s) {bad}; a study has {', '.join(STUDY_KEYS)}")
