@@ -254,7 +254,7 @@ def _study(path: Path, s: dict) -> Study:
         v = s.get(key, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"{where}: {key} must be an integer >= 1, got {v!r}")
-    _check_run_name(where, s.get("folder", name), s.get("run_name", DEFAULT_RUN_NAME))
+    _check_run_name(where, s.get("folder") or name, s.get("run_name", DEFAULT_RUN_NAME))  # "": the name
     samples_at = s.get("samples_at", {})
     if not isinstance(samples_at, dict) or any(
         not str(L).isdigit() or int(L) not in s["lengths"] or isinstance(n, bool) or not isinstance(n, int) or n < 1
