@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from longsparse.io import atomic_write_text, check_outputs, claim_outputs
+from longsparse.migrate import migrate_run_config
 from longsparse.report import store as result_store
-from longsparse.train.config import ConfigError, config_hash, resolve
+from longsparse.train.config import ConfigError, config_hash
 from longsparse_experiments import hsa_tables
 from longsparse_experiments.study import Cell, Study, StudyFile
 
@@ -38,8 +39,9 @@ REPORT_FILES = ("tables.md",)
 
 
 def stored_identity(rec: dict) -> Optional[str]:
-    """The hash of a record's config in its current form (``resolve`` reads older forms), or None without one."""
-    return config_hash(resolve(rec["config"])) if rec.get("config") else None
+    """The hash of a record's config in its current form (records of older code through the one converter,
+    ``longsparse.migrate``), or None without one."""
+    return config_hash(migrate_run_config(rec["config"], f"record of {rec.get('run')}")) if rec.get("config") else None
 
 
 def missing_lengths(study: Study, cell: Cell, records: list[dict]) -> list[int]:
