@@ -2,10 +2,10 @@
 
 import argparse
 import json
-from pathlib import Path
 
 import pytest
-from conftest import benchmark_script
+from helpers.benchmarks import benchmark_script
+from helpers.paths import BENCHMARKS, REPO_ROOT
 
 from longsparse_experiments import bench
 from longsparse_experiments.cli import build_parser
@@ -163,9 +163,8 @@ def test_sdpa_blocks_benchmark_writes_its_table_and_never_overwrites(tmp_path, m
 def test_alibi_band_benchmark_times_nape_nope_and_sdpa_and_never_overwrites(tmp_path):
     """benchmarks/alibi_band.py at a tiny size on this tree's source: the three calls timed in a worker process,
     ratios from the same run, the table renders, no overwrite."""
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO_ROOT
     mod = benchmark_script("alibi_band")
     out = tmp_path / "a.json"
     args = ["--src", f"here={root / 'src'}", "--lengths", "128", "--repeats", "1", "--out", str(out)]
@@ -180,14 +179,14 @@ def test_alibi_band_benchmark_times_nape_nope_and_sdpa_and_never_overwrites(tmp_
 
 
 # kinds whose tables their own scripts print (benchmarks/gpu_check.py --rescore, benchmarks/kernel_counts.py --table,
-# benchmarks/solver_emulator.py --table: tests/test_solver_emulator.py renders its committed results)
+# benchmarks/solver_emulator.py --table: tests/experiments/test_solver_emulator.py renders its committed results)
 SCRIPT_TABLES = {"gpu_check", "kernel_counts", "solver_emulator"}
 
 
 def test_every_committed_result_has_a_table():
     """Each benchmark JSON under benchmarks/results is of a registered kind whose table renders it, or of a
     kind whose script prints its own."""
-    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    root = BENCHMARKS / "results"
     files = sorted(root.rglob("*.json"))
     assert len(files) > 20
     for f in files:

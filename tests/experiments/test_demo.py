@@ -2,6 +2,8 @@
 
 import json
 
+from helpers.paths import REPO_ROOT
+
 from longsparse.stats import wilson_interval
 from longsparse_experiments.demo import (
     ATTRIBUTION,
@@ -229,9 +231,8 @@ def test_last_write_mass_reads_the_final_read_row():
 def test_demo_doc_shows_its_tables_as_examples_and_says_what_varies_by_machine():
     """docs/demo.md's tables are one machine's output: the same seed elsewhere prints other numbers for every model
     (not only the entmax one), while the verdicts are what is meant to repeat."""
-    from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "demo.md").read_text()
+    text = (REPO_ROOT / "docs" / "demo.md").read_text()
     assert "## Seeds 0, 1 and 2: what `longsparse demo --seed N` printed here (examples)" in text
     section = text[text.index("**Numbers on another machine.**") :].split("\n\n")[0]
     for point in ("the softmax ones included", "-march=native", "thread", "bit for bit", "verdicts"):

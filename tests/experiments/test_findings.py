@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT
 
 from longsparse.io import ForeignFileError
 from longsparse.report import paired
@@ -16,7 +17,7 @@ from longsparse_experiments.cli import main
 from longsparse_experiments.findings import cross_study, interval_coverage
 from longsparse_experiments.findings.sources import Stores, pseudo, series
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 FINDINGS = ROOT / "docs" / "findings"
 
 

@@ -13,13 +13,14 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import benchmark_script
+from helpers.benchmarks import benchmark_script
+from helpers.paths import REPO_ROOT
 
 from longsparse.report import store as result_store
 from longsparse_experiments.presets import presets_dir
 from longsparse_experiments.study import load_study
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

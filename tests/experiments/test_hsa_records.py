@@ -9,13 +9,14 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT
 
 from longsparse.report import store
 from longsparse.train.config import config_hash
 from longsparse_experiments import hsa_tables as tables
 from longsparse_experiments.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 HSA_STORE = ROOT / "results" / "hsa"
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
+
+from helpers.paths import REPO_ROOT
 
 from longsparse.lm.evaluate import bucket_positions
 from longsparse.report import store
@@ -13,7 +14,7 @@ from longsparse.train.config import config_hash
 from longsparse_experiments.cli import main
 from longsparse_experiments.lm_study import aggregate, build_lm_report, load_study_config, stored_lm_results
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 LM_STORE = ROOT / "results" / "lm"
 
 

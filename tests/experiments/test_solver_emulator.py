@@ -5,13 +5,13 @@ benchmarks/results/kernel-counts-cpu-2026-11-2{7,8}.json), and every strategy mu
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import benchmark_script
+from helpers.benchmarks import benchmark_script
+from helpers.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 emulator = benchmark_script("solver_emulator")
 
 

@@ -4,20 +4,22 @@ of every study file in the package, the demo's runs and the figures' runs resolv
 in tests/data/study_cell_hashes.json (recorded with the ``--set``-string form of these files), and a study file
 in the older ``sets`` form reads as the same tables.
 
-Regenerate the recorded hashes only when a recipe changes on purpose: ``python tests/test_study_overrides.py``."""
+Regenerate the recorded hashes only when a recipe changes on purpose:
+``PYTHONPATH=tests python tests/experiments/test_study_overrides.py``."""
 
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import DATA
 
 from longsparse.train import ConfigError, build_config
 from longsparse.train.config import config_hash
 from longsparse_experiments.study import load_study
 from longsparse_experiments.study_records import cell_hash
 
-RECORDED = Path(__file__).parent / "data" / "study_cell_hashes.json"
+RECORDED = DATA / "study_cell_hashes.json"
 
 
 def current_hashes() -> dict:

@@ -1,8 +1,8 @@
 """Fault injection for the resume tests: a training callback that SIGKILLs the process right after a step.
 
 In a test process: ``train(cfg, out, callbacks=[sigkill_after(7)])``. From a subprocess that runs the library's
-command line with the fault (the way a user's run dies): ``python tests/faults.py STEP -- train --task ...``; the
-trainer that command calls gets the callback, so nothing after that step's checkpoint runs."""
+command line with the fault (the way a user's run dies): ``python tests/helpers/faults.py STEP -- train --task
+...``; the trainer that command calls gets the callback, so nothing after that step's checkpoint runs."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def sigkill_after(step: int):
 def main(argv: list[str]) -> int:
     step, sep, *cli_args = argv
     if sep != "--":
-        raise SystemExit("usage: python tests/faults.py STEP -- <longsparse.cli arguments>")
+        raise SystemExit("usage: python tests/helpers/faults.py STEP -- <longsparse.cli arguments>")
     import longsparse.train
     from longsparse.cli import main as cli_main
 

@@ -3,11 +3,11 @@ docs/ and README.md resolves, and no page narrates how the work was done (number
 times)."""
 
 import re
-from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 DOCS = REPO / "docs"
 PAGES = sorted(DOCS.glob("*.md")) + sorted((DOCS / "reports").glob("*.md"))
 LINK = re.compile(r"\]\(([^)\s]+)\)")

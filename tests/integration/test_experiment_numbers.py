@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
+from helpers.paths import DATA
 
 from longsparse.report.store import read_records
 from longsparse_experiments.cli import main
 
-EXPECTED = Path(__file__).resolve().parent / "data" / "quick_studies"
+EXPECTED = DATA / "quick_studies"
 NOT_COMPARED = {"date", "code_commit", "train_seconds", "eval_seconds", "train_wall_s", "eval_wall_s"}
 
 

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import SRC
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 LIBRARY, EXPERIMENTS = "longsparse", "longsparse_experiments"
 
 

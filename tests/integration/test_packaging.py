@@ -9,16 +9,16 @@ import sys
 import textwrap
 import zipfile
 from fnmatch import fnmatch
-from pathlib import Path
 
 import pytest
-from venv_helper import checked, venv_reusing_these_packages
+from helpers.paths import HELPERS, REPO_ROOT
+from helpers.venv_helper import checked, venv_reusing_these_packages
 
 from longsparse import cpu_kernel
 from longsparse.cli import main
 from longsparse.train import ConfigError, build_config, configs_dir, train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 TINY = [
     "model.d_model=16",
     "model.d_ff=32",
@@ -171,7 +171,7 @@ def test_a_venv_reusing_these_packages_works_from_a_venv_too(tmp_path):
     py = venv_reusing_these_packages(tmp_path / "outer")
     assert checked([py, "-c", probe]).stdout.strip() == str(tmp_path / "outer")
     make_inner = (
-        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
+        f"import sys; sys.path.insert(0, {str(HELPERS)!r}); from pathlib import Path; "
         f"from venv_helper import venv_reusing_these_packages as v; print(v(Path({str(tmp_path / 'inner')!r})))"
     )
     inner_py = checked([py, "-c", make_inner], timeout=300).stdout.strip()

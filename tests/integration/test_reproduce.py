@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import REPO_ROOT
 
 from longsparse.train import build_config
 from longsparse.train.config import ConfigError
@@ -339,7 +340,7 @@ def test_archived_cells_keep_their_identity():
     from longsparse.train.config import config_hash
     from longsparse_experiments.study_records import cell_hash
 
-    records = read_records(Path(__file__).parents[1] / "results" / "synthetic")
+    records = read_records(REPO_ROOT / "results" / "synthetic")
     stale = []
     for study in load_study("synthetic").studies:
         recorded = {

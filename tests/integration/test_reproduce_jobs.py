@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import SRC
 
 from longsparse.models import read_checkpoint
 from longsparse.report import store as result_store
@@ -260,7 +261,7 @@ def test_time_budget_stops_a_training_that_a_second_job_finishes_as_one_call(ref
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(PAUSE_AT_THE_DEADLINE)
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = SRC
     env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{src}", "OMP_NUM_THREADS": "1"}
 
     def job(out: Path, *extra: str) -> subprocess.CompletedProcess:

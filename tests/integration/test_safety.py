@@ -15,26 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.configs import tiny_run_sets
+from helpers.paths import REPO_ROOT
 
 from longsparse.models import read_checkpoint
 from longsparse.train import build_config, train
 from longsparse_experiments.cli import main
 
-TINY = [
-    "model.d_model=32",
-    "model.d_ff=64",
-    "model.n_heads=2",
-    "train.batch_size=8",
-    "train.lr=3e-3",
-    "train.warmup_steps=2",
-    "train.log_every=2",
-    "train.val_every=0",
-    "train.val_samples=2",
-    "train.threads=1",
-    "train.ckpt_every=2",
-]
+TINY = tiny_run_sets({"train.ckpt_every": "2"})
 COPY = ["task.params.num_symbols=8", "train.train_lengths=[4, 8]", "train.val_lengths=[8]"]
-SRC = Path(__file__).resolve().parents[1] / "src" / "longsparse"
+SRC = REPO_ROOT / "src" / "longsparse"
 
 
 def _quiet(_msg):
@@ -147,7 +137,7 @@ def test_report_refuses_to_overwrite_foreign_files(tmp_path, capsys):
     assert old.read_text() == "my notes\n" and str(old) in _err_line(capsys)
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 _STUDY_STORE = ROOT / "results" / "mqmtar256x_26"
 _STUDY_FILE = ROOT / "results" / "synthetic_trials" / "mqmtar256x_26.toml"
 
@@ -455,7 +445,7 @@ def test_resume_logs_the_same_losses_as_an_uninterrupted_run(tmp_path):
 
 # ---- 17: progress and ETA -----------------------------------------------------------------------------------
 def test_tqdm_is_a_required_dependency():
-    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    text = (REPO_ROOT / "pyproject.toml").read_text()
     deps = re.search(r"^dependencies = \[(.*)\]$", text, re.MULTILINE).group(1)
     names = [re.match(r"\s*[\"']([A-Za-z0-9_.-]+)", d).group(1) for d in deps.split(",")]
     assert names[0] == "torch" and "tqdm" in names

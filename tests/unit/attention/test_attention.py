@@ -1,6 +1,6 @@
 """ls.attention: the reference backend equals a float64 brute-force formula, and the edge cases (masks,
 decoding, GQA, dtypes, block sizes) behave. Every other backend is tested equal to the reference in
-tests/test_backends.py."""
+tests/unit/attention/test_backends.py."""
 
 import math
 

@@ -1,13 +1,13 @@
 """The input contract of `ls.attention` and the mappings, the same on every backend that runs on CPU tensors
-(reference, chunked, fused_cpu, sdpa; triton's CPU interpreter is too slow here: tests/test_backends.py) and on
-"auto": α = 1 is softmax, masks are bool or float, non-finite inputs and non-float tensors are refused,
-scale = 0 gives uniform rows."""
+(reference, chunked, fused_cpu, sdpa; triton's CPU interpreter is too slow here:
+tests/unit/attention/test_backends.py) and on "auto": α = 1 is softmax, masks are bool or float, non-finite inputs
+and non-float tensors are refused, scale = 0 gives uniform rows."""
 
 import math
 
 import pytest
 import torch
-from conftest import solver_path
+from helpers.mappings import solver_path
 
 import longsparse as ls
 from longsparse.attention import BACKENDS

@@ -13,7 +13,6 @@ import functools
 import os
 import re
 import sys
-import zlib
 
 # Triton's interpreter must be on before triton is first imported (its own library functions are jitted at
 # import): CPU tensors reach the triton backend only through it. Auto never picks triton for CPU tensors.
@@ -21,6 +20,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
+from helpers.attention_grid import BIASES, HEADS, MAPPINGS, MASKS, ROWS, B, D, H, N, grid_case, run_with_grads
 
 import longsparse as ls
 from longsparse.attention import BACKENDS, backends, policy
@@ -28,73 +28,15 @@ from longsparse.attention.call import make_call
 from longsparse.attention.policy import select_backend
 from longsparse.nn import ModelConfig, Transformer
 
-B, H, N, D = 2, 4, 37, 16
-NQ_DECODE = 5
-
-MAPPINGS = {
-    "softmax": dict(mapping="softmax"),
-    "entmax15": dict(mapping="entmax"),
-    "entmax13": dict(mapping="entmax", alpha=1.3),
-    "per_head_alpha": dict(mapping="entmax", alpha=torch.tensor([1.2, 1.5, 2.0, 1.75])),
-    "sparsemax": dict(mapping="sparsemax"),
-    # α > 2: the Jacobian carries p^{2−α}, unbounded as p → 0, so gradients are compared in relative norm
-    "entmax3": dict(mapping="entmax", alpha=3.0),
-    "topk": dict(mapping="topk", topk=5),
-    "adatemp": dict(mapping="adatemp"),
-}
-BIASES = ("none", "alibi", "q_scale")
-MASKS = ("none", "bool", "float")
-ROWS = ("causal", "decode", "non_causal")
-# dv: a value head dim (24) other than q/k's (16), which every backend computes or refuses by its supports
-HEADS = ("mha", "gqa", "dv")
-DV = 24
-
 # triton in the CPU interpreter costs ~1 s per case (more under load): these run by default, all with -m slow
 TRITON_SAMPLE = {("entmax15", "alibi", "none", "decode", "gqa"), ("per_head_alpha", "q_scale", "none", "causal", "mha")}
 TRITON_MAPPINGS = {"entmax15", "entmax13", "per_head_alpha", "sparsemax"}
 
 
-def _case(mapping, bias, mask, rows, heads):
-    """(q, k, v, kwargs) of one grid case; the bool mask leaves query 3 nothing to attend to."""
-    nq = NQ_DECODE if rows == "decode" else N
-    hkv = H // 2 if heads == "gqa" else H
-    g = torch.Generator().manual_seed(zlib.crc32("-".join((mapping, bias, mask, rows, heads)).encode()))
-    q = torch.randn(B, H, nq, D, generator=g) * 2  # sharp rows: sparse supports, θ > 1 on some rows
-    k, v = (torch.randn(B, hkv, N, d, generator=g) for d in (D, DV if heads == "dv" else D))
-    kw = dict(MAPPINGS[mapping], is_causal=rows != "non_causal")
-    if bias == "alibi":
-        kw["alibi_slopes"] = torch.tensor([1.0, 0.5, 0.25, 0.0])
-    elif bias == "q_scale":
-        kw["q_scale"] = torch.rand(B, H, nq, generator=g) * 2 + 0.5
-    if mask == "bool":
-        m = torch.rand(B, 1, nq, N, generator=g) > 0.3
-        m[:, :, 3] = False
-        kw["attn_mask"] = m
-    elif mask == "float":
-        m = torch.randn(1, H, nq, N, generator=g)
-        m[..., 2] = float("-inf")
-        kw["attn_mask"] = m
-    return q, k, v, kw
-
-
-def _run(q, k, v, kw, up=None, **extra):
-    """Output and gradients of q, k, v (and q_scale) under the upstream gradient `up` (None: a fixed random one)."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    kw = dict(kw)
-    if kw.get("q_scale") is not None:
-        kw["q_scale"] = kw["q_scale"].detach().clone().requires_grad_()
-        leaves.append(kw["q_scale"])
-    out = ls.attention(*leaves[:3], **kw, **extra)
-    if up is None:
-        up = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
-    (out * up).sum().backward()
-    return [out.detach()] + [t.grad for t in leaves]
-
-
 @functools.lru_cache(maxsize=None)
 def _reference(case):
-    q, k, v, kw = _case(*case)
-    return _run(q, k, v, kw, backend="reference")
+    q, k, v, kw = grid_case(*case)
+    return run_with_grads(q, k, v, kw, backend="reference")
 
 
 # the value head dim meets the masks nowhere a backend could get it wrong: dv without a mask only
@@ -130,14 +72,14 @@ def _params():
 def test_backend_equals_reference(name, case):
     """Where the backend supports the call: the reference's output and gradients (query 3 of the bool mask
     sees nothing: zeros). Where it does not: naming it raises with its reason."""
-    q, k, v, kw = _case(*case)
+    q, k, v, kw = grid_case(*case)
     q, k, v = (t.requires_grad_() for t in (q, k, v))  # the call _run makes
     reason = BACKENDS[name].supports(make_call(q, k, v, **kw, chunk_size=5))
     if reason is not None:
         with pytest.raises(ValueError, match=re.escape(f"backend {name!r} cannot take this call: {reason}")):
             ls.attention(q, k, v, **kw, chunk_size=5, backend=name)
         return
-    got = _run(q, k, v, kw, chunk_size=5, backend=name)
+    got = run_with_grads(q, k, v, kw, chunk_size=5, backend=name)
     want = _reference(case)
     for a, b in zip(got, want):
         assert torch.isfinite(a).all()
@@ -177,7 +119,7 @@ def test_forward_only_backend_equals_reference_without_grad(name, case):
     """A backend that takes a call only without gradient (flex on the CPU: torch's CPU FlexAttention is
     inference only): its output under no_grad equals the reference's. Backends that take the gradient call
     too are compared with gradients above."""
-    q, k, v, kw = _case(*case)
+    q, k, v, kw = grid_case(*case)
     grad_call = make_call(*(t.detach().requires_grad_() for t in (q, k, v)), **kw, chunk_size=5)
     if BACKENDS[name].supports(grad_call) is None:
         return  # compared with gradients by test_backend_equals_reference
@@ -203,7 +145,7 @@ def test_sdpa_in_query_blocks_equals_the_reference(case, monkeypatch):
     its own bias (a limit of one single-head row here: one query row per block). Every case that needs a
     bias (ALiBi, a mask, decoding offsets) takes the blocks and gives the reference's output, with the bool
     mask's fully masked query 3 at zero; the others stay one SDPA call."""
-    q, k, v, kw = _case(*case)
+    q, k, v, kw = grid_case(*case)
     blocks = []
     real = backends._sdpa_query_blocks
 
@@ -225,7 +167,7 @@ def test_sdpa_in_query_blocks_equals_the_reference(case, monkeypatch):
 @pytest.mark.parametrize("case", GRID, ids=["-".join(c) for c in GRID])
 @pytest.mark.parametrize("grad", [True, False])
 def test_explain_answers_for_every_call_and_auto_runs_its_choice(case, grad):
-    q, k, v, kw = _case(*case)
+    q, k, v, kw = grid_case(*case)
     if grad:
         q.requires_grad_()
     choice = ls.explain_attention(q, k, v, **kw)
@@ -363,7 +305,7 @@ def test_policy_never_picks_adasplash():
 
 def test_policy_with_the_real_backends_on_cpu():
     """The CPU routes: what each kind of call runs (the kernel is built on this machine)."""
-    from conftest import kernel_available
+    from helpers.mappings import kernel_available
 
     if not kernel_available():
         pytest.skip("fused CPU kernel not available")
@@ -396,7 +338,7 @@ def test_policy_with_the_real_backends_on_cpu():
 
 
 def test_a_named_backend_that_cannot_take_the_call_raises_with_the_reason():
-    q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
+    q, k, v, _ = grid_case("entmax15", "none", "none", "causal", "mha")
     with pytest.raises(ValueError, match="backend 'sdpa' cannot take this call: mapping 'entmax' is not a softmax"):
         ls.attention(q, k, v, backend="sdpa")
     with pytest.raises(ValueError, match="'fused_cpu' cannot take this call: attn_mask"):
@@ -416,7 +358,7 @@ def test_a_named_backend_that_cannot_take_the_call_raises_with_the_reason():
 
 
 def test_path_is_a_deprecated_alias_of_backend():
-    q, k, v, _ = _case("entmax15", "alibi", "none", "causal", "mha")
+    q, k, v, _ = grid_case("entmax15", "alibi", "none", "causal", "mha")
     with pytest.warns(DeprecationWarning, match="backend="):
         out = ls.attention(q, k, v, path="reference")
     torch.testing.assert_close(out, ls.attention(q, k, v, backend="reference"), atol=0, rtol=0)
@@ -429,7 +371,7 @@ def test_path_is_a_deprecated_alias_of_backend():
 
 
 def test_kernel_env_override_turns_fused_cpu_off(monkeypatch):
-    q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
+    q, k, v, _ = grid_case("entmax15", "none", "none", "causal", "mha")
     monkeypatch.setenv("LONGSPARSE_KERNEL", "0")
     choice = ls.explain_attention(q, k, v)
     assert choice.backend == "chunked" and "LONGSPARSE_KERNEL=0" in choice.passed_over["fused_cpu"]
@@ -438,7 +380,7 @@ def test_kernel_env_override_turns_fused_cpu_off(monkeypatch):
 def test_triton_backend_reports_an_import_failure(monkeypatch):
     monkeypatch.setattr(backends, "_TRITON", {})
     monkeypatch.setitem(sys.modules, "longsparse.attention.triton_entmax", None)  # import fails
-    q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
+    q, k, v, _ = grid_case("entmax15", "none", "none", "causal", "mha")
     reason = BACKENDS["triton"].supports(make_call(q, k, v))
     assert reason.startswith("not available: ")
     with pytest.raises(ValueError, match="'triton' cannot take this call: not available"):
@@ -447,7 +389,7 @@ def test_triton_backend_reports_an_import_failure(monkeypatch):
 
 
 def test_triton_on_cpu_only_when_named_in_interpreter_mode(monkeypatch):
-    q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
+    q, k, v, _ = grid_case("entmax15", "none", "none", "causal", "mha")
     mod, _ = backends.triton_module()  # imports triton with the interpreter on (see the top)
     if mod is None:
         pytest.skip("triton_entmax does not import here")
@@ -477,7 +419,7 @@ def test_method_and_mapping_names_come_from_the_registry():
 
 @pytest.mark.parametrize("method", ["asentmax", "ssmax"])
 def test_scaled_methods_need_their_q_scale(method):
-    q, k, v, _ = _case("entmax15", "none", "none", "causal", "mha")
+    q, k, v, _ = grid_case("entmax15", "none", "none", "causal", "mha")
     with pytest.raises(ValueError, match=f"mapping='{method}'.*q_scale"):
         ls.attention(q, k, v, mapping=method)
     with pytest.raises(ValueError, match="model method"):

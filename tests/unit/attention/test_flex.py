@@ -3,7 +3,8 @@ CPU (inference: torch's CPU FlexAttention has no backward and no log-sum-exp), i
 (run here through FlexAttention's uncompiled path, which returns the log-sum-exp), what it refuses and why, and
 auto's choice of it on CUDA. With CUDA: values and gradients against the oracle over a grid.
 
-The values over the shared grid of every backend are in tests/test_backends.py (forward-only backends)."""
+The values over the shared grid of every backend are in tests/unit/attention/test_backends.py (forward-only
+backends)."""
 
 from __future__ import annotations
 

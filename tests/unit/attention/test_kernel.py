@@ -1,13 +1,13 @@
 """The C++ kernel's fast paths against their references, at the sizes where its tiling shows: fused_cpu attention
 with key tiles and query blocks small enough that rows span many tiles, candidates get pruned and blocks cut
-the causal diagonal (the backend grid of tests/test_backends.py runs at N = 37, one tile); the α-entmax rows
-of the mapping longer than one segment, with wide supports (pruning) and near-uniform rows."""
+the causal diagonal (the backend grid of tests/unit/attention/test_backends.py runs at N = 37, one tile); the
+α-entmax rows of the mapping longer than one segment, with wide supports (pruning) and near-uniform rows."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import kernel_available, ref_entmax, solver_path
+from helpers.mappings import kernel_available, ref_entmax, solver_path
 
 import longsparse as ls
 from longsparse import cpu_kernel

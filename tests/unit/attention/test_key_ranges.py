@@ -15,14 +15,13 @@ import dataclasses
 import os
 import re
 
-# the interpreter must be on before triton is first imported (see tests/test_backends.py)
+# the interpreter must be on before triton is first imported (see tests/unit/attention/test_backends.py)
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
-from test_backends import MAPPINGS as BACKEND_GRID_MAPPINGS
-from test_backends import B, H, N, _run
-from test_backends import _case as backend_grid_case
+from helpers.attention_grid import MAPPINGS as BACKEND_GRID_MAPPINGS
+from helpers.attention_grid import B, H, N, grid_case, run_with_grads
 
 import longsparse as ls
 import longsparse.nn.attention as nn_attention
@@ -34,7 +33,7 @@ from longsparse.nn import ModelConfig, Transformer
 PADS = (13, 0)  # left pads of the batch rows (the decode queries stay after them)
 assert len(PADS) == B
 
-# tests/test_backends.py's cases without their masks, and without α = 3 (its gradients need a relative
+# tests/unit/attention/test_backends.py's cases without their masks, and without α = 3 (its gradients need a relative
 # comparison; the padding is the same for every α)
 MAPPINGS = {name: kw for name, kw in BACKEND_GRID_MAPPINGS.items() if name != "entmax3"}
 BIASES = ("none", "alibi", "q_scale")
@@ -53,7 +52,7 @@ TRITON_MAPPINGS = {"entmax15", "entmax13", "per_head_alpha", "sparsemax"}
 
 def _case(mapping, bias, rows, heads):
     """(q, k, v, kwargs without key ranges, upstream gradient zero on the pads' query rows)."""
-    q, k, v, kw = backend_grid_case(mapping, bias, "none", rows, heads)
+    q, k, v, kw = grid_case(mapping, bias, "none", rows, heads)
     up = torch.randn(q.shape, generator=torch.Generator().manual_seed(7))
     if q.shape[2] == N:  # the pads' own query rows: their outputs are not compared
         for b, s in enumerate(PADS):
@@ -101,14 +100,14 @@ def test_left_padded_batch_equals_each_row_alone(name, case):
         with pytest.raises(ValueError, match=re.escape(f"backend {name!r} cannot take this call: {reason}")):
             ls.attention(q, k, v, **kw, key_start=start, chunk_size=5, backend=name)
         return
-    got = _run(q, k, v, kw, up, key_start=start, chunk_size=5, backend=name)
+    got = run_with_grads(q, k, v, kw, up, key_start=start, chunk_size=5, backend=name)
     tol = 5e-5 if name == "triton" else 1e-5  # the kernels' general-α solve stops at a τ step of 1e-6
     cuts = (_queries, _queries, _keys, _keys, _queries)  # out, dq, dk, dv, dq_scale
     for b, s in enumerate(PADS):
         row_kw = dict(kw)
         if "q_scale" in kw:
             row_kw["q_scale"] = _queries(kw["q_scale"], b, s)
-        alone = _run(
+        alone = run_with_grads(
             _queries(q, b, s), _keys(k, b, s), _keys(v, b, s), row_kw, _queries(up, b, s), chunk_size=5, backend=name
         )
         for i, (cut, a, want) in enumerate(zip(cuts, got, alone)):
@@ -150,8 +149,8 @@ def test_key_ranges_equal_the_dense_mask(name, mask, mapping):
         with pytest.raises(ValueError, match=re.escape(reason)):
             ls.attention(q, k, v, **kw, **extra, key_start=start, key_end=end, backend=name)
         return
-    got = _run(q, k, v, kw, up, **extra, key_start=start, key_end=end, backend=name)
-    want = _run(q, k, v, kw, up, attn_mask=dense, backend="reference")
+    got = run_with_grads(q, k, v, kw, up, **extra, key_start=start, key_end=end, backend=name)
+    want = run_with_grads(q, k, v, kw, up, attn_mask=dense, backend="reference")
     tol = 5e-5 if name == "triton" else 1e-5
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=tol * max(1.0, b.abs().max().item()), rtol=tol)

@@ -16,13 +16,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
+
+from helpers.paths import REPO_ROOT
 
 os.environ["TRITON_INTERPRET"] = "1"  # before the first kernel is built (triton reads it at jit time)
 
 import pytest
 import torch
-from conftest import benchmark_script
+from helpers.benchmarks import benchmark_script
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'longsparse[gpu]')")
 
@@ -31,7 +32,7 @@ from longsparse.attention import dense_logits
 from longsparse.attention import triton_entmax as te
 from longsparse.attention import triton_ops as ops
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 # the reference path: backend="reference" (path= is its older, deprecated spelling)
 REF = {"backend": "reference"} if "backend" in inspect.signature(ls.attention).parameters else {"path": "reference"}
 TOL = 1e-4  # fp32 kernels against the float64 reference (observed ≤ 1e-5)
@@ -603,7 +604,7 @@ def test_gpu_check_script_dry_run(tmp_path):
     kernel tests above cover the rest; left padding on the decode path and in a model's cached generation
     among them) through its worker pool, the kernel's own counts, its timing code once beside a baseline
     kernel (a copy of the attention folder; times unused), the profile and the converted Hugging Face model (the
-    training rows' dry run is tests/test_bench_gpu_train.py)."""
+    training rows' dry run is tests/experiments/test_bench_gpu_train.py)."""
     out = tmp_path / "gpu_check.json"
     baseline = tmp_path / "baseline_attention"  # a copy of a version's attention folder, as from git archive
     shutil.copytree(ROOT / "src" / "longsparse" / "attention", baseline, ignore=shutil.ignore_patterns("__pycache__"))
@@ -620,7 +621,7 @@ def test_gpu_check_script_dry_run(tmp_path):
             "1",
             "--baseline",
             str(baseline),
-            "--skip-training",  # its rows' dry run: tests/test_bench_gpu_train.py
+            "--skip-training",  # its rows' dry run: tests/experiments/test_bench_gpu_train.py
             "--cases",
             *cases,
         ],

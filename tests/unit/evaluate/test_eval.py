@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+from helpers.configs import tiny_run_sets
 
 from longsparse.evaluate import evaluate_run, parse_lengths
 from longsparse.stats import wilson_interval
@@ -12,19 +13,9 @@ from longsparse.tasks.scoring import score_length
 from longsparse.train import RunDirError, build_config, train
 from longsparse.train.config import make_task
 
-TINY = [
-    "model.d_model=32",
-    "model.d_ff=64",
-    "model.n_heads=2",
-    "train.batch_size=16",
-    "train.lr=3e-3",
-    "train.warmup_steps=2",
-    "train.log_every=5",
-    "train.val_every=0",
-    "train.val_samples=4",
-    "train.threads=1",
-    "train.ckpt_every=5",
-]
+TINY = tiny_run_sets(
+    {"train.batch_size": "16", "train.log_every": "5", "train.val_samples": "4", "train.ckpt_every": "5"}
+)
 
 
 def test_wilson_interval_known_values():

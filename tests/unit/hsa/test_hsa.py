@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.configs import HSA_VOCAB, tiny_hsa
 
 from longsparse.hsa import (
     HSAConfig,
@@ -26,32 +27,15 @@ from longsparse.hsa import (
 from longsparse.hsa.model import HSABlock
 from longsparse.hsa.ops import ChunkMemory
 
-V = 24
+V = HSA_VOCAB
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def tiny(**kw) -> HSAConfig:
-    base = dict(
-        vocab_size=V,
-        d_model=32,
-        n_heads=2,
-        d_ff=48,
-        n_lower=1,
-        n_upper=2,
-        encoder_layers=1,
-        chunk_size=4,
-        window=5,
-        topk=2,
-    )
-    base.update(kw)
-    return HSAConfig(**base)
-
-
 def make(seed=0, dtype=torch.float64, **kw) -> HSAModel:
     torch.manual_seed(seed)
-    return HSAModel(tiny(**kw)).to(dtype).eval()
+    return HSAModel(tiny_hsa(**kw)).to(dtype).eval()
 
 
 def ids(B, N, seed=0):
@@ -153,7 +137,9 @@ def test_retrieval_none_never_reads_beyond_the_window(n_lower, n_upper, group):
     assert not torch.allclose(m(z)[:, t], out[:, t]), "a token inside the receptive field must matter"
     torch.testing.assert_close(hsa_fast_logits(m, x, [0, 17, 59, 60]), out[:, [0, 17, 59, 60]])
     torch.manual_seed(0)
-    ret = HSAModel(tiny(n_lower=n_lower, n_upper=n_upper, upper_group_size=group, window=W, topk=16)).double().eval()
+    ret = (
+        HSAModel(tiny_hsa(n_lower=n_lower, n_upper=n_upper, upper_group_size=group, window=W, topk=16)).double().eval()
+    )
     assert not torch.allclose(ret(y)[:, t], ret(x)[:, t]), "with retrieval on, the far token is reachable"
 
 
@@ -432,7 +418,7 @@ def test_sliding_window_attention_matches_dense_band():
 @pytest.mark.parametrize("fusion", ["bypass", "standard"])
 def test_residual_formulas(fusion):
     torch.manual_seed(0)
-    cfg = tiny(fusion=fusion)
+    cfg = tiny_hsa(fusion=fusion)
     blk = HSABlock(cfg).double()
     for p in blk.parameters():  # non-trivial norm weights
         if p.dim() == 1:
@@ -615,11 +601,11 @@ def test_diagnostics_rank_with_planted_scores():
 )
 def test_config_validation(kw, msg):
     with pytest.raises(ValueError, match=msg):
-        tiny(**kw)
+        tiny_hsa(**kw)
 
 
 def test_config_roundtrip():
-    c = tiny(weights="entmax", entmax_cap=3)
+    c = tiny_hsa(weights="entmax", entmax_cap=3)
     assert HSAConfig.from_dict(c.to_dict()) == c
     with pytest.raises(ValueError, match="unknown HSAConfig"):
         HSAConfig.from_dict({**c.to_dict(), "bogus": 1})

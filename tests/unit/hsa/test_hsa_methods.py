@@ -10,39 +10,22 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ref_entmax
+from helpers.configs import HSA_VOCAB, tiny_hsa
+from helpers.mappings import ref_entmax
 
-from longsparse.hsa import HSAConfig, HSAModel, hsa_fast_logits, sliding_window_attention
+from longsparse.hsa import HSAModel, hsa_fast_logits, sliding_window_attention
 from longsparse.hsa.model import ChunkEncoderAttention, HSAAttention
 from longsparse.hsa.ops import ChunkMemory
 from longsparse.mappings import get_mapping
 from longsparse.mappings.registry import method_mapping
 
-V = 24
+V = HSA_VOCAB
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def tiny(**kw) -> HSAConfig:
-    base = dict(
-        vocab_size=V,
-        d_model=32,
-        n_heads=2,
-        d_ff=48,
-        n_lower=1,
-        n_upper=2,
-        encoder_layers=1,
-        chunk_size=4,
-        window=5,
-        topk=2,
-        attn_topk=2,
-    )
-    base.update(kw)
-    return HSAConfig(**base)
 
 
 def make(seed=0, dtype=torch.float64, **kw) -> HSAModel:
     torch.manual_seed(seed)
-    m = HSAModel(tiny(**kw)).to(dtype).eval()
+    m = HSAModel(tiny_hsa(**{"attn_topk": 2, **kw})).to(dtype).eval()  # attn_topk: the k of the top-k method
     with torch.no_grad():  # scalers away from their init and α per head away from 1.5
         for name, p in m.named_parameters():
             if "scaler" in name or "learned_alpha" in name:

@@ -2,10 +2,10 @@
 shared loop, checkpoints + exact resume, `longsparse eval` through the fast path with needle diagnostics."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import FAULTS
 
 from longsparse.hsa import HSAModel, score_needles
 from longsparse.models import load_checkpoint
@@ -101,9 +101,7 @@ def test_hsa_resume_is_bit_identical(tmp_path):
     cfg_file = tmp_path / "cfg.json"
     cfg_file.write_text(json.dumps(cfg))
     run = tmp_path / "killed"
-    p = subprocess.run(
-        [sys.executable, "-c", code, str(cfg_file), str(run), str(Path(__file__).parent)], capture_output=True
-    )
+    p = subprocess.run([sys.executable, "-c", code, str(cfg_file), str(run), str(FAULTS.parent)], capture_output=True)
     assert p.returncode != 0  # killed
     assert load_checkpoint(str(run / "checkpoints" / "last.pt"))[1]["step"] == 2
     res = train(cfg, str(run), progress=False, printer=lambda s: None)

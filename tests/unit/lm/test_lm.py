@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import REPO_ROOT
 
 from longsparse.lm import data as lmdata
 from longsparse.lm.evaluate import (
@@ -112,7 +113,7 @@ def test_committed_sample_and_real_corpus_manifest():
     sets = [set(man["splits"][s]["documents"]) for s in lmdata.SPLITS]
     assert all(sets) and not (sets[0] & sets[1]) and not (sets[0] & sets[2]) and not (sets[1] & sets[2])
     assert "hamlet" in sets[2] and "macbeth" in sets[1]
-    full = Path(__file__).resolve().parents[1] / "data" / "shakespeare" / "manifest.json"
+    full = REPO_ROOT / "data" / "shakespeare" / "manifest.json"
     if full.exists():  # fetched by `longsparse data shakespeare`
         m = json.loads(full.read_text())
         assert m["corpus_sha256"] == lmdata.CORPUS_SHA256 and m["n_documents"] == lmdata.N_DOCS

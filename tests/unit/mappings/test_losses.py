@@ -5,7 +5,7 @@ from __future__ import annotations
 import entmax.losses as EL
 import pytest
 import torch
-from conftest import ref_entmax
+from helpers.mappings import ref_entmax
 
 import longsparse as ls
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ALPHAS, PATHS, ref_entmax, solver_path
+from helpers.mappings import ALPHAS, PATHS, ref_entmax, solver_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import entmax as E
 import pytest
 import torch
-from conftest import ALPHAS, boundary_margin, ref_entmax, ref_exact, spaced_scores
+from helpers.mappings import ALPHAS, boundary_margin, ref_entmax, ref_exact, spaced_scores
 
 import longsparse as ls
 

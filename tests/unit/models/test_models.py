@@ -12,10 +12,10 @@ import dataclasses
 import hashlib
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import DATA
 
 from longsparse.cli import main
 from longsparse.hsa import HSAConfig, HSAModel
@@ -34,8 +34,8 @@ from longsparse.nn import AttentionSettings, ModelConfig, Transformer
 from longsparse.train import ConfigError, build_config, config_hash, resolve
 from longsparse.train.config import run_label
 
-LEGACY = Path(__file__).parent / "data" / "hsa_legacy"
-CHECKPOINTS = Path(__file__).parent / "data" / "checkpoints"
+LEGACY = DATA / "hsa_legacy"
+CHECKPOINTS = DATA / "checkpoints"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SECTIONS = {

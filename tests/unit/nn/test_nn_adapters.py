@@ -1,4 +1,4 @@
-"""Checkpoints and the nn.MultiheadAttention-style module (the transformers adapter: tests/test_hf.py)."""
+"""Checkpoints and the nn.MultiheadAttention-style module (the transformers adapter: tests/unit/nn/test_hf.py)."""
 
 import pytest
 import torch

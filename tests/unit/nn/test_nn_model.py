@@ -187,7 +187,7 @@ def test_capture(method):
 def test_right_padding_needs_no_attention_mask(method, positions, monkeypatch):
     """Right-padded rows without a cache (training batches) reach attention with no mask, so the fused backends
     can take them, and their real positions equal the unpadded rows; left padding goes as key_start (its key
-    range; tests/test_key_ranges.py)."""
+    range; tests/unit/attention/test_key_ranges.py)."""
     import longsparse.nn.attention as nn_attention
 
     seen = []

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT
 
 from longsparse.report import plotting
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 MATPLOTLIB = re.compile(r"^\s*(import matplotlib|from matplotlib\b)|\brcParams\[.*\]\s*=|matplotlib\.use\(", re.M)
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import shutil
-from pathlib import Path
 
 import pytest
+from helpers.paths import REPO_ROOT
 
 from longsparse.report import store
 from longsparse.train.config import ConfigError
@@ -17,7 +17,7 @@ from longsparse_experiments.reproduce import run_study
 from longsparse_experiments.study import load_study
 from longsparse_experiments.study_records import cell_hash, tables_markdown, update_archive, view
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 TRIAL_STUDIES = ROOT / "results" / "synthetic_trials"  # the trial study files
 # (store, study file (None: synthetic.toml), the tables.md that the archive it was migrated from rendered)
 MIGRATED = [("synthetic", None, ROOT / "docs" / "results" / "tables.md")] + [

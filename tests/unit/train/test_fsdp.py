@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import FAULTS
 
 from longsparse.cli import main
 from longsparse.models import read_checkpoint
 from longsparse.train import build_config, fsdp, train
 
-FAULTS = Path(__file__).with_name("faults.py")
 COMMON = [
     "train.warmup_steps=2",
     "train.threads=1",
@@ -84,7 +84,7 @@ FSDP = ["--set", "train.parallel=fsdp"]
 
 def _torchrun(args, kill_after=None, check=True):
     """The library's `train` under torchrun with 2 CPU ranks; ``kill_after``: both ranks SIGKILL themselves after
-    that step (tests/faults.py)."""
+    that step (tests/helpers/faults.py)."""
     target = ["-m", "longsparse.cli"] if kill_after is None else [str(FAULTS), str(kill_after), "--"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *target, "train"]
     p = subprocess.run(

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from helpers.configs import tiny_run_sets
 
 from longsparse.evaluate import evaluate_run, load_run_model
 from longsparse.evaluate.sweep import partial_path, read_partial
@@ -18,20 +19,14 @@ from longsparse.train import build_config, make_task, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = [
-    "model.d_model=32",
-    "model.d_ff=64",
-    "model.n_heads=2",
-    "train.batch_size=8",
-    "train.lr=3e-3",
-    "train.warmup_steps=2",
-    "train.log_every=2",
-    "train.val_every=4",
-    "train.val_lengths=[16]",
-    "train.val_samples=4",
-    "train.ckpt_every=100",  # the deadline's checkpoint is the only one before the end
-    "train.threads=1",
-]
+TINY = tiny_run_sets(
+    {
+        "train.val_every": "4",
+        "train.val_lengths": "[16]",
+        "train.val_samples": "4",
+        "train.ckpt_every": "100",  # the deadline's checkpoint is the only one before the end
+    }
+)
 
 
 def _cfg(steps: int = 14) -> dict:

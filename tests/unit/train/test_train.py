@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.configs import tiny_run_sets
+from helpers.paths import FAULTS
 
 from longsparse.models import read_checkpoint
 from longsparse.train import ConfigError, RunDirError, build_config, loop, lr_at, train, update
@@ -16,18 +18,9 @@ from longsparse.train.config import RunConfig, TrainConfig, config_hash
 from longsparse.train.loop import bucket_length, build_model_and_optimizer, compile_enabled, pad_batch
 from longsparse.train.state import STATE_KEYS
 
-TINY = [
-    "model.d_model=32",
-    "model.d_ff=64",
-    "model.n_heads=2",
-    "train.batch_size=16",
-    "train.lr=3e-3",
-    "train.warmup_steps=5",
-    "train.log_every=10",
-    "train.val_every=0",
-    "train.val_samples=4",
-    "train.threads=1",
-]
+TINY = tiny_run_sets(
+    {"train.batch_size": "16", "train.warmup_steps": "5", "train.log_every": "10", "train.val_samples": "4"}
+)
 # per task: extra overrides (small alphabets / short lengths so 40 steps are enough) and the required ratio
 # last-10-step mean loss / first-step loss (measured ratios at 40 steps, seed 0, in comments)
 LOSS_DROP = {
@@ -122,9 +115,6 @@ RESUME_ARGS = [
     "--set",
     "train.threads=1",
 ]
-
-
-FAULTS = Path(__file__).resolve().parent / "faults.py"
 
 
 def _cli(args, kill_after=None, check=True):
