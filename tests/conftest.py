@@ -3,6 +3,8 @@ modules share (oracles, grids, tiny configs, paths) is in tests/helpers."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from helpers.mappings import PATHS, kernel_available, solver_path
@@ -35,3 +37,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark every test under tests/integration `integration` (before -m selects), so that `-m integration` and
+    `-m "not integration"` pick by folder; the default run keeps them."""
+    for item in items:
+        if item.path.is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.integration)

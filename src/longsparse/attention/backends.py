@@ -1,6 +1,6 @@
 """The named attention backends. Each declares what it takes, ``supports(call) -> None | reason``, and runs a
 call it supports, ``run(call) -> (B, H, Nq, D)``. Every backend is tested equal to `reference` (values and
-gradients) by tests/test_backends.py, over every registered backend: registering one here enrols it.
+gradients) by tests/unit/attention/test_backends.py, over every registered backend: registering one here enrols it.
 
     reference   all logits at once, autograd differentiates everything (also α, ALiBi slopes, a float mask)
     chunked     query blocks with a recomputing backward, pure PyTorch: O(block × Nk) memory, any mapping
