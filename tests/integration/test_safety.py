@@ -127,12 +127,17 @@ def test_report_refuses_to_overwrite_foreign_files(tmp_path, capsys):
     assert main(["report", str(tmp_path / "r"), "--out", str(out), "--title", "second"]) == 0
     assert "# second" in (out / "results.md").read_text()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporaries left
-    # a report written before the markers existed (results.json of ours, the table heading) is replaced too;
-    # a hand-written results.md next to it is not
+    # a report written before the markers existed (results.json of ours, the table heading) is refused until
+    # `longsparse migrate` gives it its marker; a hand-written results.md next to it gets none and stays refused
     old = out / "results.md"
     old.write_text("### copy: exact match % [95% Wilson interval], n = 10 per cell\n")
+    assert main(["report", str(tmp_path / "r"), "--out", str(out)]) == 2
+    assert "longsparse migrate" in _err_line(capsys)
+    assert main(["migrate", str(out / "results.json")]) == 0
     assert main(["report", str(tmp_path / "r"), "--out", str(out)]) == 0
     old.write_text("my notes\n")
+    assert main(["migrate", str(out)]) == 0 and old.read_text() == "my notes\n"
+    capsys.readouterr()
     assert main(["report", str(tmp_path / "r"), "--out", str(out)]) == 2
     assert old.read_text() == "my notes\n" and str(old) in _err_line(capsys)
 

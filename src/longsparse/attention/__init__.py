@@ -5,12 +5,7 @@ from longsparse.attention.backends import BACKENDS, Backend
 from longsparse.attention.core import attention, explain_attention
 from longsparse.attention.logits import additive_bias, dense_logits
 from longsparse.attention.policy import Choice, select_backend
-from longsparse.mappings.registry import MAPPING_NAMES, map_scores
-
-# adaptive temperature lives with the mappings; these names stay importable from here
-from longsparse.mappings.variants import ADATEMP_POLY, adaptive_temperature, adaptive_temperature_softmax
-
-MAPPINGS = MAPPING_NAMES
+from longsparse.mappings.registry import map_scores
 
 __all__ = [
     "attention",
@@ -22,8 +17,4 @@ __all__ = [
     "dense_logits",
     "additive_bias",
     "map_scores",
-    "adaptive_temperature",
-    "adaptive_temperature_softmax",
-    "MAPPINGS",
-    "ADATEMP_POLY",
 ]

@@ -7,7 +7,6 @@ Logits z_ij = (q_i · s_i) · k_j · scale − m_h · (i − j) + mask (attentio
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 from torch import Tensor
@@ -16,16 +15,6 @@ from longsparse.attention.backends import BACKENDS
 from longsparse.attention.call import make_call
 from longsparse.attention.policy import Choice, check_backend_name, resolve_backend, select_backend
 from longsparse.mappings.entmax import AlphaLike
-
-
-def _backend_from_path(backend: str, path: Optional[str]) -> tuple:
-    """(backend, via_path): the deprecated ``path=`` names the same backends."""
-    if path is None:
-        return backend, False
-    warnings.warn("attention(path=...) is deprecated; use backend= (the same names)", DeprecationWarning, stacklevel=3)
-    if backend != "auto" and backend != path:
-        raise ValueError(f"give backend= or the deprecated path=, not both (got backend={backend!r}, path={path!r})")
-    return path, True
 
 
 def attention(
@@ -47,7 +36,6 @@ def attention(
     key_end: Optional[Tensor] = None,
     tolerance: Optional[float] = None,
     backend: str = "auto",
-    path: Optional[str] = None,
 ) -> Tensor:
     """Attention on (B, H, N, D) tensors with any mapping; returns (B, H, Nq, Dv).
 
@@ -75,10 +63,8 @@ def attention(
     backend: "auto" (the policy of `longsparse.attention.policy.select_backend`; `explain_attention` says
     what it picks and why) or one of reference, chunked, fused_cpu, sdpa, triton, adasplash: a named backend
     that cannot take the call raises with the reason. Only reference differentiates alpha, alibi_slopes
-    and a float attn_mask. path: deprecated alias of backend; path="chunked" keeps its old meaning, the
-    chunked path with the fused kernel where it applies (fused_cpu, else chunked).
+    and a float attn_mask.
     """
-    backend, via_path = _backend_from_path(backend, path)
     check_backend_name(backend)
     call = make_call(
         q,
@@ -98,25 +84,19 @@ def attention(
         key_end=key_end,
         tolerance=tolerance,
     )
-    return BACKENDS[_chosen(call, backend, via_path)].run(call)
-
-
-def _chosen(call, backend: str, via_path: bool) -> str:
-    if via_path and backend == "chunked" and BACKENDS["fused_cpu"].supports(call) is None:
-        return "fused_cpu"
-    return resolve_backend(call, backend)
+    return BACKENDS[resolve_backend(call, backend)].run(call)
 
 
 def explain_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Choice:
     """Which backend ``attention(q, k, v, **kwargs)`` runs and why, with the reason each other backend was
     passed over. Takes `attention`'s keywords and validates them as it does; a named backend that cannot
     take the call raises as there. ``str()`` of the result is a readable table."""
-    backend, via_path = _backend_from_path(kwargs.pop("backend", "auto"), kwargs.pop("path", None))
+    backend = kwargs.pop("backend", "auto")
     check_backend_name(backend)
     call = make_call(q, k, v, **kwargs)
     auto = select_backend(call, complete=True)
     if backend == "auto":
         return auto
-    backend = _chosen(call, backend, via_path)
+    backend = resolve_backend(call, backend)
     passed = {name: f"not named (auto would pick {auto.backend})" for name in BACKENDS if name != backend}
     return Choice(backend, "named by the caller", passed, auto.call)

@@ -77,8 +77,9 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
 
     CUDA: chosen by compiling for sm_90 with ptxas -v (16-bit inputs: no spills except ≤ 184 bytes in
     dk/dv at D = 128 and ≤ 148 bytes in general-α variants; shared memory ≤ 64 KiB). float32 inputs use
-    3xTF32 dots (≈ fp32 accuracy on tensor cores; plain fp32 FMA dots spill tens of KB) and spill
-    ≤ 2 KB at D = 128: fp32 is the accuracy configuration, 16-bit the fast one. Under the interpreter (CPU tensors) tiles are
+    3xTF32 dots (≈ fp32 accuracy on tensor cores; plain fp32 FMA dots spill tens of KB); at D = 128 their query
+    tiles are 16 rows, where 32 spill 4.2 KB in the forward (16 rows: ≤ 88 bytes in the forward and decode,
+    ≤ 504 in dk/dv): fp32 is the accuracy configuration, 16-bit the fast one. Under the interpreter (CPU tensors) tiles are
     INTERPRETER_BLOCK: its cost is per tile, nearly independent of the tile's size, and tests lower it
     to 16 (the smallest tile tl.dot takes) to span more tiles."""
     if device_type != "cuda":
@@ -96,9 +97,9 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "stages": 1,
             "prec": {torch.float32: "ieee", torch.bfloat16: "upcast"}.get(dtype, "tf32"),
         }
-    if dtype == torch.float32:  # 32×32 keeps shared memory ≤ 64 KiB at D = 128 (A100-sized too)
+    if dtype == torch.float32:  # ≤ 32×32 tiles keep shared memory ≤ 96 KiB at D = 128 (A100-sized too)
         return {
-            "BM": 32,
+            "BM": 32 if D <= 64 else 16,
             "BN": 32,
             "fwd": 4,
             "prep": 4,

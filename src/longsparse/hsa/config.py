@@ -1,13 +1,14 @@
 """HSAConfig: every knob of the hierarchical sparse attention model (docs/method.md §8), validated, and
 round-trippable as a flat plain dict. Its token attention (method, positions, α, scalers, backend) is a
-``longsparse.nn.AttentionSettings``, the decoder's, stored flat among its own fields (``flat_attention_settings``)."""
+``longsparse.nn.AttentionSettings``, the decoder's, its field ``attention`` (stored flat among its own fields:
+``longsparse.nn.config.stored_form``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Dict, Optional
 
-from longsparse.nn.config import AttentionSettings, ModelConfig, flat_attention_settings, strict_from_dict
+from longsparse.nn.config import AttentionSettings, ModelConfig, from_stored_form, own_attention, stored_form
 
 LANDMARKS = ("encoder_cls", "encoder_mean", "mean")
 FUSIONS = ("bypass", "standard")
@@ -23,9 +24,58 @@ def hsa_attention_defaults() -> AttentionSettings:
     return AttentionSettings(method="softmax", positions="rope")
 
 
-@flat_attention_settings(
-    names={"topk": "attn_topk"},
-    order=(
+@dataclass
+class HSAConfig:
+    """Hierarchical sparse attention decoder (docs/method.md §8, paper [B]); defaults = the CPU scale of docs/method.md §8.
+
+    Layout: ``n_lower`` sliding-window (RoPE, softmax) layers → chunk memory (``encoder_layers``
+    bidirectional layers over each chunk of ``chunk_size`` tokens + a learned CLS) → ``n_upper`` layers
+    in groups of ``upper_group_size``: the first layer of each group is an HSA layer (retrieval +
+    local sliding-window path), the others plain sliding-window layers.
+
+    landmark: encoder_cls (CLS output; paper) | encoder_mean (mean of the encoder's token outputs) |
+      mean (mean of the chunk's mid-depth hidden states, no encoder needed for the landmark).
+    fusion: bypass (the HSA output feeds only the MLP input) | standard (added to the residual).
+    weights: stickbreaking (paper default; recency ordered) | softmax (over the selected top-k) |
+      entmax (α-entmax over all visible chunks, ``entmax_alpha``; ``entmax_cap`` keeps at most that many
+      non-zero weights; ``topk`` is then unused).
+    retrieval: token (each token its own retrieval query; paper) | chunk (one query per chunk of tokens:
+      the mean of the previous chunk's normalised layer inputs, shared by all tokens of the chunk) |
+      none (the sliding-window-only baseline: HSA layers keep only their local sliding-window path — no
+      retrieval, no chunk memory, so nothing beyond the (n_lower + n_upper)·(window − 1) receptive field is
+      read; needs ``hsa_local``; landmark/encoder/selection fields are then unused).
+    hsa_positions: nope (paper) | rope (absolute positions inside retrieved chunks).
+    attention: the token attention of every layer, a ``longsparse.nn.AttentionSettings`` (one
+      ``longsparse.nn.Attention`` per layer, calling ``longsparse.attention``; its fields are stored flat among
+      this config's keys: method, positions, alpha, learn_alpha, max_alpha, adatemp_order, rope_theta,
+      nape_slopes, asentmax_*, ssmax_init, attn_chunk_size, attn_backend): ``method`` (mapping + length scaler)
+      in the sliding windows, the chunk encoder and inside retrieved chunks; ``positions`` in the sliding windows
+      and the chunk encoder (inside retrieved chunks: ``hsa_positions``). The stored key ``attn_topk`` is the
+      settings' ``topk`` (the k of the top-k mapping; ``topk`` here counts retrieved chunks). Defaults:
+      softmax and RoPE, the model of [B]. Length scalers (ssmax, asentmax) see each query as attending to the
+      keys it has: min(t + 1, window) in a sliding window, S + 1 in the chunk encoder, S in a retrieved chunk.
+    length_scale: ASEntmax-style multiplier log(n_visible + 1)^γ of the retrieval query: none | fixed γ =
+      ``length_gamma`` | learned γ (one per HSA layer, initialised at ``length_gamma``).
+    gumbel_noise: scale of Gumbel noise added to retrieval scores *for the discrete selection only*
+      (top-k, or the entmax cap) while training; 0 = off.
+    select_warmup: a selection curriculum — the first ``select_warmup`` training forward passes (counted by the
+      persistent buffer ``HSAModel.select_steps``, so resume is exact) select with softmax weights over the
+      top-``select_warmup_topk`` chunks instead of ``weights``/``topk``; afterwards, and always in eval mode,
+      the configured selection. 0 = off.
+    hsa_local: keep the sliding-window local path inside HSA layers (paper: yes).
+    hsa_impl: dense (scores every chunk; O(N²/S·S) — training) | gather (only the selected chunks; what
+      the long-context evaluator uses). Both are exact and tested equal.
+    branch_gain: initial gain of the post-branch ("sandwich") RMSNorms of the residual branches that mix
+      tokens before / beside retrieval: the sliding-window blocks (lower and upper), the chunk-encoder
+      blocks and the local path of HSA blocks (the HSA block's retrieval output and MLP keep gain 1).
+      A post-norm fixes a branch's output RMS to its gain whatever the weights' init, while the token
+      embeddings start at RMS init_std·√d (0.16 at d = 64): with gain 1 every such block overwrites the
+      token identity with a near-uniform window/chunk average, the chunk keys/values lose the value tokens
+      and the model never leaves chance (docs/reports/2026-11-21-hsa-recipe-search.md). Small gains start these
+      blocks near identity (as LayerScale / ReZero do); they are trained.
+    """
+
+    STORED_KEYS: ClassVar[tuple] = (
         "vocab_size",
         "d_model",
         "n_heads",
@@ -72,58 +122,8 @@ def hsa_attention_defaults() -> AttentionSettings:
         "ssmax_init",
         "attn_chunk_size",
         "attn_backend",
-    ),
-)
-@dataclass
-class HSAConfig:
-    """Hierarchical sparse attention decoder (docs/method.md §8, paper [B]); defaults = the CPU scale of docs/method.md §8.
-
-    Layout: ``n_lower`` sliding-window (RoPE, softmax) layers → chunk memory (``encoder_layers``
-    bidirectional layers over each chunk of ``chunk_size`` tokens + a learned CLS) → ``n_upper`` layers
-    in groups of ``upper_group_size``: the first layer of each group is an HSA layer (retrieval +
-    local sliding-window path), the others plain sliding-window layers.
-
-    landmark: encoder_cls (CLS output; paper) | encoder_mean (mean of the encoder's token outputs) |
-      mean (mean of the chunk's mid-depth hidden states, no encoder needed for the landmark).
-    fusion: bypass (the HSA output feeds only the MLP input) | standard (added to the residual).
-    weights: stickbreaking (paper default; recency ordered) | softmax (over the selected top-k) |
-      entmax (α-entmax over all visible chunks, ``entmax_alpha``; ``entmax_cap`` keeps at most that many
-      non-zero weights; ``topk`` is then unused).
-    retrieval: token (each token its own retrieval query; paper) | chunk (one query per chunk of tokens:
-      the mean of the previous chunk's normalised layer inputs, shared by all tokens of the chunk) |
-      none (the sliding-window-only baseline: HSA layers keep only their local sliding-window path — no
-      retrieval, no chunk memory, so nothing beyond the (n_lower + n_upper)·(window − 1) receptive field is
-      read; needs ``hsa_local``; landmark/encoder/selection fields are then unused).
-    hsa_positions: nope (paper) | rope (absolute positions inside retrieved chunks).
-    attention: the token attention of every layer, a ``longsparse.nn.AttentionSettings`` (one
-      ``longsparse.nn.Attention`` per layer, calling ``longsparse.attention``), whose fields this config takes,
-      reads and stores flat as its own (method, positions, alpha, learn_alpha, max_alpha, adatemp_order,
-      rope_theta, nape_slopes, asentmax_*, ssmax_init, attn_chunk_size, attn_backend): ``method`` (mapping +
-      length scaler) in the sliding windows, the chunk encoder and inside retrieved chunks; ``positions`` in the
-      sliding windows and the chunk encoder (inside retrieved chunks: ``hsa_positions``). ``attn_topk`` is the
-      settings' ``topk`` (the k of the top-k mapping; ``topk`` here counts retrieved chunks). Defaults:
-      softmax and RoPE, the model of [B]. Length scalers (ssmax, asentmax) see each query as attending to the
-      keys it has: min(t + 1, window) in a sliding window, S + 1 in the chunk encoder, S in a retrieved chunk.
-    length_scale: ASEntmax-style multiplier log(n_visible + 1)^γ of the retrieval query: none | fixed γ =
-      ``length_gamma`` | learned γ (one per HSA layer, initialised at ``length_gamma``).
-    gumbel_noise: scale of Gumbel noise added to retrieval scores *for the discrete selection only*
-      (top-k, or the entmax cap) while training; 0 = off.
-    select_warmup: a selection curriculum — the first ``select_warmup`` training forward passes (counted by the
-      persistent buffer ``HSAModel.select_steps``, so resume is exact) select with softmax weights over the
-      top-``select_warmup_topk`` chunks instead of ``weights``/``topk``; afterwards, and always in eval mode,
-      the configured selection. 0 = off.
-    hsa_local: keep the sliding-window local path inside HSA layers (paper: yes).
-    hsa_impl: dense (scores every chunk; O(N²/S·S) — training) | gather (only the selected chunks; what
-      the long-context evaluator uses). Both are exact and tested equal.
-    branch_gain: initial gain of the post-branch ("sandwich") RMSNorms of the residual branches that mix
-      tokens before / beside retrieval: the sliding-window blocks (lower and upper), the chunk-encoder
-      blocks and the local path of HSA blocks (the HSA block's retrieval output and MLP keep gain 1).
-      A post-norm fixes a branch's output RMS to its gain whatever the weights' init, while the token
-      embeddings start at RMS init_std·√d (0.16 at d = 64): with gain 1 every such block overwrites the
-      token identity with a near-uniform window/chunk average, the chunk keys/values lose the value tokens
-      and the model never leaves chance (docs/reports/2026-11-21-hsa-recipe-search.md). Small gains start these
-      blocks near identity (as LayerScale / ReZero do); they are trained.
-    """
+    )
+    ATTENTION_NAMES: ClassVar[dict] = {"topk": "attn_topk"}  # its own topk counts retrieved chunks
 
     vocab_size: int
     d_model: int = 128
@@ -158,6 +158,7 @@ class HSAConfig:
     attention: AttentionSettings = field(default_factory=hsa_attention_defaults, kw_only=True)
 
     def __post_init__(self):
+        own_attention(self)
         if self.head_dim is None and isinstance(self.n_heads, int) and self.n_heads > 0:
             self.head_dim = self.d_model // self.n_heads
         if self.retrieval_dim is None:
@@ -261,12 +262,15 @@ class HSAConfig:
             d_ff=self.d_ff,
             norm_eps=self.norm_eps,
             init_std=self.init_std,
-            attention=self.attention,
-            positions=self.positions if positions is None else positions,
+            attention=self.attention if positions is None else replace(self.attention, positions=positions),
         )
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The stored form: every key of ``STORED_KEYS``, the settings' fields flat (``topk`` as ``attn_topk``)."""
+        return stored_form(self, self.STORED_KEYS, self.ATTENTION_NAMES)
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "HSAConfig":
-        """Strict: unknown keys raise. Dicts written before the token-attention keys existed get their
-        defaults (softmax, RoPE): the model they described."""
-        return strict_from_dict(cls, d)
+        """The config of its stored form (``to_dict``); strict: unknown keys and values of the wrong type raise
+        ValueError naming them; a key left out takes its default."""
+        return from_stored_form(cls, d)

@@ -98,8 +98,8 @@ class TokenAttention(Attention):
         """Everything this layer passes to ``longsparse.attention`` besides q, k, v, q_scale and masks."""
         return dict(
             scale=self.scale,
-            chunk_size=self.cfg.attn_chunk_size,
-            backend=self.cfg.attn_backend,
+            chunk_size=self.cfg.attention.attn_chunk_size,
+            backend=self.cfg.attention.attn_backend,
             **self.mapping_kwargs(),
         )
 

@@ -29,7 +29,7 @@ class Architecture:
     """One registered architecture.
 
     config_path, model_path: ``"module:Class"`` of its config dataclass and of its model.
-    label_keys: config fields that a run's label lists when they differ from the config's defaults
+    label_keys: keys of the config's stored form that a run's label lists when they differ from the defaults
     (``longsparse.train.run_label``). needles_path: ``"module:function"`` scoring needle retrieval of a trained
     model on the RULER-style tasks (``longsparse.evaluate`` adds it to a length sweep), or None."""
 

@@ -121,44 +121,55 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, H * Dh, bias=False)
         self.v_proj = nn.Linear(d, H * Dh, bias=False)
         self.o_proj = nn.Linear(H * Dh, d, bias=False)
-        slopes, scalable = position_setup(cfg.positions, H, cfg.nape_slopes)
+        slopes, scalable = position_setup(cfg.attention.positions, H, cfg.attention.nape_slopes)
         if slopes is not None:
             self.register_buffer("alibi_slopes", slopes, persistent=False)
         else:
             self.alibi_slopes = None
         self.register_buffer("scalable", scalable, persistent=False)
-        self.rope = RoPE(Dh, cfg.rope_theta) if cfg.positions == "rope" else None
+        self.rope = RoPE(Dh, cfg.attention.rope_theta) if cfg.attention.positions == "rope" else None
         self.scaler: Optional[nn.Module] = None
-        if cfg.method == "ssmax":
-            self.scaler = SSMaxScaler(scalable, init=cfg.ssmax_init)
-        elif cfg.method == "asentmax":
-            if cfg.asentmax_scaler == "adaptive":
+        if cfg.attention.method == "ssmax":
+            self.scaler = SSMaxScaler(scalable, init=cfg.attention.ssmax_init)
+        elif cfg.attention.method == "asentmax":
+            if cfg.attention.asentmax_scaler == "adaptive":
                 self.scaler = ASEntmaxScaler(
-                    d, scalable, init=cfg.asentmax_init, delta=cfg.asentmax_delta, gamma_range=cfg.asentmax_gamma_range
+                    d,
+                    scalable,
+                    init=cfg.attention.asentmax_init,
+                    delta=cfg.attention.asentmax_delta,
+                    gamma_range=cfg.attention.asentmax_gamma_range,
                 )
             else:
                 self.scaler = StaticASEntmaxScaler(
-                    scalable, init=cfg.asentmax_init, delta=cfg.asentmax_delta, gamma_range=cfg.asentmax_gamma_range
+                    scalable,
+                    init=cfg.attention.asentmax_init,
+                    delta=cfg.attention.asentmax_delta,
+                    gamma_range=cfg.attention.asentmax_gamma_range,
                 )
-        self.learned_alpha = LearnedAlpha((H,), init=cfg.alpha, max_alpha=cfg.max_alpha) if cfg.learn_alpha else None
+        self.learned_alpha = (
+            LearnedAlpha((H,), init=cfg.attention.alpha, max_alpha=cfg.attention.max_alpha)
+            if cfg.attention.learn_alpha
+            else None
+        )
         self._capture = None  # set by longsparse.nn.capture
 
     # -- the mapping ------------------------------------------------------------------------
     @property
     def mapping(self) -> str:
-        return self.cfg.method
+        return self.cfg.attention.method
 
     def alpha(self):
         """α (float or per-head (H,) tensor) for entmax-type methods."""
-        return self.learned_alpha() if self.learned_alpha is not None else float(self.cfg.alpha)
+        return self.learned_alpha() if self.learned_alpha is not None else float(self.cfg.attention.alpha)
 
     def mapping_kwargs(self) -> Dict:
         """The mapping of the layer's method (ssmax / asentmax: softmax / entmax, their scales arrive as q_scale)."""
         return dict(
-            mapping=method_mapping(self.cfg.method),
+            mapping=method_mapping(self.cfg.attention.method),
             alpha=self.alpha(),
-            topk=self.cfg.topk,
-            adatemp_order=self.cfg.adatemp_order,
+            topk=self.cfg.attention.topk,
+            adatemp_order=self.cfg.attention.adatemp_order,
         )
 
     def probabilities(
@@ -209,8 +220,8 @@ class Attention(nn.Module):
             scale=self.scale,
             alibi_slopes=self.alibi_slopes,
             q_scale=q_scale,
-            chunk_size=self.cfg.attn_chunk_size,
-            backend=self.cfg.attn_backend,
+            chunk_size=self.cfg.attention.attn_chunk_size,
+            backend=self.cfg.attention.attn_backend,
             **keys,
             **self.mapping_kwargs(),
         )

@@ -1,15 +1,15 @@
 """The configs of the decoder: ``AttentionSettings`` (how the token attentions of a model attend; every
-architecture's config holds one) and ``ModelConfig`` (the Gemma-2-style decoder), validated and round-trippable
-as flat plain dicts."""
+architecture's config holds one as its field ``attention``) and ``ModelConfig`` (the Gemma-2-style decoder),
+validated and round-trippable through their stored form (``stored_form``: a flat plain dict, the model section of
+a run config)."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, ClassVar, Dict, Mapping, Optional, Sequence
 
 from longsparse.attention import BACKENDS
 from longsparse.mappings.registry import METHODS
@@ -29,9 +29,9 @@ def check_positive_int(name: str, value: Any) -> None:
 @dataclass
 class AttentionSettings:
     """How the token attentions of a model attend (one ``longsparse.nn.Attention`` per layer, calling
-    ``longsparse.attention``). Every architecture's config holds one as its field ``attention`` and takes, reads
-    and stores its fields flat, as its own (``flat_attention_settings``): a new attention option is a field here,
-    its check in ``validate`` and its use in ``longsparse.nn.Attention``.
+    ``longsparse.attention``). Every architecture's config holds one as its field ``attention`` (its stored form
+    holds the fields flat: ``stored_form``): a new attention option is a field here, its check in ``validate``
+    and its use in ``longsparse.nn.Attention``.
 
     method: softmax | ssmax | adatemp | topk | entmax | sparsemax | asentmax (a mapping plus, for ssmax and
     asentmax, a per-query length scaler).
@@ -116,72 +116,44 @@ class AttentionSettings:
 ATTENTION_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionSettings))
 
 
-def flat_attention_settings(*, names: Optional[Mapping[str, str]] = None, order: Sequence[str] = ()):
-    """Class decorator (above ``@dataclass``) for an architecture config whose field ``attention`` holds its
-    ``AttentionSettings`` (its ``default_factory`` gives the architecture's defaults). The settings' fields become
-    flat keys of the config, as if they were its own fields: ``Config(vocab_size=64, method="entmax")`` sets
-    them over the defaults (over a copy of ``attention=`` when that is given too: a config never shares its
-    settings), ``cfg.method`` reads and writes them, and ``to_dict`` / ``from_dict`` store them flat.
+def attention_keys(names: Mapping[str, str]) -> Dict[str, str]:
+    """{stored key: AttentionSettings field} of a config whose stored form names some settings fields otherwise
+    (``names``: field -> key, e.g. HSA's ``attn_topk``)."""
+    return {names.get(f, f): f for f in ATTENTION_FIELDS}
 
-    names: the key of a settings field in this config where it differs from the field's name (HSA's
-    ``attn_topk``: its own ``topk`` counts chunks). order: the key order of ``to_dict``, the stored form that
-    checkpoints and ``--print-config`` show (the hashes of run configs sort the keys); keys it leaves out follow
-    in declaration order (the config's fields, then the settings'). The class gets ``STORED_KEYS`` (every key, in
-    that order) and ``ATTENTION_NAMES`` (``names``)."""
-    names = dict(names or {})
 
-    def decorate(cls):
-        if "attention" not in cls.__dataclass_fields__:
-            raise TypeError(f"{cls.__name__} has no field 'attention' to hold its AttentionSettings")
-        if set(names) - set(ATTENTION_FIELDS):
-            raise TypeError(
-                f"{cls.__name__}: names= renames unknown AttentionSettings fields "
-                f"{sorted(set(names) - set(ATTENTION_FIELDS))}"
-            )
-        own = [f.name for f in dataclasses.fields(cls) if f.name != "attention"]
-        setting_of = {names.get(f, f): f for f in ATTENTION_FIELDS}  # flat key -> settings field
-        if set(own) & set(setting_of):
-            raise TypeError(
-                f"{cls.__name__}: its fields {sorted(set(own) & set(setting_of))} clash with the flat "
-                f"keys of its AttentionSettings (rename those with names=)"
-            )
-        keys = [k for k in order if k in own or k in setting_of]
-        if len(keys) != len(order):
-            raise TypeError(f"{cls.__name__}: order names unknown keys {sorted(set(order) - set(keys))}")
-        keys += [k for k in own + list(setting_of) if k not in keys]
-        dataclass_init = cls.__init__
+def stored_form(config, keys: Sequence[str], names: Mapping[str, str]) -> Dict[str, Any]:
+    """The stored form (schema 2) of an architecture config: a flat dict of ``keys`` in that order, each its own
+    field or a field of its ``attention`` settings (under its key in ``names``)."""
+    settings = attention_keys(names)
+    return {k: getattr(config.attention, settings[k]) if k in settings else getattr(config, k) for k in keys}
 
-        @functools.wraps(dataclass_init)
-        def __init__(self, *args, **kwargs):
-            flat = {setting_of[k]: kwargs.pop(k) for k in list(kwargs) if k in setting_of}
-            base = kwargs.get("attention")
-            if base is None:
-                base = cls.__dataclass_fields__["attention"].default_factory()
-            elif not isinstance(base, AttentionSettings):
-                raise TypeError(f"{cls.__name__}.attention must be an AttentionSettings, got {type(base).__name__}")
-            kwargs["attention"] = dataclasses.replace(base, **flat)
-            dataclass_init(self, *args, **kwargs)
 
-        def setting(name: str) -> property:
-            return property(
-                lambda self: getattr(self.attention, name),
-                lambda self, value: setattr(self.attention, name, value),
-                doc=f"``attention.{name}`` (AttentionSettings)",
-            )
+def from_stored_form(cls, d: Any):
+    """The config ``cls`` (with ``STORED_KEYS`` and ``ATTENTION_NAMES``) of its stored form ``d``
+    (``stored_form``): unknown keys and values of the wrong type raise ValueError naming them; the settings keys
+    apply over the architecture's default settings (its ``attention`` default)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a {cls.__name__} must be built from a dict, got {type(d).__name__}")
+    unknown = sorted(set(d) - set(cls.STORED_KEYS))
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
+    check_field_types(cls, d)
+    settings = attention_keys(cls.ATTENTION_NAMES)
+    own = {k: v for k, v in d.items() if k not in settings}
+    base = cls.__dataclass_fields__["attention"].default_factory()
+    attention = dataclasses.replace(base, **{settings[k]: v for k, v in d.items() if k in settings})
+    return cls(**own, attention=attention)
 
-        def to_dict(self) -> Dict[str, Any]:
-            """The flat stored form: every key of the config (its fields and its settings') in ``order``."""
-            return {k: getattr(self, k) for k in keys}
 
-        cls.__init__ = __init__
-        for key, name in setting_of.items():
-            setattr(cls, key, setting(name))
-        cls.to_dict = to_dict
-        cls.STORED_KEYS = tuple(keys)
-        cls.ATTENTION_NAMES = names
-        return cls
-
-    return decorate
+def own_attention(config) -> None:
+    """In ``__post_init__``: TypeError unless ``config.attention`` is an ``AttentionSettings``; then a copy of
+    it, so that no two configs share their settings."""
+    if not isinstance(config.attention, AttentionSettings):
+        raise TypeError(
+            f"{type(config).__name__}.attention must be an AttentionSettings, got {type(config.attention).__name__}"
+        )
+    config.attention = dataclasses.replace(config.attention)
 
 
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -198,14 +170,15 @@ def _field_kind(hint) -> tuple[Any, bool]:
 
 
 def check_field_types(cls, d: Mapping[str, Any]) -> None:
-    """ValueError naming the first key of ``d`` whose value has the wrong type for its field of ``cls`` (or of its
-    flat ``AttentionSettings``): ``d_model must be an integer, got 'abc'``, before any arithmetic on it would fail
-    with a Python operator error. A float field takes an integer; nothing takes a bool but a bool field."""
+    """ValueError naming the first key of ``d`` whose value has the wrong type for its field of ``cls`` (or, for an
+    architecture config's stored form, of its ``AttentionSettings``): ``d_model must be an integer, got 'abc'``,
+    before any arithmetic on it would fail with a Python operator error. A float field takes an integer; nothing
+    takes a bool but a bool field."""
     hints = typing.get_type_hints(cls)
     names = getattr(cls, "ATTENTION_NAMES", None)
     if names is not None:
         settings = typing.get_type_hints(AttentionSettings)
-        hints.update({names.get(f, f): settings[f] for f in ATTENTION_FIELDS})
+        hints.update({key: settings[f] for key, f in attention_keys(names).items()})
     for key, value in d.items():
         kind, optional = _field_kind(hints.get(key))
         if kind is None or (value is None and optional):
@@ -220,21 +193,18 @@ def check_field_types(cls, d: Mapping[str, Any]) -> None:
             raise ValueError(f"{key} must be {_KINDS[kind]}{' or null' if optional else ''}, got {value!r}")
 
 
-def strict_from_dict(cls, d: Dict[str, Any]):
-    """Build the config class ``cls`` (a dataclass, or one with ``flat_attention_settings``: ``STORED_KEYS``) from a
-    flat plain dict, rejecting unknown keys and values of the wrong type by name."""
-    if not isinstance(d, dict):
-        raise ValueError(f"a {cls.__name__} must be built from a dict, got {type(d).__name__}")
-    known = getattr(cls, "STORED_KEYS", None) or [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(d) - set(known))
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
-    check_field_types(cls, d)
-    return cls(**d)
+@dataclass
+class ModelConfig:
+    """Gemma-2-style decoder (docs/method.md §4): its widths, and ``attention``, the ``AttentionSettings`` of its
+    layers (defaults: 1.5-entmax, NAPE): ``ModelConfig(vocab_size=64, attention=AttentionSettings(method=
+    "asentmax"))``, ``cfg.attention.method``. The stored form (``to_dict``, the model section of a run config)
+    holds the settings' fields flat among its own, in the order ``STORED_KEYS``.
 
+    head_dim: default d_model // n_heads. norm_eps: the RMSNorms' ε. init_std: the std of the normal init of
+    every projection and embedding.
+    """
 
-@flat_attention_settings(
-    order=(
+    STORED_KEYS: ClassVar[tuple] = (
         "vocab_size",
         "d_model",
         "n_layers",
@@ -260,16 +230,7 @@ def strict_from_dict(cls, d: Dict[str, Any]):
         "attn_chunk_size",
         "attn_backend",
     )
-)
-@dataclass
-class ModelConfig:
-    """Gemma-2-style decoder (docs/method.md §4): its widths, and ``attention``, the ``AttentionSettings`` of its
-    layers (defaults: 1.5-entmax, NAPE), whose fields it takes and stores flat as its own
-    (``ModelConfig(vocab_size=64, method="asentmax")``, ``cfg.method``; ``flat_attention_settings``).
-
-    head_dim: default d_model // n_heads. norm_eps: the RMSNorms' ε. init_std: the std of the normal init of
-    every projection and embedding.
-    """
+    ATTENTION_NAMES: ClassVar[dict] = {}
 
     vocab_size: int
     d_model: int = 256
@@ -282,6 +243,7 @@ class ModelConfig:
     attention: AttentionSettings = field(default_factory=AttentionSettings, kw_only=True)
 
     def __post_init__(self):
+        own_attention(self)
         if self.head_dim is None and self.n_heads > 0:
             self.head_dim = self.d_model // self.n_heads
         self.validate()
@@ -293,7 +255,11 @@ class ModelConfig:
         if self.norm_eps <= 0 or self.init_std <= 0:
             raise ValueError("norm_eps and init_std must be > 0")
 
+    def to_dict(self) -> Dict[str, Any]:
+        """The stored form: every key of ``STORED_KEYS``, the settings' fields flat."""
+        return stored_form(self, self.STORED_KEYS, self.ATTENTION_NAMES)
+
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "ModelConfig":
-        """Strict: unknown keys raise ValueError naming them."""
-        return strict_from_dict(cls, d)
+        """The config of its stored form (``to_dict``); strict: unknown keys raise ValueError naming them."""
+        return from_stored_form(cls, d)

@@ -196,27 +196,17 @@ def png_text(path: Path) -> dict:
     return out
 
 
-# Reports written before the markers existed: next to a results.json of ours, a results.md with the report's table
-# heading and a plot saved by matplotlib (without our text chunk) are ours too.
-LEGACY_MD_HEADING = ": exact match % [95% Wilson interval], n = "
-
-
 def _written_by_report(path: Path) -> bool:
+    """Whether ``path`` carries the marker of `longsparse report` (a report folder written before the markers
+    existed gets them from ``longsparse migrate``)."""
     if path.suffix == ".json":
         try:
             return json.loads(path.read_text()).get("format") == MERGED_FORMAT
         except (ValueError, AttributeError):
             return False
-    legacy = (
-        path.name != "results.json"
-        and (path.parent / "results.json").is_file()
-        and _written_by_report(path.parent / "results.json")
-    )
     if path.suffix == ".md":
-        text = path.read_text(encoding="utf-8", errors="replace")
-        return text.split("\n", 1)[0] == MD_MARKER or (legacy and LEGACY_MD_HEADING in text)
-    meta = png_text(path)
-    return meta.get(PNG_KEY) == PNG_VALUE or (legacy and meta.get("Software", "").startswith("Matplotlib"))
+        return path.read_text(encoding="utf-8", errors="replace").split("\n", 1)[0] == MD_MARKER
+    return png_text(path).get(PNG_KEY) == PNG_VALUE
 
 
 def _check_not_foreign(out: Path) -> None:
@@ -227,7 +217,8 @@ def _check_not_foreign(out: Path) -> None:
         if path.is_file() and not _written_by_report(path):
             raise ReportError(
                 f"{path} exists and is not a `longsparse report` file (it has no report marker); "
-                f"nothing was written: choose another --out, or move the file away"
+                f"nothing was written: choose another --out, or move the file away (a report of older "
+                f"longsparse gets its markers from `longsparse migrate {out / 'results.json'}`)"
             )
         if path.exists() and not path.is_file():
             raise ReportError(f"{path} exists and is not a file; nothing was written (choose another --out)")

@@ -31,6 +31,7 @@ from typing import Mapping
 
 from longsparse.io import atomic_write_text, is_temp_name, remove_stale_temps
 from longsparse.train.config import ConfigError, config_diff, resolve, run_identity
+from longsparse.train.config.identity import FORM_KEYS, SCHEMA_VERSION
 
 CHECKPOINTS = ("best", "last")
 LOCK_NAME = ".lock"  # flock'ed while a process trains into the folder (run_lock)
@@ -98,7 +99,8 @@ def checkpoint_path(run: str | os.PathLike, which: str = "last") -> Path:
 
 
 def normalise(cfg: Mapping) -> dict:
-    return run_identity(cfg)
+    """What config.json holds: the run's identity and the keys of its form (``FORM_KEYS``)."""
+    return {**run_identity(cfg), **{k: cfg[k] for k in FORM_KEYS if k in cfg}}
 
 
 def check_run_dir(out: str | os.PathLike, cfg: Mapping) -> str:
@@ -118,9 +120,14 @@ def check_run_dir(out: str | os.PathLike, cfg: Mapping) -> str:
         old = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise RunDirError(f"{cfg_path} is not valid JSON ({e}); refusing to touch the run") from None
-    new = normalise(cfg)
-    if normalise(old) != new:
-        diff = config_diff(normalise(old), new)
+    if isinstance(old, dict) and old.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise RunDirError(
+            f"{cfg_path} is a run config of schema_version {old['schema_version']!r}; this longsparse reads "
+            f"{SCHEMA_VERSION}: rewrite it once with `longsparse migrate {cfg_path}`; nothing was changed"
+        )
+    new = run_identity(cfg)
+    if run_identity(old) != new:
+        diff = config_diff(run_identity(old), new)
         raise RunDirError(
             f"{out} holds a run with a DIFFERENT config; nothing was changed. Differences "
             f"(stored -> requested):\n  "

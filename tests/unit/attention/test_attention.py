@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import longsparse as ls
-from longsparse.attention import ADATEMP_POLY, BACKENDS
+from longsparse.attention import BACKENDS
 from longsparse.attention.call import make_call
+from longsparse.mappings.variants import ADATEMP_POLY
 
 B, H, N, D = 2, 4, 37, 8
 

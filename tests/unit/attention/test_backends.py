@@ -357,17 +357,13 @@ def test_a_named_backend_that_cannot_take_the_call_raises_with_the_reason():
     assert named.backend == "chunked" and "auto would pick" in named.passed_over["reference"]
 
 
-def test_path_is_a_deprecated_alias_of_backend():
+def test_path_is_not_a_keyword():
+    """``backend=`` names the backend; the keyword ``path=`` of 0.1 is gone (CHANGELOG)."""
     q, k, v, _ = grid_case("entmax15", "alibi", "none", "causal", "mha")
-    with pytest.warns(DeprecationWarning, match="backend="):
-        out = ls.attention(q, k, v, path="reference")
-    torch.testing.assert_close(out, ls.attention(q, k, v, backend="reference"), atol=0, rtol=0)
-    # path="chunked" keeps its meaning: the chunked path, with the fused kernel where it applies
-    with pytest.warns(DeprecationWarning):
-        assert ls.explain_attention(q, k, v, path="chunked").backend in ("fused_cpu", "chunked")
-        assert ls.explain_attention(q, k, v, path="chunked", mapping="topk").backend == "chunked"
-        with pytest.raises(ValueError, match="not both"):
-            ls.attention(q, k, v, path="chunked", backend="reference")
+    with pytest.raises(TypeError, match="path"):
+        ls.attention(q, k, v, path="reference")
+    with pytest.raises(TypeError, match="path"):
+        ls.explain_attention(q, k, v, path="chunked")
 
 
 def test_kernel_env_override_turns_fused_cpu_off(monkeypatch):
@@ -408,11 +404,10 @@ def test_triton_on_cpu_only_when_named_in_interpreter_mode(monkeypatch):
 
 
 def test_method_and_mapping_names_come_from_the_registry():
-    from longsparse.attention import MAPPINGS as attention_mappings
-    from longsparse.mappings.registry import MAPPING_NAMES, METHODS, SCALED_METHODS
+    from longsparse.mappings.registry import MAPPING_NAMES, MAPPINGS, METHODS, SCALED_METHODS
     from longsparse.nn import METHODS as nn_methods
 
-    assert tuple(attention_mappings) == MAPPING_NAMES
+    assert tuple(MAPPINGS) == MAPPING_NAMES
     assert nn_methods == METHODS == MAPPING_NAMES + tuple(SCALED_METHODS)
     assert set(SCALED_METHODS.values()) <= set(MAPPING_NAMES)
 
@@ -434,13 +429,17 @@ def test_scaled_methods_need_their_q_scale(method):
     )
 
 
-def test_old_import_paths_of_the_mappings_still_work():
-    from longsparse.attention import ADATEMP_POLY, adaptive_temperature, adaptive_temperature_softmax, map_scores
+def test_the_mappings_are_imported_from_their_own_package():
+    """The aliases ``longsparse.attention.MAPPINGS`` / ``ADATEMP_POLY`` / ``adaptive_temperature*`` are gone:
+    one import path per name (``longsparse.mappings``)."""
+    import longsparse.attention as attention_pkg
+    from longsparse.attention import map_scores
     from longsparse.mappings import variants
 
-    assert adaptive_temperature is variants.adaptive_temperature and ADATEMP_POLY is variants.ADATEMP_POLY
+    for gone in ("MAPPINGS", "ADATEMP_POLY", "adaptive_temperature", "adaptive_temperature_softmax"):
+        assert not hasattr(attention_pkg, gone), gone
     z = torch.randn(3, 9) * 4
-    torch.testing.assert_close(map_scores(z, "adatemp"), adaptive_temperature_softmax(z))
+    torch.testing.assert_close(map_scores(z, "adatemp"), variants.adaptive_temperature_softmax(z))
     torch.testing.assert_close(map_scores(z, "topk", topk=2), variants.topk_softmax(z, 2))
 
 
@@ -449,17 +448,17 @@ def test_old_import_paths_of_the_mappings_still_work():
 
 def test_model_config_names_a_backend():
     with pytest.raises(ValueError, match="unknown attn_backend 'flash'"):
-        ModelConfig(vocab_size=10, attn_backend="flash")
+        ModelConfig.from_dict(dict(vocab_size=10, attn_backend="flash"))
     cfg = dict(vocab_size=20, d_model=32, n_heads=4, n_layers=1, d_ff=64, method="entmax")
     ids = torch.randint(0, 20, (2, 12))
     torch.manual_seed(0)
-    auto = Transformer(ModelConfig(**cfg))
+    auto = Transformer(ModelConfig.from_dict(cfg))
     for name in ("reference", "chunked"):
-        model = Transformer(ModelConfig(**cfg, attn_backend=name))
+        model = Transformer(ModelConfig.from_dict(dict(**cfg, attn_backend=name)))
         model.load_state_dict(auto.state_dict())
-        assert ModelConfig.from_dict(model.cfg.to_dict()).attn_backend == name
+        assert ModelConfig.from_dict(model.cfg.to_dict()).attention.attn_backend == name
         torch.testing.assert_close(model(ids), auto(ids), atol=1e-5, rtol=1e-5)
-    model = Transformer(ModelConfig(**cfg, attn_backend="sdpa"))
+    model = Transformer(ModelConfig.from_dict(dict(**cfg, attn_backend="sdpa")))
     with pytest.raises(ValueError, match="'sdpa' cannot take this call: mapping 'entmax'"):
         model(ids)
 

@@ -56,7 +56,9 @@ def test_attention_makes_nothing_on_the_default_device(mapping, extra, bias, bac
 def test_model_makes_nothing_on_the_default_device(method, positions):
     torch.manual_seed(0)
     model = Transformer(
-        ModelConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64, method=method, positions=positions)
+        ModelConfig.from_dict(
+            dict(vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64, method=method, positions=positions)
+        )
     )
     x = torch.randint(0, 50, (2, 40))
     mask = torch.ones(2, 40, dtype=torch.bool)

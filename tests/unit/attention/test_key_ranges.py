@@ -191,15 +191,17 @@ V = 23
 
 def _model(backend="auto", method="asentmax", positions="nape", dtype=torch.float64):
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=V,
-        d_model=32,
-        n_layers=2,
-        n_heads=2,
-        d_ff=64,
-        method=method,
-        positions=positions,
-        attn_backend=backend,
+    cfg = ModelConfig.from_dict(
+        dict(
+            vocab_size=V,
+            d_model=32,
+            n_layers=2,
+            n_heads=2,
+            d_ff=64,
+            method=method,
+            positions=positions,
+            attn_backend=backend,
+        )
     )
     return Transformer(cfg).to(dtype).eval()
 

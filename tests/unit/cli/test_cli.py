@@ -81,7 +81,7 @@ def test_print_config_and_presets(capsys):
     assert "mqmtar" in out and "cpu, paper" in out
 
 
-LIBRARY_COMMANDS = {"train", "eval", "report", "presets", "data"}
+LIBRARY_COMMANDS = {"train", "eval", "report", "presets", "data", "migrate"}
 EXPERIMENT_COMMANDS = {"demo", "figures", "findings", "hsa", "lm", "reproduce", "bench"}
 
 

@@ -635,7 +635,7 @@ def test_branch_gain_init_keeps_token_identity_and_in_chunk_gradients():
 
     def probe(**kw):
         torch.manual_seed(0)
-        m = HSAModel(HSAConfig(**{**base, **kw}))
+        m = HSAModel(HSAConfig.from_dict({**base, **kw}))
         loss = F.cross_entropy(m(batch.input_ids).flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX)
         loss.backward()
         h = m.upper[0].hsa

@@ -40,7 +40,7 @@ def ids(B, N, seed=0):
 def oracle_map(layer, z: torch.Tensor, grad: bool) -> torch.Tensor:
     """The layer's mapping on rows z (H, n) in float64: a bisection α-entmax (values) or the library's
     autograd mapping (gradients); softmax by torch; top-k and adaptive temperature by their mappings."""
-    name = method_mapping(layer.cfg.method)
+    name = method_mapping(layer.cfg.attention.method)
     alpha = layer.alpha()
     alpha = alpha.detach().double()[:, None] if isinstance(alpha, torch.Tensor) else alpha
     if name == "softmax":
@@ -55,7 +55,7 @@ def oracle_map(layer, z: torch.Tensor, grad: bool) -> torch.Tensor:
                 for h in range(z.shape[0])
             ]
         )
-    return get_mapping(name, topk=layer.cfg.topk, adatemp_order=layer.cfg.adatemp_order)(z)
+    return get_mapping(name, topk=layer.cfg.attention.topk, adatemp_order=layer.cfg.attention.adatemp_order)(z)
 
 
 def oracle_chunk_attention(layer: HSAAttention, h, positions, memory, grad=False):

@@ -1,9 +1,9 @@
 """The model registry (longsparse.models): architectures by name, save/load through it for both architectures,
 `model.arch` in run configs, what every architecture shares (its attention settings, stored flat; greedy
 generation), and what older code wrote: an HSA run folder from before `model.arch` existed (tests/data/hsa_legacy:
-its config names HSA as the method) still loads, gives the same logits and evaluates; the flat model sections and
-their hashes, and checkpoints written before the configs held an `AttentionSettings` (tests/data/checkpoints),
-are unchanged."""
+its config named HSA as the method; `longsparse migrate` rewrote it) loads, gives the same logits and evaluates;
+the flat model sections and their hashes, and checkpoints written before the configs held an `AttentionSettings`
+(tests/data/checkpoints), are unchanged."""
 
 from __future__ import annotations
 
@@ -115,7 +115,10 @@ def test_legacy_hsa_checkpoint_gives_the_same_logits():
     expected = torch.load(LEGACY / "expected.pt", weights_only=True)
     model, extra = load_checkpoint(str(LEGACY / "run" / "checkpoints" / "last.pt"))
     assert isinstance(model, HSAModel) and extra["step"] == 3 and int(model.select_steps) == 3
-    assert (model.cfg.method, model.cfg.positions) == ("softmax", "rope")  # the token attention of that code
+    assert (model.cfg.attention.method, model.cfg.attention.positions) == (
+        "softmax",
+        "rope",
+    )  # the token attention of that code
     model = model.double().eval()
     with torch.no_grad():
         logits = model(expected["input_ids"])[:, expected["rows"]]
@@ -124,12 +127,17 @@ def test_legacy_hsa_checkpoint_gives_the_same_logits():
         assert torch.equal(model.generate(prompt, 4), expected["generated"])
 
 
-def test_legacy_hsa_run_config_reads_evaluates_and_keeps_its_label(tmp_path):
+def test_legacy_hsa_run_config_is_read_once_migrated_evaluates_and_keeps_its_label(tmp_path):
     from longsparse.evaluate import evaluate_run
     from longsparse.evaluate.sweep import load_run_model
+    from longsparse.migrate import migrate_run_config
 
-    stored = json.loads((LEGACY / "run" / "config.json").read_text())
-    assert (stored["model"]["method"], stored["model"]["positions"]) == ("hsa", "hsa")  # the old form
+    old = json.loads((LEGACY / "config_schema1.json").read_text())  # the config as that code wrote it
+    assert (old["model"]["method"], old["model"]["positions"]) == ("hsa", "hsa")  # the old form
+    with pytest.raises(ConfigError, match=r"'hsa' is an architecture, not a method.*`longsparse migrate FILE`"):
+        resolve(old)  # read by the migration only
+    stored = json.loads((LEGACY / "run" / "config.json").read_text())  # the run folder's, migrated
+    assert migrate_run_config(old) == stored and stored["legacy_hash"] == config_hash(old)
     cfg = resolve(stored)
     m = cfg["model"]
     assert (m["arch"], m["method"], m["positions"]) == ("hsa", "softmax", "rope")
@@ -272,11 +280,9 @@ PINNED_SECTIONS = {
     "transformer_asentmax_nape": (
         lambda: ModelConfig(
             vocab_size=32,
-            method="asentmax",
-            positions="nape",
-            topk=8,
-            asentmax_init="reference",
-            attn_backend="reference",
+            attention=AttentionSettings(
+                method="asentmax", positions="nape", topk=8, asentmax_init="reference", attn_backend="reference"
+            ),
         ),
         TRANSFORMER_KEYS,
         "6817599f7c469a5f",
@@ -286,13 +292,9 @@ PINNED_SECTIONS = {
     "hsa_entmax": (
         lambda: HSAConfig(
             vocab_size=32,
-            method="entmax",
-            positions="nape",
-            alpha=1.3,
-            attn_topk=8,
             weights="entmax",
             entmax_cap=3,
-            attn_chunk_size=64,
+            attention=AttentionSettings(method="entmax", positions="nape", alpha=1.3, topk=8, attn_chunk_size=64),
         ),
         HSA_KEYS,
         "52a9185e1dd114cf",
@@ -321,7 +323,7 @@ def test_checkpoints_written_by_the_flat_configs_load_and_compute_the_same(name)
     stored = read_checkpoint(str(path))["config"]
     model, extra = load_checkpoint(str(path))
     assert model.cfg.to_dict() == stored and list(model.cfg.to_dict()) == list(stored)
-    assert model.cfg.learn_alpha and model.cfg.method in ("asentmax", "entmax")
+    assert model.cfg.attention.learn_alpha and model.cfg.attention.method in ("asentmax", "entmax")
     exact = copy.deepcopy(model).double().eval()
     with torch.no_grad():
         torch.testing.assert_close(exact(extra["input_ids"]), extra["logits"], rtol=0, atol=1e-12)
@@ -330,30 +332,36 @@ def test_checkpoints_written_by_the_flat_configs_load_and_compute_the_same(name)
         assert torch.equal(exact.generate(prompt, 6, use_cache=use_cache), extra["generated"])
 
 
-def test_attention_settings_are_flat_keys_of_every_architecture_config():
-    t = ModelConfig(vocab_size=8, d_model=8, n_heads=2, method="softmax", topk=3)
-    h = HSAConfig(vocab_size=8, d_model=8, n_heads=2, topk=5, attn_topk=3, method="entmax")
+def test_attention_settings_are_a_plain_field_stored_flat():
+    t = ModelConfig.from_dict({"vocab_size": 8, "d_model": 8, "n_heads": 2, "method": "softmax", "topk": 3})
+    h = HSAConfig.from_dict(
+        {"vocab_size": 8, "d_model": 8, "n_heads": 2, "topk": 5, "attn_topk": 3, "method": "entmax"}
+    )
     assert t.attention == AttentionSettings(method="softmax", topk=3)
     assert h.attention == AttentionSettings(method="entmax", positions="rope", topk=3) and h.topk == 5
     assert HSAConfig(vocab_size=8).attention == AttentionSettings(method="softmax", positions="rope")
-    t.method, h.attn_topk = "asentmax", 7  # attributes read and write the settings
-    assert (t.attention.method, h.attention.topk, h.attn_topk) == ("asentmax", 7, 7)
-    # given settings are copied, and flat keys apply over them: no two configs share their settings
+    assert (h.to_dict()["topk"], h.to_dict()["attn_topk"], t.to_dict()["method"]) == (5, 3, "softmax")
+    for flat in ("method", "attn_topk", "alpha"):  # the settings are read through ``attention`` only
+        assert not hasattr(t, flat) and not hasattr(h, flat)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'method'"):
+        ModelConfig(vocab_size=8, method="softmax")
+    # given settings are copied: no two configs share their settings
     shared = AttentionSettings(alpha=1.3)
-    a, b = ModelConfig(vocab_size=8, attention=shared), ModelConfig(vocab_size=8, attention=shared, alpha=1.7)
-    a.alpha = 1.2
-    assert (shared.alpha, a.alpha, b.alpha) == (1.3, 1.2, 1.7)
-    assert dataclasses.replace(h, method="sparsemax").attention.method == "sparsemax" and h.method == "entmax"
+    a, b = ModelConfig(vocab_size=8, attention=shared), ModelConfig(vocab_size=8, attention=shared)
+    a.attention.alpha = 1.2
+    assert (shared.alpha, a.attention.alpha, b.attention.alpha) == (1.3, 1.2, 1.3)
     assert h.attention_config("nope").attention == dataclasses.replace(h.attention, positions="nope")
-    assert h.attention_config().attention is not h.attention
+    assert h.attention_config().attention == h.attention and h.attention_config().attention is not h.attention
     with pytest.raises(TypeError, match="attention must be an AttentionSettings"):
         ModelConfig(vocab_size=8, attention={"method": "entmax"})
     with pytest.raises(ValueError, match="unknown HSAConfig field\\(s\\): attention"):
-        HSAConfig.from_dict({"vocab_size": 8, "attention": {}})  # the stored form is flat only
+        HSAConfig.from_dict({"vocab_size": 8, "attention": {}})  # the stored form is flat
     with pytest.raises(ValueError, match="attn_topk must be a positive integer"):
-        HSAConfig(vocab_size=8, attn_topk=0)
+        HSAConfig.from_dict({"vocab_size": 8, "attn_topk": 0})
+    with pytest.raises(ValueError, match="attn_topk must be an integer, got 'x'"):
+        HSAConfig.from_dict({"vocab_size": 8, "attn_topk": "x"})
     with pytest.raises(ValueError, match="unknown method 'flash'"):
-        HSAConfig(vocab_size=8, method="flash")
+        HSAConfig(vocab_size=8, attention=AttentionSettings(method="flash", positions="rope"))
 
 
 # ------------------------------------------------------------------------------- shared greedy generation

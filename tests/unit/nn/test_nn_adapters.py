@@ -10,7 +10,7 @@ from longsparse.nn import EntmaxMultiheadAttention, ModelConfig, Transformer
 def _model(**kw):
     cfg = dict(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=32, method="asentmax", positions="nape")
     cfg.update(kw)
-    return Transformer(ModelConfig(**cfg))
+    return Transformer(ModelConfig.from_dict(cfg))
 
 
 def test_checkpoint_roundtrip(tmp_path):

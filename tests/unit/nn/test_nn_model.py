@@ -14,7 +14,7 @@ V = 23
 def tiny(method, positions, **kw):
     base = dict(vocab_size=V, d_model=32, n_layers=2, n_heads=4, d_ff=64, method=method, positions=positions, topk=4)
     base.update(kw)
-    return ModelConfig(**base)
+    return ModelConfig.from_dict(base)
 
 
 @pytest.mark.parametrize("method,positions", COMBOS)

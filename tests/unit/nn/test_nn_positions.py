@@ -142,15 +142,17 @@ def test_static_asentmax_scale_formula():
 def test_attention_map_matches_bruteforce(method, positions):
     """The layer's attention map = mapping((s_i q_i)·k_j/√d − m_h(i − j)), scale only on the scalable heads."""
     torch.manual_seed(1)
-    cfg = ModelConfig(
-        vocab_size=11,
-        d_model=16,
-        n_layers=1,
-        n_heads=4,
-        d_ff=32,
-        method=method,
-        positions=positions,
-        asentmax_init="reference",
+    cfg = ModelConfig.from_dict(
+        dict(
+            vocab_size=11,
+            d_model=16,
+            n_layers=1,
+            n_heads=4,
+            d_ff=32,
+            method=method,
+            positions=positions,
+            asentmax_init="reference",
+        )
     )
     model = Transformer(cfg).double()
     ids = torch.randint(0, 11, (1, 9))

@@ -1,13 +1,14 @@
 """Run configuration: TOML presets shipped in the package (``longsparse/configs/``), ``--set key=value`` overrides,
 validation. One module per concern: ``training`` (``TrainConfig``, the ``train`` section, validating itself),
 ``presets`` (preset files, TOML), ``build`` (preset + overrides + flags: ``build_config``), ``resolve`` (defaults and
-validation of every section, the task and model a config names), ``identity`` (``config_hash``), ``run_config``
-(``RunConfig``, the typed form) and ``legacy`` (model sections older code wrote).
+validation of every section, the task and model a config names), ``identity`` (``config_hash``, the schema
+version) and ``run_config`` (``RunConfig``, the typed form).
 
-A *resolved* run config is a plain dict with three sections, stored as ``config.json`` in the run directory
-(``RunConfig`` is the same config typed: ``RunConfig.from_dict(cfg)``, ``run.as_dict()``):
+A *resolved* run config is a plain dict with its schema version and three sections, stored as ``config.json`` in
+the run directory (``RunConfig`` is the same config typed: ``RunConfig.from_dict(cfg)``, ``run.as_dict()``):
 
-    {"task":  {"name": "copy", "preset": "cpu", "params": {...}},        # longsparse.tasks.get_task
+    {"schema_version": 2,                                                # SCHEMA_VERSION; not part of the hash
+     "task":  {"name": "copy", "preset": "cpu", "params": {...}},        # longsparse.tasks.get_task
      "model": {"d_model": 128, ..., "method": "asentmax", "positions": "nape"},   # the model's config minus vocab_size
      "train": {"steps": 800, "batch_size": 32, "lr": 1e-3, ...}}          # TRAIN_DEFAULTS
 
@@ -27,15 +28,23 @@ Every architecture has ``method`` (the attention mapping and its length scaler) 
 after another architecture (``[hsa]``) is the model section of a run that asks for that one (``--arch hsa`` or
 ``--set model.arch=hsa``), so one file holds the decoder baselines and the HSA model of a task. The resolved
 section names ``arch`` only when it is not the default: transformer run configs, and so their identities, read
-as they did before architectures had names. Run configs written before ``model.arch`` existed named HSA as a
-method (``"method": "hsa", "positions": "hsa"``); ``resolve`` reads them as ``arch = "hsa"`` with the token
-attention it then had (softmax, RoPE; ``legacy.upgrade_legacy_model``).
+as they did before architectures had names.
+
+Run configs written in an older form (an older ``schema_version``, or none in a stored config.json of older code)
+are rewritten once by ``longsparse migrate`` (``longsparse.migrate``), which keeps the hash they had as
+``legacy_hash``; ``resolve`` reads the current form only.
 """
 
 from longsparse.train.config.build import apply_overrides, apply_sets, build_config, deep_merge
 from longsparse.train.config.errors import ConfigError
-from longsparse.train.config.identity import NOT_IDENTITY, config_diff, config_hash, run_identity
-from longsparse.train.config.legacy import upgrade_legacy_model
+from longsparse.train.config.identity import (
+    FORM_KEYS,
+    NOT_IDENTITY,
+    SCHEMA_VERSION,
+    config_diff,
+    config_hash,
+    run_identity,
+)
 from longsparse.train.config.presets import (
     SCALES,
     available_presets,
@@ -76,5 +85,6 @@ __all__ = [
     "run_identity",
     "config_hash",
     "config_diff",
-    "upgrade_legacy_model",
+    "SCHEMA_VERSION",
+    "FORM_KEYS",
 ]

@@ -1,10 +1,20 @@
-"""A run's identity: the resolved config without the settings that choose how it is computed, and its hash."""
+"""A run's identity: the resolved config without the settings that choose how it is computed, and its hash; the
+schema version of run configs."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Mapping
+
+# The form of the run configs this code writes and reads (the key ``schema_version`` of a resolved config). A
+# config in an older form is rewritten once by ``longsparse migrate`` (``longsparse.migrate``), which keeps the hash
+# it had as ``legacy_hash`` where the rewrite changes it.
+SCHEMA_VERSION = 2
+
+# Keys of a run config that say how it is written, not what it computes: its schema version and the hash it had
+# before a migration. config.json keeps them; the identity, and so the hash, does not.
+FORM_KEYS = ("schema_version", "legacy_hash")
 
 # Settings that choose how a run is computed, not what it computes (every attention backend is tested equal to the
 # reference, the compiled training step to the eager one; a task's cache folder only says where derived files live;
@@ -16,6 +26,7 @@ NOT_IDENTITY = (
     ("task", "params", "cache_dir"),
     ("train", "compile"),
     ("train", "parallel"),
+    *((key,) for key in FORM_KEYS),
 )
 
 

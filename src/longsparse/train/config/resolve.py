@@ -11,20 +11,23 @@ from typing import Any
 from longsparse.models import ARCHITECTURES, DEFAULT_ARCH, config_section, get_architecture, model_config
 from longsparse.models import build_model as _build_model
 from longsparse.train.config.errors import ConfigError
-from longsparse.train.config.legacy import upgrade_legacy_model
+from longsparse.train.config.identity import FORM_KEYS, SCHEMA_VERSION
 from longsparse.train.config.training import TRAIN_DEFAULTS, TrainConfig
 
 SECTIONS = ("task", "model", "train")
 
 
 def resolve(cfg: Mapping) -> dict:
-    """Fill defaults and validate every section; returns a JSON-able dict (raises ConfigError).
+    """Fill defaults and validate every section; returns a JSON-able dict (raises ConfigError): ``schema_version``
+    (``SCHEMA_VERSION``), the sections ``task``, ``model``, ``train`` and, when ``cfg`` has one, ``legacy_hash``.
 
-    Every run starts here (``train`` calls it before touching the run folder), so a config that cannot train
-    is refused before anything is written."""
-    unknown = sorted(set(cfg) - set(SECTIONS))
+    A config without ``schema_version`` is read in this version's form (a config written by hand or in code);
+    one of an older version is refused, naming ``longsparse migrate``. Every run starts here (``train`` calls it
+    before touching the run folder), so a config that cannot train is refused before anything is written."""
+    unknown = sorted(set(cfg) - set(SECTIONS) - set(FORM_KEYS))
     if unknown:
         raise ConfigError(f"unknown config section(s) {unknown}; sections: {', '.join(SECTIONS)}")
+    form = check_form(cfg)
     _check_finite(cfg)
     t = dict(cfg.get("task", {}))
     bad = sorted(set(t) - {"name", "preset", "params"})
@@ -43,14 +46,38 @@ def resolve(cfg: Mapping) -> dict:
     model = dict(cfg.get("model", {}))
     if "vocab_size" in model:
         raise ConfigError("model.vocab_size is set from the task; do not give it")
-    model_cfg = _resolve_model(upgrade_legacy_model(model), task)
+    model_cfg = _resolve_model(model, task)
 
     tr = copy.deepcopy(dict(cfg.get("train", {})))
     bad = sorted(set(tr) - set(TRAIN_DEFAULTS))
     if bad:
         raise ConfigError(f"unknown train key(s) {bad}; valid: {', '.join(TRAIN_DEFAULTS)}")
     train = TrainConfig(**tr).for_task(task).as_dict()
-    return {"task": task_cfg, "model": model_cfg, "train": train}
+    return {"schema_version": SCHEMA_VERSION, "task": task_cfg, "model": model_cfg, "train": train, **form}
+
+
+def check_form(cfg: Mapping) -> dict:
+    """``{"legacy_hash": ...}`` of a run config that has one ({} otherwise), after checking its ``schema_version``
+    (absent: this version) and ``legacy_hash`` (a 16-digit hex hash); ConfigError naming the problem."""
+    version = cfg.get("schema_version", SCHEMA_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ConfigError(f"schema_version must be an integer, got {version!r}")
+    if version < SCHEMA_VERSION:
+        raise ConfigError(
+            f"run config of schema_version {version}; this longsparse reads {SCHEMA_VERSION}: "
+            f"rewrite the file once with `longsparse migrate FILE`"
+        )
+    if version > SCHEMA_VERSION:
+        raise ConfigError(
+            f"run config of schema_version {version}, newer than this longsparse reads ({SCHEMA_VERSION}): "
+            f"use a newer longsparse"
+        )
+    if "legacy_hash" not in cfg:
+        return {}
+    legacy = cfg["legacy_hash"]
+    if not isinstance(legacy, str) or len(legacy) != 16 or set(legacy) - set("0123456789abcdef"):
+        raise ConfigError(f"legacy_hash must be a 16-digit hex config hash, got {legacy!r}")
+    return {"legacy_hash": legacy}
 
 
 def not_a_method(name: str) -> str:
@@ -74,7 +101,7 @@ def _resolve_model(model: dict, task) -> dict:
     # the two axes every architecture has: named here so that a typo gets the list of valid values
     if "method" in model and model["method"] not in METHODS:
         raise ConfigError(
-            not_a_method(model["method"])
+            not_a_method(model["method"]) + " (a run config older code wrote so: `longsparse migrate FILE` rewrites it)"
             if model["method"] in ARCHITECTURES
             else f"unknown method {model['method']!r}; valid methods: {', '.join(METHODS)}"
         )
@@ -104,8 +131,8 @@ def run_label(cfg: Mapping) -> str:
     if name == DEFAULT_ARCH:
         return f"{m['method']}/{m['positions']}"
     arch = get_architecture(name)
-    default = arch.config_cls(vocab_size=2)
-    diff = [f"{k}={m[k]}" for k in arch.label_keys if k in m and m[k] != getattr(default, k)]
+    default = arch.config_cls(vocab_size=2).to_dict()
+    diff = [f"{k}={m[k]}" for k in arch.label_keys if k in m and m[k] != default[k]]
     return name + (f"[{','.join(diff)}]" if diff else "")
 
 

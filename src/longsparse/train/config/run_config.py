@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from longsparse.models import config_section, model_config
-from longsparse.train.config.identity import config_hash
+from longsparse.train.config.identity import SCHEMA_VERSION, config_hash
 from longsparse.train.config.resolve import make_task, resolve
 from longsparse.train.config.training import TrainConfig
 
@@ -33,12 +33,14 @@ class RunConfig:
     """A resolved run config, typed: what the trainer trains.
 
     ``model`` is the architecture's config object (``ModelConfig`` or ``HSAConfig``, its ``vocab_size`` the
-    task's); ``as_dict()`` is the JSON form stored as ``config.json`` (``model`` without ``vocab_size``, ``arch``
-    named only when not the default), whose ``config_hash`` identifies the run."""
+    task's); ``as_dict()`` is the JSON form stored as ``config.json`` (``schema_version``, ``model`` without
+    ``vocab_size``, ``arch`` named only when not the default), whose ``config_hash`` identifies the run.
+    ``legacy_hash``: the hash the config had before ``longsparse migrate`` rewrote it (None: not migrated)."""
 
     task: TaskSpec
     model: Any
     train: TrainConfig
+    legacy_hash: Optional[str] = None
 
     @classmethod
     def from_dict(cls, cfg: Mapping) -> "RunConfig":
@@ -46,12 +48,14 @@ class RunConfig:
         r = resolve(cfg)
         task = TaskSpec(**r["task"])
         vocab = task.build().vocab_size
-        return cls(task, model_config(r["model"], vocab), TrainConfig(**r["train"]))
+        return cls(task, model_config(r["model"], vocab), TrainConfig(**r["train"]), r.get("legacy_hash"))
 
     def as_dict(self) -> dict:
         model = config_section(self.model)
         del model["vocab_size"]
-        return {"task": self.task.as_dict(), "model": model, "train": self.train.as_dict()}
+        legacy = {} if self.legacy_hash is None else {"legacy_hash": self.legacy_hash}
+        out = {"task": self.task.as_dict(), "model": model, "train": self.train.as_dict()}
+        return {"schema_version": SCHEMA_VERSION, **out, **legacy}
 
     @property
     def hash(self) -> str:
