@@ -485,11 +485,11 @@ def backends_used():
     saved = dict(BACKENDS)
 
     def counted(backend):
-        def run(call):
+        def run_call(call):
             counts[backend.name] += 1
-            return backend.run(call)
+            return backend.run_call(call)
 
-        return dataclasses.replace(backend, run=run)
+        return dataclasses.replace(backend, run_call=run_call)
 
     BACKENDS.update({name: counted(b) for name, b in saved.items()})
     try:

@@ -22,6 +22,7 @@ import json
 import sys
 import tempfile
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
@@ -131,21 +132,27 @@ def record(doc: dict, *, study: str, source: str, train: Optional[dict], **extra
 
 
 def training_record(run_dir: Path, steps: Optional[int] = None) -> dict:
-    """A run folder's training record: ``steps``, ``wall_seconds`` (``/usr/bin/time`` around `longsparse train`,
-    None if no log has it), ``final_loss`` and ``first_step_loss_below_1`` (a step, "never", or None when no
+    """A run folder's training record: ``steps``, ``wall_seconds`` (``/usr/bin/time`` around `longsparse train`;
+    else the first to the last logged step of ``metrics.jsonl``, with a ``wall_note`` saying so; None if neither is
+    there), ``final_loss`` and ``first_step_loss_below_1`` (a step, "never", or None when no
     losses were logged) from ``metrics.jsonl``, and the logged ``losses`` [[step, loss], ...]."""
     metrics = run_dir / "metrics.jsonl"
     losses = [[m["step"], m["loss"]] for m in read_jsonl(metrics) if "loss" in m] if metrics.is_file() else []
-    wall = None
+    wall, note = None, None
     for log in (run_dir / "train.log", run_dir.parent / f"{run_dir.name}.train.log"):
         if wall is None and log.is_file():
             wall = next(
                 (float(line.split()[-2]) for line in log.read_text().splitlines() if "train wall" in line), None
             )
+    if wall is None and metrics.is_file():  # a run no queue timed (`longsparse reproduce`): its logged steps
+        times = [datetime.fromisoformat(m["time"]) for m in read_jsonl(metrics) if "loss" in m and "time" in m]
+        if len(times) > 1:
+            wall, note = round((times[-1] - times[0]).total_seconds()), "first to last logged step"
     exit_step = next((s for s, v in losses if v < PLATEAU_LOSS), "never") if losses else None
     return {
         "steps": losses[-1][0] if losses else steps,
         "wall_seconds": wall,
+        **({"wall_note": note} if note else {}),
         "final_loss": losses[-1][1] if losses else None,
         "first_step_loss_below_1": exit_step,
         "losses": losses or None,
@@ -212,16 +219,22 @@ def _wall(train: dict) -> str:
     return f"{train.get('wall_seconds')}" + (f" ({note})" if note else "")
 
 
-def render_block(name: str, records: list[dict]) -> str:
-    """The text of block ``name`` (``BLOCKS``), first line the command that rebuilds it."""
+def render_block(
+    name: str,
+    records: list[dict],
+    runs: Optional[tuple[str, ...]] = None,
+    source: str = f"{STORE.as_posix()}/records.jsonl",
+) -> str:
+    """The text of block ``name`` (``BLOCKS``), first line the command that rebuilds it from ``source`` (the store
+    ``records`` were read from); ``runs``: only these of its runs (a study still running), in the block's order."""
     b = BLOCKS[name]
-    runs = {n: run_view(records, b.study, n) for n in b.runs}
+    runs = {n: run_view(records, b.study, n) for n in b.runs if runs is None or n in runs}
     lengths = sorted(
         {L for v in runs.values() for L in v["by_length"]} | {L for v in runs.values() for L in v["not_evaluated"]}
     )
     inline = b.training == "inline"
     if b.ratio_header:
-        hi = runs[b.runs[0]]["train_hi"]
+        hi = next(iter(runs.values()))["train_hi"]
         head = "| run (EM % [95% Wilson], n) | " + " | ".join(f"{L:,} ({L / hi:g}×)" for L in lengths) + " |"
     else:
         head = (
@@ -231,7 +244,7 @@ def render_block(name: str, records: list[dict]) -> str:
             + " |"
         )
     lines = [
-        f"*Rebuilt from `results/hsa/records.jsonl` by `longsparse hsa tables {name}`.*",
+        f"*Rebuilt from `{source}` by `longsparse hsa tables {name}`.*",
         "",
         head,
         "|---|" + "---|" * (len(lengths) + 2 * inline),

@@ -26,6 +26,28 @@ from typing import Any, Callable, Iterable, Optional
 from longsparse.train.config import ConfigError
 
 MIN_TRAIN_SECONDS = 10.0  # a budget that leaves less for training is refused before anything starts
+# `longsparse reproduce` options (argparse dest, flag) that run a study as a time-boxed or parallel job, or analyse
+# its records: a study recorded its own way (report = "hsa" or "lm") runs its cells one by one in this process
+JOB_OPTIONS = (
+    ("time_budget", "--time-budget"),
+    ("eval_seconds", "--eval-seconds"),
+    ("max_examples", "--max-examples"),
+    ("bundle_out", "--bundle-out"),
+    ("bundle_max", "--bundle-max"),
+    ("bundle_files", "--bundle-files"),
+    ("resume_from", "--resume-from"),
+    ("analyse", "--analyse"),
+)
+
+
+def refuse_job_options(args, report: str, also: Iterable[tuple[str, str]] = ()) -> None:
+    """ConfigError naming the job options (``JOB_OPTIONS``, ``--workers`` above 1, and ``also``) given in the
+    parsed ``longsparse reproduce`` command line ``args`` of a study file with ``report = REPORT``."""
+    given = [flag for key, flag in (*JOB_OPTIONS, *also) if getattr(args, key, None) is not None]
+    if getattr(args, "workers", 1) != 1:
+        given.append("--workers")
+    if given:
+        raise ConfigError(f"{', '.join(given)}: not for a study with report = {report!r} (its cells run one by one)")
 
 
 def _clamp(x: float, lo: float, hi: float) -> float:

@@ -485,7 +485,9 @@ def add_cli(sub) -> None:
     r = sub.add_parser(
         "reproduce", help="rerun a study from src/longsparse_experiments/configs/reproduce (train + evaluate + report)"
     )
-    r.add_argument("study", choices=["synthetic"], help="src/longsparse_experiments/configs/reproduce/<study>.toml")
+    r.add_argument(
+        "study", choices=["synthetic", "hsa", "lm"], help="src/longsparse_experiments/configs/reproduce/<study>.toml"
+    )
     r.add_argument("--quick", action="store_true", help="the tiny smoke version (<study>-quick.toml)")
     r.add_argument(
         "--config",
@@ -639,6 +641,10 @@ def _job_options(args, started: float) -> dict:
 def _cli(args) -> int:
     started = time.time()
     spec = load_study(args.study, quick=args.quick, path=args.config)
+    if spec.report != "tables":  # a study recorded and rendered its own way
+        from longsparse_experiments import hsa_study, lm_study
+
+        return {"hsa": hsa_study, "lm": lm_study}[spec.report].run_reproduce(args, spec)
     out = Path(args.out or ("runs/reproduce-quick" if args.quick else "runs/reproduce"))
     only = [s for s in args.only.split(",") if s] if args.only else None
     picked = spec.select(only)  # the studies to run or analyse; reports cover the whole file

@@ -23,8 +23,16 @@ from typing import Any, Optional, Sequence
 from longsparse.migrate import read_study_sets
 from longsparse.nn.config import METHODS
 from longsparse.nn.positions import POSITIONS
-from longsparse.tasks import get_task
-from longsparse.train.config import ConfigError, apply_overrides, build_config, deep_merge, load_toml
+from longsparse.tasks import PRESETS, get_task
+from longsparse.tasks.registry import task_class
+from longsparse.train.config import (
+    ConfigError,
+    apply_overrides,
+    build_config,
+    deep_merge,
+    load_toml,
+    preset_path,
+)
 from longsparse_experiments.presets import presets_dir
 
 CHECKPOINTS = ("best", "last")
@@ -40,14 +48,23 @@ OPTIONAL = (
     "description",
     "checkpoints",
     "test_seed",
+    "folder",
+    "run_name",
+    "samples_at",
 )
+# A study file's optional top-level ``report``: how its results are recorded and rendered. "tables": the records
+# and tables of study_records (per method/positions, mean over seeds); "hsa": each evaluation recorded whole (needle
+# diagnostics, training record) in the form the HSA study's tables read (``hsa_study``); "lm": the LM study, whose
+# [[study]] tables are grids over an LM preset, read and run by ``lm_study`` (its task needs the corpus to check).
+REPORTS = ("tables", "hsa", "lm")
+DEFAULT_RUN_NAME = "{method}-{positions}-s{seed}"
 
 
 @dataclass(frozen=True)
 class Cell:
     """One run of a study: a method and positions at one seed. ``run`` is its folder below the study's output
-    folder (``<study>/<method>-<positions>-s<seed>``); ``overrides`` are the study's with the method's merged
-    over them (the later setting of a key wins)."""
+    folder (``<folder>/<run_name>``; by default ``<study>/<method>-<positions>-s<seed>``); ``overrides`` are the
+    study's with the method's merged over them (the later setting of a key wins)."""
 
     method: str
     positions: str
@@ -81,23 +98,29 @@ class Study:
     description: str = ""
     checkpoints: tuple[str, ...] = CHECKPOINTS
     test_seed: int = 0
+    folder: str = ""
+    run_name: str = DEFAULT_RUN_NAME
+    samples_at: dict[int, int] = field(default_factory=dict)
 
     def samples_for(self, length: int) -> int:
-        """Examples evaluated at ``length``: ``id_samples`` at the first (in-distribution) length, ``long_samples``
-        from ``long_from`` on, ``samples`` in between."""
+        """Examples evaluated at ``length``: ``samples_at[length]`` where given, else ``id_samples`` at the first
+        (in-distribution) length, ``long_samples`` from ``long_from`` on, ``samples`` in between."""
+        if length in self.samples_at:
+            return self.samples_at[length]
         if length == self.lengths[0]:
             return self.id_samples
         return self.long_samples if length >= self.long_from else self.samples
 
     def cells(self) -> list[Cell]:
         """Every (method, positions, seed) of the study, seed-major, so that a partial run has every method at
-        the first seed before any at the second."""
+        the first seed before any at the second. A cell's run folder is ``<folder>/<run_name>`` (``folder``
+        defaults to the study's name, ``run_name`` to ``DEFAULT_RUN_NAME``; its fields: method, positions, seed)."""
         return [
             Cell(
                 method=m,
                 positions=pos,
                 seed=seed,
-                run=f"{self.name}/{m}-{pos}-s{seed}",
+                run=f"{self.folder or self.name}/{self.run_name.format(method=m, positions=pos, seed=seed)}",
                 overrides=deep_merge(self.overrides, self.method_overrides.get(m, {})),
             )
             for seed in self.seeds
@@ -123,6 +146,7 @@ class StudyFile:
 
     path: str
     studies: tuple[Study, ...]
+    report: str = "tables"
 
     def names(self) -> set[str]:
         return {s.name for s in self.studies}
@@ -138,7 +162,7 @@ class StudyFile:
             raise ConfigError(f"--only: unknown {sorted(set(only) - known)}; the study file has {sorted(known)}")
         names = self.names()
         picked = tuple(s for s in self.studies if s.name in only or any(x not in names and x == s.task for x in only))
-        return StudyFile(self.path, picked)
+        return StudyFile(self.path, picked, self.report)
 
 
 def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str] = None) -> StudyFile:
@@ -153,6 +177,11 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
     if not p.is_file():
         raise ConfigError(f"no study file {p}")
     raw = load_toml(p)
+    report = raw.get("report", "tables")
+    if report not in REPORTS:
+        raise ConfigError(f"{p}: report must be one of {', '.join(REPORTS)}, got {report!r}")
+    if report == "lm":
+        return StudyFile(str(p), (), report)
     tables = raw.get("study")
     if not isinstance(tables, list) or not tables:
         raise ConfigError(f"{p}: needs at least one [[study]] table")
@@ -181,7 +210,11 @@ def load_study(name: str = "synthetic", quick: bool = False, path: Optional[str]
     names = [s.name for s in studies]
     if len(set(names)) != len(names):
         raise ConfigError(f"{p}: study names must be unique, got {names}")
-    return StudyFile(str(p), studies)
+    runs = [c.run for s in studies for c in s.cells()]
+    twice = sorted({r for r in runs if runs.count(r) > 1})
+    if twice:  # one folder trained by two cells would mix two configs
+        raise ConfigError(f"{p}: two cells share the run folder(s) {twice}; give the studies distinct folder/run_name")
+    return StudyFile(str(p), studies, report)
 
 
 def _study(path: Path, s: dict) -> Study:
@@ -191,7 +224,7 @@ def _study(path: Path, s: dict) -> Study:
     # the name is the folder of its runs under --out: one plain path component, never "." / ".." or hidden
     if not isinstance(name, str) or not name or name.startswith(".") or any(c in name for c in "/\\\0"):
         raise ConfigError(f"{where}: name must be a folder name: non-empty, not starting with '.', without '/' or '\\'")
-    for key in ("task", "preset", "description"):
+    for key in ("task", "preset", "description", "folder", "run_name"):
         if not isinstance(s.get(key, ""), str):
             raise ConfigError(f"{where}: {key} must be a string, got {s[key]!r}")
     for key in ("methods", "positions", "seeds", "lengths", "checkpoints"):
@@ -205,7 +238,7 @@ def _study(path: Path, s: dict) -> Study:
             raise ConfigError(f"{where}: {key} must be distinct, got {s[key]}")
     preset = s.get("preset", "cpu")
     try:
-        task = get_task(s["task"], preset)
+        task = _task_of(s["task"], preset)
         for L in s["lengths"]:
             task.check_length(L)
     except ValueError as e:
@@ -218,6 +251,16 @@ def _study(path: Path, s: dict) -> Study:
         v = s.get(key, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"{where}: {key} must be an integer >= 1, got {v!r}")
+    _check_run_name(where, s.get("folder") or name, s.get("run_name", DEFAULT_RUN_NAME))  # "": the name
+    samples_at = s.get("samples_at", {})
+    if not isinstance(samples_at, dict) or any(
+        not str(L).isdigit() or int(L) not in s["lengths"] or isinstance(n, bool) or not isinstance(n, int) or n < 1
+        for L, n in samples_at.items()
+    ):
+        raise ConfigError(
+            f"{where}: samples_at must be a table of the study's lengths to integers >= 1 "
+            f'(e.g. samples_at = {{ "65536" = 16 }}), got {samples_at!r}'
+        )
     ts = s.get("test_seed", 0)
     if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
         raise ConfigError(f"{where}: test_seed must be an integer >= 0, got {ts!r}")
@@ -242,7 +285,31 @@ def _study(path: Path, s: dict) -> Study:
         description=s.get("description", ""),
         checkpoints=tuple(s.get("checkpoints", CHECKPOINTS)),
         test_seed=ts,
+        folder=s.get("folder", ""),
+        run_name=s.get("run_name", DEFAULT_RUN_NAME),
+        samples_at={int(L): n for L, n in samples_at.items()},
     )
+
+
+def _task_of(name: str, preset: str):
+    """The task a study's runs are made of: the task preset ``preset``, or for a preset that only the config files
+    have (passkey's cpu_full), the ``[task]`` table of that file."""
+    if preset in PRESETS.get(task_class(name).name, {}):
+        return get_task(name, preset)
+    table = load_toml(preset_path(name, preset)).get("task", {})
+    return get_task(name, table.get("preset"), **table.get("params", {}))
+
+
+def _check_run_name(where: str, folder: str, run_name: str) -> None:
+    """``folder`` and every ``run_name`` of a cell must be plain folder names (one path component, not hidden),
+    and ``run_name`` may use only the fields method, positions and seed."""
+    try:
+        example = run_name.format(method="m", positions="p", seed=0)
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        raise ConfigError(f"{where}: run_name {run_name!r} may use only {{method}}, {{positions}}, {{seed}} ({e})")
+    for what, text in (("folder", folder), ("run_name", example)):
+        if not text or text.startswith(".") or any(c in text for c in "/\\\0"):
+            raise ConfigError(f"{where}: {what} must give a folder name (not starting with '.', no '/'), got {text!r}")
 
 
 def _current_form(path: Path, where: str, table: dict) -> dict:

@@ -143,11 +143,11 @@ def test_sdpa_blocks_benchmark_writes_its_table_and_never_overwrites(tmp_path, m
     """benchmarks/sdpa_blocks.py at a tiny size, with auto's SDPA limit lowered so that the sdpa backend
     really runs in query blocks: every backend timed, outputs equal, the table renders, no overwrite."""
 
-    from longsparse.attention import backends
     from longsparse.attention import flex as flex_backend
+    from longsparse.attention.backends import sdpa as sdpa_backend
 
     mod = benchmark_script("sdpa_blocks")
-    monkeypatch.setattr(backends, "SDPA_MAX_ELEMENTS", 4 * 48)  # one bias row of 4 heads × 48 keys per block
+    monkeypatch.setattr(sdpa_backend, "SDPA_MAX_ELEMENTS", 4 * 48)  # one bias row of 4 heads × 48 keys per block
     out = tmp_path / "b.json"
     args = ["--out", str(out), "--n", "48", "--heads", "4", "--dim", "8", "--repeats", "1"]
     assert mod.main(args) == 0

@@ -12,7 +12,8 @@ from longsparse.lm.evaluate import bucket_positions
 from longsparse.report import store
 from longsparse.train.config import config_hash
 from longsparse_experiments.cli import main
-from longsparse_experiments.lm_study import aggregate, build_lm_report, load_study_config, stored_lm_results
+from longsparse_experiments.lm_config import load_study_config
+from longsparse_experiments.lm_report import aggregate, build_lm_report, stored_lm_results
 
 ROOT = REPO_ROOT
 LM_STORE = ROOT / "results" / "lm"

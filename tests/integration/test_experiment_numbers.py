@@ -14,12 +14,12 @@ import math
 
 import pytest
 from helpers.paths import DATA
+from helpers.records import NOT_COMPARED
 
 from longsparse.report.store import read_records
 from longsparse_experiments.cli import main
 
 EXPECTED = DATA / "quick_studies"
-NOT_COMPARED = {"date", "code_commit", "train_seconds", "eval_seconds", "train_wall_s", "eval_wall_s"}
 
 
 def differences(want, got, where: str = "") -> list[str]:

@@ -6,7 +6,7 @@ Key ranges. ``key_start`` / ``key_end`` ((B,) integers) limit batch row b to the
 key_start[b] ≤ j < key_end[b]: left padding (pads before the real tokens) and right padding (pads after
 them) without a dense mask. Backends that take them natively read them here (the Triton kernels); the
 others get `key_range_mask`, the equivalent (B, 1, 1, Nk) bool mask, folded into ``attn_mask`` by
-`with_key_ranges_as_mask` (attention/backends.py `register` does that for them)."""
+`with_key_ranges_as_mask` (`capabilities.check` and `Backend.run` do that for them)."""
 
 from __future__ import annotations
 

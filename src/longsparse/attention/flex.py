@@ -27,8 +27,8 @@ of pos_i are two calls, combined by their log-sum-exps). The second is the softm
 runs in float32 (E_p[j] holds key positions); its rounding, about Nk · 2⁻²⁴ in E_p[j], moves H by m times
 that (0.002 at 64K keys and slope 1/2), and θ = P(H) with it.
 
-Where it runs (`supports`): CUDA (forward and backward; float16, bfloat16, float32; head dims ≥ 16), and CPU
-inference in float32 / 16-bit (torch's CPU FlexAttention has no backward and returns no log-sum-exp, so no
+Where it runs (the backend's capabilities: attention/backends/flex.py): CUDA (forward and backward; float16,
+bfloat16, float32; head dims ≥ 16), and CPU inference in float32 / 16-bit (torch's CPU FlexAttention has no backward and returns no log-sum-exp, so no
 adaptive temperature there). Not: top-k (it needs each row's k-th logit), a dense attn_mask, a gradient of the
 slopes.
 """
@@ -48,8 +48,6 @@ from longsparse.mappings.variants import temperature_of_entropy
 
 # Query rows and keys per tile of the block mask (FlexAttention's default and its kernels' largest tile).
 BLOCK = 128
-_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _flex_module():
@@ -97,36 +95,6 @@ def build_reason(device_type: str) -> Optional[str]:
     if device_type not in _BUILD_REASONS:
         _BUILD_REASONS[device_type] = _build_reason(device_type)
     return _BUILD_REASONS[device_type]
-
-
-def supports(call: AttentionCall) -> Optional[str]:
-    """None when the flex backend takes `call`, else a one-line reason."""
-    m = call.mapping
-    if not m.softmax_form:
-        return f"mapping {call.mapping_name!r} is not a softmax"
-    if m.adjusts_logits and m.name != "adatemp":
-        return f"mapping {call.mapping_name!r} needs each row's kept set from all its logits (use sdpa or chunked)"
-    if call.grad_of_bias:
-        return "does not differentiate alpha, alibi_slopes or attn_mask (use backend='reference')"
-    if call.attn_mask is not None:
-        return "attn_mask: flex takes the causal mask and key ranges (key_start / key_end), not a dense mask"
-    reason = build_reason(call.device_type)
-    if reason is not None:
-        return reason
-    dtypes = {call.q.dtype, call.k.dtype, call.v.dtype}
-    if len(dtypes) > 1:
-        return f"q, k, v dtypes differ ({', '.join(sorted(str(d).replace('torch.', '') for d in dtypes))})"
-    allowed = _CUDA_DTYPES if call.device_type == "cuda" else _CPU_DTYPES
-    if call.q.dtype not in allowed:
-        return f"dtype {str(call.q.dtype).replace('torch.', '')}: FlexAttention takes float32, bfloat16, float16"
-    if call.device_type == "cpu":
-        if call.wants_grad:
-            return "a gradient: torch's CPU FlexAttention has no backward (flex differentiates on CUDA)"
-        if m.adjusts_logits:
-            return "adaptive temperature: its entropy pass needs the log-sum-exp, which CPU FlexAttention lacks"
-    elif min(call.q.shape[-1], call.v.shape[-1]) < 16:
-        return f"head dim {min(call.q.shape[-1], call.v.shape[-1])}: FlexAttention's CUDA kernels need ≥ 16"
-    return None
 
 
 # ----------------------------------------------------------------------------- the block mask

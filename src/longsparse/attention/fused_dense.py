@@ -21,7 +21,7 @@ from longsparse.attention.chunked import BlockSpec
 
 
 def fused_dense_attention(call: AttentionCall) -> Tensor:
-    """The call (α-entmax mapping, CPU, no attn_mask; see `backends._fused_supports`) as one block.
+    """The call (α-entmax mapping, CPU, no attn_mask; see attention/backends/fused.py) as one block.
     Returns (B, H, Nq, D) in q's dtype."""
     k, v = call.kv_heads_repeated()
     B, H, Nq, Nk, _ = call.shape

@@ -9,8 +9,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from longsparse.attention import backends
-from longsparse.attention.backends import BACKENDS, sdpa_bias_row_elements
+from longsparse.attention.backends import BACKENDS, sdpa
 from longsparse.attention.call import AttentionCall
 
 # Short rows that auto differentiates through the materialised logits with autograd (reference) instead of the
@@ -80,8 +79,8 @@ def _sdpa_gate(call: AttentionCall) -> Optional[str]:
     B, H, Nq, Nk, _ = call.shape
     if call.mapping.adjusts_logits:
         n = B * H * Nq * Nk
-        if n > backends.SDPA_MAX_ELEMENTS:
-            return f"its no-grad pass would materialise {n:,} logits (auto's limit: {backends.SDPA_MAX_ELEMENTS:,})"
+        if n > sdpa.SDPA_MAX_ELEMENTS:
+            return f"its no-grad pass would materialise {n:,} logits (auto's limit: {sdpa.SDPA_MAX_ELEMENTS:,})"
         return None
     needs_bias = (
         call.alibi_slopes is not None
@@ -89,13 +88,13 @@ def _sdpa_gate(call: AttentionCall) -> Optional[str]:
         or call.has_key_ranges
         or (call.is_causal and (Nq != Nk or call.scale <= 0))
     )
-    n = sdpa_bias_row_elements(call) * Nq
-    if needs_bias and n > backends.SDPA_MAX_ELEMENTS:
+    n = sdpa.bias_row_elements(call) * Nq
+    if needs_bias and n > sdpa.SDPA_MAX_ELEMENTS:
         if call.device_type == "cuda" and not call.wants_grad:
             # sdpa runs such a call in query blocks, each bias within the limit; on the CPU fused_cpu is
             # there for long rows, on CUDA the alternative is the chunked path (unfused PyTorch ops)
             return None
-        return f"its bias would hold {n:,} elements per batch row (auto's limit: {backends.SDPA_MAX_ELEMENTS:,})"
+        return f"its bias would hold {n:,} elements per batch row (auto's limit: {sdpa.SDPA_MAX_ELEMENTS:,})"
     return None
 
 
@@ -112,11 +111,11 @@ def _flex_gate(call: AttentionCall) -> Optional[str]:
     B, H, Nq, Nk, _ = call.shape
     if call.alibi_slopes is None and not call.has_key_ranges and not (call.is_causal and (Nq != Nk or call.scale <= 0)):
         return "no ALiBi, key range or decoding offset: SDPA's flash kernel takes the call as it is"
-    n = sdpa_bias_row_elements(call) * Nq
-    if n <= backends.SDPA_MAX_ELEMENTS:
+    n = sdpa.bias_row_elements(call) * Nq
+    if n <= sdpa.SDPA_MAX_ELEMENTS:
         # flex compiles one kernel per call shape: short rows (training batches, decoding steps whose key count
         # grows by one) would recompile often, while their dense bias is small
-        return f"its bias holds {n:,} elements per batch row (≤ {backends.SDPA_MAX_ELEMENTS:,}): SDPA with a dense bias"
+        return f"its bias holds {n:,} elements per batch row (≤ {sdpa.SDPA_MAX_ELEMENTS:,}): SDPA with a dense bias"
     return None
 
 
@@ -256,7 +255,7 @@ def load_backends(device_type: str) -> None:
     """Imports what the backends' `supports` load on first use (the Triton module, FlexAttention's build
     check), so that a model traced by torch.compile finds them loaded instead of tracing the imports."""
     from longsparse.attention import flex
-    from longsparse.attention.backends import triton_module
+    from longsparse.attention.backends.triton import triton_module
 
     triton_module()
     flex.build_reason(device_type)

@@ -86,6 +86,7 @@ from torch import Tensor
 
 from . import triton_ops as ops
 from .call import AttentionCall, tolerance_problem
+from .capabilities import alpha_range_reason, dtype_reason, grad_of_bias_reason, head_dim_reason, value_head_dim_reason
 
 # _MAX_SWEEPS_EXACT and SOLVER_POINTS: read from here by benchmarks/kernel_counts.py and benchmarks/gpu_check.py
 # (the launches read them, and any override, on triton_ops)
@@ -93,6 +94,7 @@ from .triton_ops import _MAX_SWEEPS_EXACT, _TRITON_ERROR, SOLVER_POINTS, _attent
 
 HEAD_DIMS = (16, 32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ALPHA_RANGE = (1.0, 2.0)  # α in (1, 2]
 DECODE_MAX_QUERIES = 16  # the decode path holds all of a program's query rows in one tile
 DECODE_MIN_KEYS = 1024  # below this the block kernel has enough key tiles per query block anyway
 
@@ -208,32 +210,32 @@ def _kernel_problem(
         return f"q, k, v are on different devices: {sorted(map(str, devices))}"
     if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreter_mode()):
         return f"tensors on {q.device.type}: the kernels need CUDA (or CPU tensors with TRITON_INTERPRET=1)"
-    if q.dtype not in DTYPES:
-        return f"dtype {q.dtype} is not float16, bfloat16 or float32"
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
+    problem = dtype_reason(DTYPES, q, k, v)
+    if problem is not None:
+        return problem
     _, H, Nq, D = q.shape
-    if k.shape[3] != D or v.shape[3] != D:
-        return f"head dims differ: q {D}, k {k.shape[3]}, v {v.shape[3]}"
+    if k.shape[3] != D:
+        return f"head dims differ: q {D}, k {k.shape[3]}"
+    if v.shape[3] != D:
+        return f"{value_head_dim_reason(D, v.shape[3])}: the kernels take one head dim"
     if D not in HEAD_DIMS:
-        return f"head dim {D} not one of {HEAD_DIMS}"
+        return head_dim_reason(HEAD_DIMS, D)
     if k.shape[2] < 1 or Nq < 1:
         return "empty query or key sequence"
     if isinstance(alpha, Tensor):
         if alpha.requires_grad:
-            return "alpha requires grad (the kernels do not differentiate α; use backend='reference')"
+            return grad_of_bias_reason("alpha")
         if alpha.numel() != 1 and tuple(alpha.shape) != (H,):
             return f"alpha tensor of shape {tuple(alpha.shape)}: only a scalar or per-head (H,) = ({H},)"
-        if alpha.device.type == "cpu" and not torch.compiler.is_compiling():  # no device sync for CUDA α
-            a = alpha.detach()
-            if not bool(((a > 1) & (a <= 2)).all()):
-                return "alpha outside (1, 2]"
-    elif not isinstance(alpha, (int, float)) or not 1.0 < float(alpha) <= 2.0:
-        return f"alpha {alpha!r} outside (1, 2]"
+    elif not isinstance(alpha, (int, float)):
+        return f"alpha {alpha!r} is not a float or a tensor"
+    problem = alpha_range_reason(ALPHA_RANGE, alpha)
+    if problem is not None:
+        return problem
     if attn_mask is not None:
-        return "attn_mask is not supported (key_start / key_end take left / right padding, is_causal causality)"
+        return "attn_mask: the kernels take key_start / key_end (left / right padding) and is_causal, not a dense mask"
     if alibi_slopes is not None and alibi_slopes.requires_grad:
-        return "alibi_slopes requires grad (not differentiated by the kernels)"
+        return grad_of_bias_reason("alibi_slopes")
     if decode and Nq > DECODE_MAX_QUERIES:
         return f"the decode path takes at most {DECODE_MAX_QUERIES} queries; got {Nq}"
     return None

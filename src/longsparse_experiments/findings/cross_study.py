@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 from longsparse.io import atomic_write_text, claim_outputs, read_json
 from longsparse.report import paired
-from longsparse_experiments import lm_study
+from longsparse_experiments import lm_report
 from longsparse_experiments.findings.sources import METHODS, SEED_FIELDS, Stores, has_method, pseudo, series
 
 WRITER = "longsparse findings cross-study"
@@ -410,7 +410,7 @@ def lm_markdown(note: str, rows: list[dict], passkey: dict) -> str:
 
 
 def lm(st: Stores, w: Writer) -> None:
-    runs = lm_study.stored_lm_results(st.root / "results" / "lm")
+    runs = lm_report.stored_lm_results(st.root / "results" / "lm")
     ppl = {(r["method"], r["positions"], r["seed"]): r["perplexity"] for r in runs}
     rows = [perplexity_difference(a, b, L, ppl) for a, b in LM_PAIRS for L in LM_LENGTHS]
     passkey = {r["run"]: {L: v["accuracy"] for L, v in r["passkey"].items()} for r in runs}

@@ -5,6 +5,7 @@ Without a GPU, what it accepts and the argument folding (scale, q_scale) are tes
 1/√D. On a machine with CUDA and adasplash installed, the real kernels are compared with the reference.
 """
 
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import longsparse as ls
-from longsparse.attention import cuda as cuda_path
+from longsparse.attention import BACKENDS
 
 
 def _stand_in(calls):
@@ -38,7 +39,13 @@ def _stand_in(calls):
 def fake_cuda(monkeypatch):
     calls = []
     monkeypatch.setitem(sys.modules, "adasplash", _stand_in(calls))
-    monkeypatch.setattr(cuda_path, "_on_cuda", lambda call: True)
+    # CPU tensors stand in for CUDA ones: the backend's capabilities also take the CPU here
+    real = BACKENDS["adasplash"]
+    monkeypatch.setitem(
+        BACKENDS,
+        "adasplash",
+        dataclasses.replace(real, capabilities=(dataclasses.replace(real.capabilities[0], devices=("cuda", "cpu")),)),
+    )
     return calls
 
 

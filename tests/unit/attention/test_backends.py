@@ -23,7 +23,9 @@ import torch
 from helpers.attention_grid import BIASES, HEADS, MAPPINGS, MASKS, ROWS, B, D, H, N, grid_case, run_with_grads
 
 import longsparse as ls
-from longsparse.attention import BACKENDS, backends, policy
+from longsparse.attention import BACKENDS, policy
+from longsparse.attention.backends import sdpa as sdpa_backend
+from longsparse.attention.backends import triton as triton_backend
 from longsparse.attention.call import make_call
 from longsparse.attention.policy import select_backend
 from longsparse.nn import ModelConfig, Transformer
@@ -147,14 +149,14 @@ def test_sdpa_in_query_blocks_equals_the_reference(case, monkeypatch):
     mask's fully masked query 3 at zero; the others stay one SDPA call."""
     q, k, v, kw = grid_case(*case)
     blocks = []
-    real = backends._sdpa_query_blocks
+    real = sdpa_backend._query_blocks
 
     def counted(call, *args):
         blocks.append(args[-1])
         return real(call, *args)
 
-    monkeypatch.setattr(backends, "_sdpa_query_blocks", counted)
-    monkeypatch.setattr(backends, "SDPA_MAX_ELEMENTS", N)
+    monkeypatch.setattr(sdpa_backend, "_query_blocks", counted)
+    monkeypatch.setattr(sdpa_backend, "SDPA_MAX_ELEMENTS", N)
     with torch.no_grad():
         got = ls.attention(q, k, v, **kw, backend="sdpa")
     torch.testing.assert_close(got, _reference(case)[0], atol=1e-5, rtol=1e-5)
@@ -227,7 +229,7 @@ def test_policy_softmax_forms_go_to_sdpa_within_its_size_limit(monkeypatch):
         assert select_backend(_call(mapping=mapping, grad=True), supports=_all_support).backend == "sdpa"
         assert select_backend(_call(mapping=mapping, alpha=1.0), supports=_all_support).backend == "sdpa"
     assert select_backend(_call(mapping="entmax", alpha=1.0), supports=_all_support).backend == "sdpa"  # α = 1
-    monkeypatch.setattr(backends, "SDPA_MAX_ELEMENTS", N * N - 1)
+    monkeypatch.setattr(sdpa_backend, "SDPA_MAX_ELEMENTS", N * N - 1)
     # plain causal softmax needs no bias; ALiBi, a mask or decoding do, top-k / adatemp their logits
     assert select_backend(_call(mapping="softmax"), supports=_all_support).backend == "sdpa"
     for kw in (
@@ -243,7 +245,7 @@ def test_policy_softmax_forms_go_to_sdpa_within_its_size_limit(monkeypatch):
 def test_policy_on_cuda_takes_long_softmax_without_gradient_to_sdpa_in_blocks(monkeypatch):
     """Beyond the SDPA limit, softmax with ALiBi goes to sdpa (in query blocks) on CUDA when no gradient is
     needed; with a gradient, and on the CPU (where fused_cpu takes long rows), the limit still applies."""
-    monkeypatch.setattr(backends, "SDPA_MAX_ELEMENTS", N * N - 1)
+    monkeypatch.setattr(sdpa_backend, "SDPA_MAX_ELEMENTS", N * N - 1)
     kw = dict(mapping="softmax", alibi_slopes=torch.ones(H))
     not_triton = _only("sdpa", "chunked")
     assert select_backend(_call(device_type="cuda", **kw), supports=not_triton).backend == "sdpa"
@@ -374,7 +376,7 @@ def test_kernel_env_override_turns_fused_cpu_off(monkeypatch):
 
 
 def test_triton_backend_reports_an_import_failure(monkeypatch):
-    monkeypatch.setattr(backends, "_TRITON", {})
+    monkeypatch.setattr(triton_backend, "_MODULE", {})
     monkeypatch.setitem(sys.modules, "longsparse.attention.triton_entmax", None)  # import fails
     q, k, v, _ = grid_case("entmax15", "none", "none", "causal", "mha")
     reason = BACKENDS["triton"].supports(make_call(q, k, v))
@@ -386,7 +388,7 @@ def test_triton_backend_reports_an_import_failure(monkeypatch):
 
 def test_triton_on_cpu_only_when_named_in_interpreter_mode(monkeypatch):
     q, k, v, _ = grid_case("entmax15", "none", "none", "causal", "mha")
-    mod, _ = backends.triton_module()  # imports triton with the interpreter on (see the top)
+    mod, _ = triton_backend.triton_module()  # imports triton with the interpreter on (see the top)
     if mod is None:
         pytest.skip("triton_entmax does not import here")
     from longsparse.attention import triton_ops  # the launches: they build the kernels and keep how
@@ -468,12 +470,12 @@ def test_model_config_names_a_backend():
 
 @pytest.mark.parametrize(
     "package,allowed",
-    [("mappings", {"mappings", "cpu_kernel"}), ("attention", {"mappings", "attention", "cpu_kernel"})],
+    [("mappings", {"mappings", "cpu_kernel"}), ("attention", {"mappings", "attention", "cpu_kernel", "io"})],
 )
 def test_imports_point_down_the_layers(package, allowed):
     from pathlib import Path
 
     root = Path(ls.__file__).parent / package
-    for path in root.glob("*.py"):
+    for path in root.rglob("*.py"):
         used = set(re.findall(r"^\s*(?:from|import) longsparse\.(\w+)", path.read_text(), re.M))
         assert used <= allowed, f"{path.name} imports longsparse.{sorted(used - allowed)}"

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import longsparse as ls
-from longsparse.attention import BACKENDS, backends, flex, policy
+from longsparse.attention import BACKENDS, flex, policy
+from longsparse.attention.backends import sdpa as sdpa_backend
 from longsparse.attention.call import make_call
 from longsparse.attention.policy import select_backend
 from longsparse.mappings.variants import adaptive_temperature
@@ -258,7 +259,7 @@ def _not_triton(name):
 def test_auto_on_cuda_sends_biased_softmax_and_adaptive_temperature_to_flex(grad, monkeypatch):
     short = select_backend(_cuda_call(grad, mapping="softmax", alibi_slopes=SLOPES), supports=_not_triton)
     assert short.backend == "sdpa" and "dense bias" in short.passed_over["flex"]  # flex compiles per shape
-    monkeypatch.setattr(backends, "SDPA_MAX_ELEMENTS", 1)  # every bias counts as long
+    monkeypatch.setattr(sdpa_backend, "SDPA_MAX_ELEMENTS", 1)  # every bias counts as long
     for kw in (
         dict(mapping="softmax", alibi_slopes=SLOPES),
         dict(mapping="softmax", key_start=torch.tensor([3, 0])),
