@@ -884,7 +884,7 @@ def _methods(
 
         for backend in ("flex", "sdpa"):
             # flex runs here on CUDA only (on the CPU it compiles for tens of seconds a shape and has no backward:
-            # tests/test_flex.py covers it there); sdpa's bias path is the evaluation one (no gradient)
+            # tests/unit/attention/test_flex.py covers it there); sdpa's bias path is the evaluation one (no gradient)
             if backend in BACKENDS and (device == "cuda" if backend == "flex" else not backward):
                 methods[f"{backend}_softmax_nape"] = lambda q, k, v, backend=backend: ls.attention(
                     q, k, v, mapping="softmax", is_causal=True, alibi_slopes=slopes, backend=backend

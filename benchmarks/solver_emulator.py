@@ -1,6 +1,6 @@
 """An exact emulator of the Triton forward's threshold solve for α = 1.5 on heads without ALiBi, per query block,
 to compare solve strategies on the CPU in seconds (the instrumented kernel in Triton's interpreter,
-benchmarks/kernel_counts.py, takes minutes per length). tests/test_solver_emulator.py checks two strategies
+benchmarks/kernel_counts.py, takes minutes per length). tests/experiments/test_solver_emulator.py checks two strategies
 against the interpreter's committed counts: `two_point` against the forward before its solve changed
 (kernel-counts-cpu-2026-11-27.json), `anchored` against the forward as it is (kernel-counts-cpu-2026-11-28.json).
 

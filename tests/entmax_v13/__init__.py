@@ -4,5 +4,5 @@
 upstream's tests with only the imports changed (and the three adaptations their headers list), so every public
 callable of the package (22 names, their keywords, k / n_iter, alpha in (0, 1) for entmax_bisect, tensor alpha
 and budget) is checked by the package's own authors' expectations. The rest of the comparison with the package
-(values and gradients to float64 precision, fp32, masks, errors) is in tests/test_compat.py.
+(values and gradients to float64 precision, fp32, masks, errors) is in tests/unit/mappings/test_compat.py.
 """

@@ -1,6 +1,6 @@
 """The `adasplash` backend: α-entmax attention through the optional `adasplash` package (Triton kernels,
 `pip install longsparse[cuda]`). Opt-in: only used when named (``backend="adasplash"``), since no GPU run has
-yet measured it equal to the reference (tests/test_attention_cuda.py holds that check).
+yet measured it equal to the reference (tests/unit/attention/test_attention_cuda.py holds that check).
 
 adasplash takes (B, H, N, D) q, k, v with N equal for queries and keys, one α in (1, 2], causal or
 not, and always scales the logits by 1/√D. Its kernels (0.2.x) also need N a power of two and ≥ 64, and D one

@@ -32,7 +32,7 @@ import torch
 _PACKAGE = Path(__file__).parents[1]  # longsparse/
 # What the module is built from, relative to the package: the one translation unit, then the files it includes (by
 # paths relative to themselves, so the build folder keeps this layout). The build's name hashes them all;
-# tests/test_packaging.py checks that every C++ file of the package is listed here and shipped in the wheel.
+# tests/integration/test_packaging.py checks that every C++ file of the package is listed here and shipped in the wheel.
 SOURCES = ("cpu_kernel/module.cpp",)
 INCLUDED = (
     "mappings/csrc/entmax_cpu.cpp",

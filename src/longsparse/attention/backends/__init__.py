@@ -1,6 +1,6 @@
 """The named attention backends, one module each: its capabilities as data (`Capabilities`, checked by
 `attention/capabilities.py`'s `check`, rendered as the table in docs/architecture.md) and how it runs an
-`AttentionCall`. Every backend is tested equal to `reference` (values and gradients) by tests/test_backends.py,
+`AttentionCall`. Every backend is tested equal to `reference` (values and gradients) by tests/unit/attention/test_backends.py,
 over every registered backend: registering one enrols it.
 
     reference   all logits at once, autograd differentiates everything (also α, ALiBi slopes, a float mask)

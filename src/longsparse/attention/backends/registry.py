@@ -62,7 +62,7 @@ BACKENDS: Dict[str, Backend] = {}
 
 
 def register(backend: Backend) -> Backend:
-    """Adds `backend` to `BACKENDS` (which enrols it in tests/test_backends.py's equality grid)."""
+    """Adds `backend` to `BACKENDS` (which enrols it in tests/unit/attention/test_backends.py's equality grid)."""
     if backend.name in BACKENDS:
         raise ValueError(f"attention backend {backend.name!r} is already registered")
     BACKENDS[backend.name] = backend

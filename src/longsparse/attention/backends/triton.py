@@ -15,7 +15,7 @@ from longsparse.attention.call import AttentionCall
 from longsparse.attention.capabilities import Capabilities
 
 # The kernels' limits (triton_entmax.HEAD_DIMS / DTYPES, which its own `supports` checks for direct callers;
-# tests/test_capabilities.py holds them equal)
+# tests/unit/attention/test_capabilities.py holds them equal)
 CAPABILITIES = Capabilities(
     devices=("cuda", "cpu"),
     dtypes=(torch.float16, torch.bfloat16, torch.float32),

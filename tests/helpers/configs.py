@@ -1,0 +1,46 @@
+"""The tiny models and runs that tests in several folders train: one definition each, changed per test by name."""
+
+from __future__ import annotations
+
+# vocabulary size of the tiny HSA models
+HSA_VOCAB = 24
+
+# `--set` values of a tiny transformer run: seconds to train on one CPU thread, no validation
+TINY_RUN = {
+    "model.d_model": "32",
+    "model.d_ff": "64",
+    "model.n_heads": "2",
+    "train.batch_size": "8",
+    "train.lr": "3e-3",
+    "train.warmup_steps": "2",
+    "train.log_every": "2",
+    "train.val_every": "0",
+    "train.val_samples": "2",
+    "train.threads": "1",
+}
+
+
+def tiny_run_sets(changes: dict[str, str] | None = None) -> list[str]:
+    """The ``--set`` strings ("key=value") of TINY_RUN with ``changes`` applied (a key of TINY_RUN keeps its
+    place, a new key comes last), for ``build_config(..., sets=...)`` or ``--set`` on the command line."""
+    return [f"{k}={v}" for k, v in {**TINY_RUN, **(changes or {})}.items()]
+
+
+def tiny_hsa(**changes):
+    """A tiny HSAConfig (2 heads of width 16, chunks of 4, a window of 5, 2 retrieved chunks) with ``changes``
+    applied by field name."""
+    from longsparse.hsa import HSAConfig
+
+    base = dict(
+        vocab_size=HSA_VOCAB,
+        d_model=32,
+        n_heads=2,
+        d_ff=48,
+        n_lower=1,
+        n_upper=2,
+        encoder_layers=1,
+        chunk_size=4,
+        window=5,
+        topk=2,
+    )
+    return HSAConfig.from_dict({**base, **changes})
