@@ -785,31 +785,43 @@ def _sdpa_context(device: str, decode: bool = False):
 PER_HEAD_ALPHAS = (1.25, 1.5, 1.75, 2.0)
 # Launch and solver variants of the current kernel, timed beside its defaults in some groups: name →
 # (SOLVER_POINTS of α = 1.5 or None, overrides of the CUDA launch configuration `_config`)
-KERNEL_VARIANTS = {
-    "p0_4": ((4, 2), {}),
-    "p0_2": ((2, 2), {}),
-    "stages2": (None, {"stages": 2}),
-    "fwd_warps4": (None, {"fwd": 4}),
+KERNEL_VARIANTS = {  # name: (α = 1.5 solver points, launch-configuration overrides, triton_ops constants)
+    "p0_4": ((4, 2), {}, {}),
+    "p0_2": ((2, 2), {}, {}),
+    "stages2": (None, {"stages": 2}, {}),
+    "fwd_warps4": (None, {"fwd": 4}, {}),
+    # the output pass folded into the certifying sweep, P·V accumulated from the third / second sweep on
+    "fold2": (None, {}, {"FOLD_FROM": 2}),
+    "fold1": (None, {}, {"FOLD_FROM": 1}),
 }
-VARIANT_GROUPS = {(4096, 64): ("p0_4", "p0_2", "stages2"), (16384, 64): ("p0_4", "p0_2"), (4096, 128): ("fwd_warps4",)}
+VARIANT_GROUPS = {
+    (4096, 64): ("p0_4", "p0_2", "stages2", "fold2", "fold1"),
+    (16384, 64): ("p0_4", "p0_2", "fold2"),
+    (4096, 128): ("fwd_warps4", "fold2"),
+}
 
 
 @contextlib.contextmanager
 def kernel_variant(ops, name: str):
     """The current kernel's launches (module attention/triton_ops.py, where they read their configuration) with
     one of KERNEL_VARIANTS in force for the duration (one process, one call at a time)."""
-    points, overrides = KERNEL_VARIANTS[name]
+    points, overrides, constants = KERNEL_VARIANTS[name]
     saved_points, saved_config = dict(ops.SOLVER_POINTS), ops._config
+    saved_constants = {c: getattr(ops, c) for c in constants}
     if points is not None:
         ops.SOLVER_POINTS[1] = points
     if overrides:
         ops._config = lambda D, dtype, device_type: {**saved_config(D, dtype, device_type), **overrides}
+    for c, value in constants.items():
+        setattr(ops, c, value)
     try:
         yield
     finally:
         ops.SOLVER_POINTS.clear()
         ops.SOLVER_POINTS.update(saved_points)
         ops._config = saved_config
+        for c, value in saved_constants.items():
+            setattr(ops, c, value)
 
 
 def _methods(

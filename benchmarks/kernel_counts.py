@@ -8,10 +8,12 @@ and rows that ended renormalised rather than certified. Two kinds of input:
   on one test example of the run's task at each length, scored as 1.5-entmax with the model's slopes.
 
 --alpha sets α of the random rows (1.5 and 2 certify in closed form, others stop at a Newton step);
---tolerance counts the opt-in tolerance mode (rows may stop where |Σp − 1| ≤ EPS) instead of the exact solve.
+--tolerance counts the opt-in tolerance mode (rows may stop where |Σp − 1| ≤ EPS) instead of the exact solve;
+--fold-from K counts the α = 1.5 forward whose sweeps from the K-th on also accumulate P·V, so that the sweep
+certifying a whole block is its output pass too (triton_ops.FOLD_FROM).
 
     TRITON_INTERPRET=1 python benchmarks/kernel_counts.py --out benchmarks/results/FILE.json \\
-        [--lengths 1024 4096] [--run RUN_FOLDER] [--alpha 1.5] [--tolerance EPS]
+        [--lengths 1024 4096] [--run RUN_FOLDER] [--alpha 1.5] [--tolerance EPS] [--fold-from K]
     python benchmarks/kernel_counts.py --table benchmarks/results/FILE.json
 
 The counts are exact and device-independent up to floating-point rounding (a GPU run counts the same way:
@@ -128,8 +130,11 @@ def table(path: str) -> str:
     ]
     for r in data["rows"]:
         tol = r.get("tolerance")
+        solve = "exact" if tol is None else str(tol)
+        if r.get("fold_from", -1) >= 0:
+            solve += f", output folded from sweep {r['fold_from']}"
         lines.append(
-            f"| {r['source']} | {r.get('alpha', 1.5)} | {'exact' if tol is None else tol} | {r['N']} | "
+            f"| {r['source']} | {r.get('alpha', 1.5)} | {solve} | {r['N']} | "
             f"{r.get('layer', '-')} | {r['heads']} | {r['qk_passes_mean']:.2f} / "
             f"{r['qk_passes_max']:.0f} | {r['sweeps_mean']:.2f} / {r['sweeps_max']:.0f} | {r['blocks_at_cap']} | "
             f"{r['uncertified_rows']} |"
@@ -145,6 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--run", help="a trained run folder: also count on its layers' q, k")
     ap.add_argument("--alpha", type=float, default=1.5, help="α of the random rows, in (1, 2]")
     ap.add_argument("--tolerance", type=float, help="count the tolerance mode with this bound on |Σp − 1|")
+    ap.add_argument("--fold-from", type=int, default=-1, help="α = 1.5: the sweep from which P·V is accumulated")
     args = ap.parse_args(argv)
     if args.table:
         print(table(args.table), end="")
@@ -158,11 +164,14 @@ def main(argv=None) -> int:
     problem = te.tolerance_problem(args.tolerance)
     if problem:
         ap.error(f"--tolerance: {problem}")
+    if args.fold_from < -1 or (args.fold_from >= 0 and (args.alpha != 1.5 or args.tolerance is not None)):
+        ap.error(f"--fold-from {args.fold_from}: a sweep index ≥ 0 (or −1: off), for the exact α = 1.5 solve only")
     if Path(args.out).exists():
         ap.error(f"--out {args.out} exists: choose a new file (stored results are not overwritten)")
     if args.run and not Path(args.run, "config.json").is_file():
         ap.error(f"--run {args.run}: not a run folder (no config.json)")
     triton_ops.INTERPRETER_BLOCK = TILE  # where the launches read it
+    triton_ops.FOLD_FROM = args.fold_from
     data = {
         "benchmark": "kernel_counts",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -177,6 +186,8 @@ def main(argv=None) -> int:
         rows = random_rows(N, alpha=args.alpha, tolerance=args.tolerance)
         rows += trained_rows(args.run, N) if args.run else []
         for r in rows:
+            if args.fold_from >= 0:
+                r["fold_from"] = args.fold_from
             r["seconds"] = round(time.perf_counter() - t0, 1)
             print(json.dumps(r), flush=True)
         data["rows"] += rows

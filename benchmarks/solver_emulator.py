@@ -14,9 +14,10 @@ against the interpreter's committed counts: `two_point` against the forward befo
   visits), the only maximum known before the pass ends. That sweep proposes the first point and nothing else
   (no bound, no finish: its sums are taken relative to a different maximum, so only sweeps relative to the row
   max decide anything), and the P0-point sweep after the max pass is skipped.
-* folded (a proposal, not the kernel's): `anchored`, with the output pass folded into the sweeps from sweep
-  FOLD_FROM on: such a sweep also accumulates P·V at its point, and when it certifies every row of the block
-  (none ended by the no-progress rule) that accumulation is the output and no output pass follows. A certified
+* folded (the kernel's `FOLD_FROM`, off by default): `anchored`, with the output pass folded into the sweeps
+  from sweep FOLD_FROM on: such a sweep also accumulates P·V at its point, and when it certifies every row of the block
+  (none ended by the no-progress rule, none with s > 0 above half its smallest gap, where d − s computed from
+  a rounded d would lose precision) that accumulation is the output and no output pass follows. A certified
   row's support at its point equals its support at τ, so the output at τ = t + s is exact from three
   accumulators over the support at t: Σ(x−t)²v − 2sΣ(x−t)v + s²Σv (and the backward's Σ u v from the last two).
   A sweep that fails to certify the block only cost its P·V work (counted in `pv_passes`).
@@ -163,7 +164,8 @@ def solve_block(z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_point
         live = _live_tiles(X, floor)  # the list the next pass reads: floors only rise
         was = active
         lo_in, hi_in = lo, hi
-        lo, hi, tau, active, certified, candidate = bracket_update(pts, sweep_sums(X, pts), lo, hi, tau, active)
+        sums = sweep_sums(X, pts)
+        lo, hi, tau, active, certified, candidate = bracket_update(pts, sums, lo, hi, tau, active)
         proposal = torch.where((candidate >= lo) & (candidate <= hi), candidate, 0.5 * (lo + hi))
         if pts.shape[1] == 1:
             stuck = active & ((proposal == pts[:, 0]) | (hi <= lo))
@@ -172,8 +174,11 @@ def solve_block(z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_point
         tau = torch.where(stuck, lo, tau)
         if strategy == "folded" and sweeps >= FOLD_FROM:
             pv += tiles
-            # a row ended by the no-progress rule ends at lo, not at this sweep's point: it needs the output pass
-            output_folded = not bool(active.any()) and not bool(stuck.any())
+            # a row ended by the no-progress rule ends at lo, not at this sweep's point, and one with s > 0 above
+            # half its smallest gap would lose precision in d − s: either needs the output pass
+            s = torch.where(certified, tau - pts[:, 0], 0.0)  # rows finished before: at their τ in the kernel
+            steep = (s > 0) & (s > 0.5 * sums[3][:, 0])
+            output_folded = not bool(active.any()) and not bool(stuck.any()) and not bool(steep.any())
         active = active & ~stuck
         uncertified += int((was & ~active & ~certified).sum())
         sweeps += 1

@@ -34,6 +34,11 @@ _MAX_SWEEPS_GENERAL = 32  # other α: quadratic convergence once the bracket is 
 # (`ANCHOR`): fewer passes on most heads and 17–29 % fewer point evaluations than (4, 2) on NoPE heads
 # (docs/reports/2026-11-28-threshold-solve-strategies.md).
 SOLVER_POINTS = {0: (4, 2), 1: (4, 1), 2: (4, 2)}
+# α = 1.5, exact: the first sweep after the max pass (0-based) from which sweeps also accumulate P·V, so that the
+# sweep certifying a whole block is its output pass too (−1: off). Counted on CPU, from the third sweep on
+# (benchmarks/solver_emulator.py, `folded`): about one QKᵀ pass fewer per block for up to twice the P·V work;
+# off until a GPU has timed that trade (benchmarks/gpu_check.py times both).
+FOLD_FROM = -1
 
 _MODE_GENERAL, _MODE_15, _MODE_2 = 0, 1, 2
 INTERPRETER_BLOCK = 32  # query and key tile of the interpreter (CPU tensors): see `_config`
@@ -73,7 +78,8 @@ def _next_pow2(n: int) -> int:
 def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
     """Launch configuration: BM, BN (shared by the forward and the backward, since the tile mask is
     indexed in these tiles), num_warps per kernel, the dot precision, and the decode tiles (dec_BN for
-    the split kernels, dec_BJ for the threshold sweep over scratch logits).
+    the split kernels, dec_BJ for the threshold sweep over scratch logits); fwd_fold: the forward's warps with
+    FOLD_FROM on.
 
     CUDA: chosen by compiling for sm_90 with ptxas -v (16-bit inputs: no spills except ≤ 184 bytes in
     dk/dv at D = 128 and ≤ 148 bytes in general-α variants; shared memory ≤ 64 KiB). float32 inputs use
@@ -88,6 +94,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "BM": b,
             "BN": b,
             "fwd": 4,
+            "fwd_fold": 4,
             "prep": 4,
             "dkdv": 4,
             "dq": 4,
@@ -102,6 +109,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "BM": 32 if D <= 64 else 16,
             "BN": 32,
             "fwd": 4,
+            "fwd_fold": 4,
             "prep": 4,
             "dkdv": 4,
             "dq": 4,
@@ -116,6 +124,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "BM": 64,
             "BN": 64,
             "fwd": 4,
+            "fwd_fold": 8,  # FOLD_FROM's two more (BM, D) accumulators spill 92 bytes at 4 warps (D = 64)
             "prep": 8,
             "dkdv": 8,
             "dq": 4,
@@ -129,6 +138,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
         "BM": 64,
         "BN": 64,
         "fwd": 8,
+        "fwd_fold": 8,
         "prep": 8,
         "dkdv": 8,
         "dq": 8,
@@ -254,6 +264,7 @@ def _forward_impl(
         live = torch.empty((B * H * n_qb, 2 * n_kt), dtype=torch.int32, device=q.device)
         band = slopes is not None and Nk >= BAND_MIN_KEYS
         knorm = _key_norm_bound(k, starts, ends) if band else stats
+        fold_from = FOLD_FROM if mode == _MODE_15 and p_later == 1 and tolerance == 0 else -1
         _fwd_kernel[(B * H, n_qb)](
             q,
             k,
@@ -292,9 +303,10 @@ def _forward_impl(
             BAND=band,
             BAND_EPS=ROUNDING_MARGIN,
             ANCHOR=mode == _MODE_15 and p_later == 1,
+            FOLD_FROM=fold_from,
             STORE_UV=need_uv,
             COUNT=counts is not None,
-            num_warps=cfg["fwd"],
+            num_warps=cfg["fwd_fold"] if fold_from >= 0 else cfg["fwd"],
             num_stages=cfg["stages"],
         )
         return o, stats, tile_mask, uv

@@ -338,6 +338,57 @@ def test_query_and_key_tiles_of_different_sizes(bm, bn, alpha, monkeypatch):
     _compare(leaves, up, alpha=alpha, is_causal=True, slopes=slopes, decode=True)
 
 
+def _output_and_grads(leaves, up, **kw):
+    """The kernel's output and the gradients of <out, up> w.r.t. every leaf (q, k, v, q-scale), in float32."""
+    q, k, v, qs = leaves
+    out = te.entmax_attention_triton(q, k, v, q_scale=qs, **kw)
+    return [out.float(), *(g.float() for g in torch.autograd.grad((out.float() * up).sum(), leaves))]
+
+
+@pytest.mark.parametrize("fold_from", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_folded_output_equals_the_output_pass(fold_from, dtype, monkeypatch):
+    """FOLD_FROM: sweeps that also accumulate P·V, and a sweep certifying its whole block that is the output
+    pass too. τ, the row max and the tile mask equal those of the kernel with an output pass, and 1/Σp and the
+    output agree to rounding, over causal and bidirectional rows, GQA, q-scales, key ranges and the ALiBi band;
+    some blocks visit fewer tiles, with the same sweeps. Outputs and gradients: float32 equals the reference;
+    bfloat16 (rounded operands in the P·V dots) errs against the float32 reference at most twice as much as the
+    kernel with an output pass."""
+    monkeypatch.setattr(ops, "INTERPRETER_BLOCK", 16)
+    monkeypatch.setattr(ops, "BAND_MIN_KEYS", 0)
+    leaves, up = _inputs(B=2, H=4, Hkv=2, Nq=77, Nk=77, q_scale=True, dtype=dtype, seed=23)
+    slopes = torch.tensor([0.5, 0.0, 0.0, 0.0])
+    q, k, v, qs = (t.detach() for t in leaves)
+    for is_causal, ranges in (
+        (True, {"key_start": torch.tensor([0, 9])}),
+        (False, {"key_end": torch.tensor([77, 60])}),
+    ):
+        kw = dict(alpha=1.5, is_causal=is_causal, alibi_slopes=slopes, **ranges)
+        monkeypatch.setattr(ops, "FOLD_FROM", -1)
+        base = te.threshold_stats(q, k, v, q_scale=qs, **kw)
+        base_counts = te.solver_counts(q, k, v, q_scale=qs, **kw)
+        base_grads = _output_and_grads(leaves, up, **kw)
+        # the float32 kernel (equal to the float64 reference: test_matches_reference) on the same rounded inputs
+        want = _output_and_grads([t.float().detach().requires_grad_() for t in leaves], up, **kw)
+        monkeypatch.setattr(ops, "FOLD_FROM", fold_from)
+        out, stats, mask = te.threshold_stats(q, k, v, q_scale=qs, **kw)
+        counts = te.solver_counts(q, k, v, q_scale=qs, **kw)
+        assert torch.equal(mask, base[2])
+        assert torch.equal(stats[:2], base[1][:2])  # row max and τ: the same solve
+        assert torch.allclose(stats[2], base[1][2], rtol=1e-5, atol=0)
+        assert (out.float() - base[0].float()).abs().max() <= (1e-5 if dtype == torch.float32 else 2e-2)
+        assert torch.equal(counts["sweeps"], base_counts["sweeps"])
+        saved = base_counts["tiles_visited"] - counts["tiles_visited"]
+        assert (saved >= 0).all() and (saved > 0).any()
+        if dtype == torch.float32:
+            _compare(leaves, up, alpha=1.5, is_causal=is_causal, slopes=slopes, **ranges)
+            continue
+        for name, a, b, ref in zip(
+            ["out", "dq", "dk", "dv", "dq_scale"], _output_and_grads(leaves, up, **kw), base_grads, want
+        ):
+            assert (a - ref).abs().max() <= 2 * (b - ref).abs().max() + 1e-3, name
+
+
 def test_solver_counts_bound_the_passes():
     """On random logits the block forward certifies every row exactly, within a few sweeps: the QKᵀ passes
     per block are the max pass, the sweeps and the output pass."""
@@ -445,8 +496,8 @@ def test_tolerance_through_attention_and_exact_backends():
 
 
 def test_kernel_counts_script_refuses_what_it_would_overwrite(tmp_path, capsys):
-    """benchmarks/kernel_counts.py: an existing --out, α outside (1, 2] and a bad tolerance stop it before any
-    work; its table names α and the solve (exact, or the tolerance)."""
+    """benchmarks/kernel_counts.py: an existing --out, α outside (1, 2], a bad tolerance and a bad --fold-from
+    stop it before any work; its table names α and the solve (exact, folded, or the tolerance)."""
     kernel_counts = benchmark_script("kernel_counts")
 
     existing = tmp_path / "counts.json"
@@ -455,6 +506,8 @@ def test_kernel_counts_script_refuses_what_it_would_overwrite(tmp_path, capsys):
         (["--out", str(existing)], "exists"),
         (["--out", str(tmp_path / "a.json"), "--alpha", "2.5"], "outside (1, 2]"),
         (["--out", str(tmp_path / "b.json"), "--tolerance", "0"], "tolerance"),
+        (["--out", str(tmp_path / "c.json"), "--fold-from", "-2"], "--fold-from"),
+        (["--out", str(tmp_path / "d.json"), "--fold-from", "2", "--alpha", "2"], "α = 1.5 solve only"),
     ):
         with pytest.raises(SystemExit):
             kernel_counts.main(argv)
@@ -462,8 +515,10 @@ def test_kernel_counts_script_refuses_what_it_would_overwrite(tmp_path, capsys):
     assert existing.read_text() == "{}" and not (tmp_path / "a.json").exists()
     row = dict(source="random", N=64, heads="nope", qk_passes_mean=4.5, qk_passes_max=6, sweeps_mean=2.5)
     row.update(sweeps_max=4, blocks_at_cap=0, uncertified_rows=0)
-    existing.write_text(json.dumps({"rows": [row, {**row, "alpha": 1.25, "tolerance": 0.01}]}))
+    rows = [row, {**row, "alpha": 1.25, "tolerance": 0.01}, {**row, "fold_from": 2}]
+    existing.write_text(json.dumps({"rows": rows}))
     text = kernel_counts.table(str(existing))
+    assert "| random | 1.5 | exact, output folded from sweep 2 | 64 | - | nope |" in text
     assert "| random | 1.5 | exact | 64 | - | nope | 4.50 / 6 |" in text
     assert "| random | 1.25 | 0.01 | 64 | - | nope |" in text
 
@@ -781,7 +836,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         p0, p1 = ops.SOLVER_POINTS[mode]
         solve = dict(P0=p0, P=p1, MAX_SWEEPS=24, TOL=1e-6, FTOL=0.0)
         stages = cfg["stages"]
-        fwd = dict(blk, **solve, BAND_EPS=ops.ROUNDING_MARGIN, COUNT=False, ANCHOR=mode == 1 and p1 == 1)
+        fwd = dict(blk, **solve, BAND_EPS=ops.ROUNDING_MARGIN, COUNT=False, ANCHOR=mode == 1 and p1 == 1,
+               FOLD_FROM=ops.FOLD_FROM if mode == 1 and p1 == 1 else -1)
         plan = [("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True), cfg["fwd"], stages),
                 ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=False), cfg["fwd"], stages),
                 ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=True, FTOL=1e-2), cfg["fwd"], stages),
@@ -792,6 +848,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                 ("_dec_filter_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode), cfg["dec"], stages),
                 ("_dec_solve_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode, **solve), cfg["dec"], stages),
                 ("_dec_out_kernel", dict(dec, MODE=mode), cfg["dec"], stages)]
+        if fwd["ANCHOR"]:  # the forward whose certifying sweep is its output pass (off by default)
+            plan.append(("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True, FOLD_FROM=2), cfg["fwd_fold"], stages))
         for name, consts, warps, stages in plan:
             fn = getattr(ops, name)
             names = list(inspect.signature(fn.fn).parameters)
@@ -820,7 +878,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
             regs = [int(x) for x in re.findall(r"Used (\\d+) registers", r.stdout + r.stderr)]
             ptx = ck.asm["ptx"]
             results.append(dict(kernel=name, D=D, dtype=dtype_name, mode=mode, ptxas_rc=r.returncode,
-                                consts={k: v for k, v in consts.items() if k in ("BAND", "STORE_UV", "FTOL")},
+                                consts={k: v for k, v in consts.items() if k in ("BAND", "STORE_UV", "FTOL", "FOLD_FROM")},
                                 shared=ck.metadata.shared, spill_bytes=max(spills, default=0),
                                 registers=max(regs, default=0), warps=warps,
                                 async_copies=ptx.count("cp.async.cg") + ptx.count("cp.async.ca")

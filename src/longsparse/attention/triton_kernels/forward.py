@@ -68,6 +68,7 @@ def _fwd_kernel(
     BAND: tl.constexpr,
     BAND_EPS: tl.constexpr,
     ANCHOR: tl.constexpr,
+    FOLD_FROM: tl.constexpr,
     STORE_UV: tl.constexpr,
     COUNT: tl.constexpr,
 ):
@@ -78,7 +79,9 @@ def _fwd_kernel(
     int32 scratch, the blocks' lists of live key tiles. BAND: ALiBi heads bound their tiles in-kernel, with
     KNorm (B·H_kv,) fp32 the largest ‖k_j‖ over each batch row's keys. ANCHOR (α = 1.5 with one-point later
     sweeps): the first sweep rides the max pass, anchored at the row max of the first tile it visits, and only
-    proposes the solve's first point (`_anchored_proposal`)."""
+    proposes the solve's first point (`_anchored_proposal`). FOLD_FROM ≥ 0 (α = 1.5, one-point sweeps, exact
+    solve; −1: off): the sweeps from that one (0-based, after the max pass) on also accumulate P·V at their
+    point, and a sweep that finishes every row of the block, each certified, is the output pass too."""
     (bh, pid_m, rows, rmask, qpos, start, row_lim, kend, t0, t1, ti0, ti1, am1, slope, q, k_base, v_base) = (
         _query_block(
             Q,
@@ -219,8 +222,31 @@ def _fwd_kernel(
     n_active = tl.sum(active.to(tl.int32), 0)
     # the list the first later sweep reads is the one the max pass or the first sweep wrote (lists + n_kt)
     parity = 1 - sweeps
+    mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
+    # FOLD_FROM: a folding sweep accumulates, over the support S(t) at each row's point t, Σd²v, Σd v and Σv
+    # (d = X − t). A row certified at t has S(t) = S(τ) (`_bracket_update`'s finish: no entry between t and
+    # τ = t + s), so its output Σ(d − s)²v = Σd²v − 2sΣd v + s²Σv and its Σ u v = Σd v − sΣv follow exactly;
+    # a row finished before sits at t = τ (s = 0). A row ended uncertified here (at lo, not t), still open, or
+    # with s > 0 above half its smallest d (where d − s from a rounded d loses precision) leaves the block to
+    # the output pass. Tile-mask bits: a folding sweep writes those of the tiles it visits; every later sweep
+    # clears those of the tiles it drops, so the output pass leaves no stale bit.
+    a2 = tl.zeros([BM, D], tl.float32)
+    a1 = tl.zeros([BM, D], tl.float32)
+    a0 = tl.zeros([BM, D], tl.float32)
+    f_s = tl.zeros([BM], tl.float32)
+    f_cnt = tl.zeros([BM], tl.float32)
+    f_sw = tl.zeros([BM], tl.float32)
+    f_sp = tl.zeros([BM], tl.float32)
+    folded = n_active * 0
     while (sweeps < MAX_SWEEPS) & (n_active > 0):
         pa, pb = _later_bounds(lo, hi, nxt, P, MODE)
+        if FOLD_FROM >= 0:
+            fold_now = sweeps >= FOLD_FROM
+            pa = tl.where(active, pa, tau)
+            pb = pa
+            a2 = tl.zeros([BM, D], tl.float32)
+            a1 = tl.zeros([BM, D], tl.float32)
+            a0 = tl.zeros([BM, D], tl.float32)
         floor = tl.where(active, lo, tau)
         read = lists + ((sweeps + parity) % 2) * n_kt
         write = lists + ((sweeps + parity + 1) % 2) * n_kt
@@ -237,15 +263,38 @@ def _fwd_kernel(
             alive = _rmax(_rmax(X - floor[:, None], 1), 0) > 0
             tl.store(write + n_next, t, mask=alive)
             n_next += alive.to(tl.int32)
+            if FOLD_FROM >= 0:
+                if fold_now:
+                    d = X - pa[:, None]
+                    inside = d > 0
+                    dp = tl.where(inside, d, 0.0)
+                    v = _load_tile(v_base, kpos, _in_range(kpos, start, kend), svn, svd, D)
+                    a2 = _dot((dp * dp).to(v.dtype), v, a2, DOT_PREC)
+                    a1 = _dot(dp.to(v.dtype), v, a1, DOT_PREC)
+                    a0 = _dot(tl.where(inside, 1.0, 0.0).to(v.dtype), v, a0, DOT_PREC)
+                    tl.store(mask_row + t, (_rmax(_rmax(dp, 1), 0) > 0).to(tl.int8))
+                else:
+                    tl.store(mask_row + t, alive.to(tl.int8), mask=alive == 0)
         tl.debug_barrier()
         n_live = n_next
         was = active
         lo, hi, tau, active, cert, nxt = _bracket_update(
             pa, pb, cnt, sw, sp, mind, dneg, lo, hi, tau, active, am1, P, False, MODE, TOL, FTOL
         )
-        uncertified += (was & (active == 0) & (cert == 0)).to(tl.int32)
+        ended_open = was & (active == 0) & (cert == 0)
+        uncertified += ended_open.to(tl.int32)
         n_active = tl.sum(active.to(tl.int32), 0)
         sweeps += 1
+        if FOLD_FROM >= 0:
+            f_s = tau - pa
+            # s > 0 computes d − s from d: with s ≤ half the smallest d (the smallest positive gap), rounding d to
+            # the dot's precision errs at most twice as much, relative to d − s, as rounding d − s itself would
+            steep = (f_s > 0) & (f_s > 0.5 * tl.min(mind, 1))
+            blocked = tl.sum((ended_open | steep).to(tl.int32), 0)
+            folded = (fold_now & (n_active == 0) & (blocked == 0)).to(tl.int32)
+            f_cnt = _rsum(cnt, 1)
+            f_sw = _rsum(sw, 1)
+            f_sp = _rsum(sp, 1)
     tau = tl.where(active, lo, tau)  # rows still open at the sweep cap end at their lower bound
     uncertified += active.to(tl.int32)
 
@@ -255,10 +304,17 @@ def _fwd_kernel(
     lsum = tl.zeros([BM], tl.float32)
     uacc = tl.zeros([BM, D], tl.float32)
     usum = tl.zeros([BM], tl.float32)
-    mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
+    n_out = n_live
+    if FOLD_FROM >= 0:  # the last sweep's accumulators at τ = t + s (see above), when it folded
+        use = folded > 0
+        acc = tl.where(use, a2 - (2.0 * f_s)[:, None] * a1 + (f_s * f_s)[:, None] * a0, acc)
+        lsum = tl.where(use, f_sp - 2.0 * f_s * f_sw + f_s * f_s * f_cnt, lsum)
+        uacc = tl.where(use, a1 - f_s[:, None] * a0, uacc)
+        usum = tl.where(use, f_sw - f_s * f_cnt, usum)
+        n_out = tl.where(use, 0, n_live)
     read = lists + ((sweeps + parity) % 2) * n_kt
-    visited += n_live
-    for i in range(n_live):
+    visited += n_out
+    for i in range(n_out):
         t = tl.load(read + i)
         kpos, z = _block_scores(
             q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
