@@ -793,11 +793,14 @@ KERNEL_VARIANTS = {  # name: (α = 1.5 solver points, launch-configuration overr
     # the output pass folded into the certifying sweep, P·V accumulated from the third / second sweep on
     "fold2": (None, {}, {"FOLD_FROM": 2}),
     "fold1": (None, {}, {"FOLD_FROM": 1}),
+    # the max pass keeps each row's 16 / 32 largest scores, which certify small supports with no sweep
+    "top16": (None, {}, {"TOP_SCORES": 16}),
+    "top32": (None, {}, {"TOP_SCORES": 32}),
 }
 VARIANT_GROUPS = {
-    (4096, 64): ("p0_4", "p0_2", "stages2", "fold2", "fold1"),
-    (16384, 64): ("p0_4", "p0_2", "fold2"),
-    (4096, 128): ("fwd_warps4", "fold2"),
+    (4096, 64): ("p0_4", "p0_2", "stages2", "fold2", "fold1", "top16", "top32"),
+    (16384, 64): ("p0_4", "p0_2", "fold2", "top16"),
+    (4096, 128): ("fwd_warps4", "fold2", "top16"),
 }
 
 

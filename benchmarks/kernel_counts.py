@@ -10,10 +10,11 @@ and rows that ended renormalised rather than certified. Two kinds of input:
 --alpha sets α of the random rows (1.5 and 2 certify in closed form, others stop at a Newton step);
 --tolerance counts the opt-in tolerance mode (rows may stop where |Σp − 1| ≤ EPS) instead of the exact solve;
 --fold-from K counts the α = 1.5 forward whose sweeps from the K-th on also accumulate P·V, so that the sweep
-certifying a whole block is its output pass too (triton_ops.FOLD_FROM).
+certifying a whole block is its output pass too (triton_ops.FOLD_FROM); --top-scores K the α = 1.5 forward whose
+max pass keeps each row's K largest scores (triton_ops.TOP_SCORES).
 
     TRITON_INTERPRET=1 python benchmarks/kernel_counts.py --out benchmarks/results/FILE.json \\
-        [--lengths 1024 4096] [--run RUN_FOLDER] [--alpha 1.5] [--tolerance EPS] [--fold-from K]
+        [--lengths 1024 4096] [--run RUN_FOLDER] [--alpha 1.5] [--tolerance EPS] [--fold-from K] [--top-scores K]
     python benchmarks/kernel_counts.py --table benchmarks/results/FILE.json
 
 The counts are exact and device-independent up to floating-point rounding (a GPU run counts the same way:
@@ -133,6 +134,8 @@ def table(path: str) -> str:
         solve = "exact" if tol is None else str(tol)
         if r.get("fold_from", -1) >= 0:
             solve += f", output folded from sweep {r['fold_from']}"
+        if r.get("top_scores", 0) > 0:
+            solve += f", {r['top_scores']} largest scores kept"
         lines.append(
             f"| {r['source']} | {r.get('alpha', 1.5)} | {solve} | {r['N']} | "
             f"{r.get('layer', '-')} | {r['heads']} | {r['qk_passes_mean']:.2f} / "
@@ -151,6 +154,7 @@ def main(argv=None) -> int:
     ap.add_argument("--alpha", type=float, default=1.5, help="α of the random rows, in (1, 2]")
     ap.add_argument("--tolerance", type=float, help="count the tolerance mode with this bound on |Σp − 1|")
     ap.add_argument("--fold-from", type=int, default=-1, help="α = 1.5: the sweep from which P·V is accumulated")
+    ap.add_argument("--top-scores", type=int, default=0, help="α = 1.5: the largest scores per row the max pass keeps")
     args = ap.parse_args(argv)
     if args.table:
         print(table(args.table), end="")
@@ -166,12 +170,16 @@ def main(argv=None) -> int:
         ap.error(f"--tolerance: {problem}")
     if args.fold_from < -1 or (args.fold_from >= 0 and (args.alpha != 1.5 or args.tolerance is not None)):
         ap.error(f"--fold-from {args.fold_from}: a sweep index ≥ 0 (or −1: off), for the exact α = 1.5 solve only")
+    top = args.top_scores
+    if top < 0 or top > TILE or top & (top - 1) or (top and (args.alpha != 1.5 or args.tolerance is not None)):
+        ap.error(f"--top-scores {top}: a power of two ≤ {TILE} (or 0: off), for the exact α = 1.5 solve only")
     if Path(args.out).exists():
         ap.error(f"--out {args.out} exists: choose a new file (stored results are not overwritten)")
     if args.run and not Path(args.run, "config.json").is_file():
         ap.error(f"--run {args.run}: not a run folder (no config.json)")
     triton_ops.INTERPRETER_BLOCK = TILE  # where the launches read it
     triton_ops.FOLD_FROM = args.fold_from
+    triton_ops.TOP_SCORES = top
     data = {
         "benchmark": "kernel_counts",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -188,6 +196,8 @@ def main(argv=None) -> int:
         for r in rows:
             if args.fold_from >= 0:
                 r["fold_from"] = args.fold_from
+            if top:
+                r["top_scores"] = top
             r["seconds"] = round(time.perf_counter() - t0, 1)
             print(json.dumps(r), flush=True)
         data["rows"] += rows

@@ -21,13 +21,19 @@ against the interpreter's committed counts: `two_point` against the forward befo
   row's support at its point equals its support at τ, so the output at τ = t + s is exact from three
   accumulators over the support at t: Σ(x−t)²v − 2sΣ(x−t)v + s²Σv (and the backward's Σ u v from the last two).
   A sweep that fails to certify the block only cost its P·V work (counted in `pv_passes`).
+* top (the kernel's `TOP_SCORES`, off by default): the max pass (tiles in order, no anchored sweep) also keeps each
+  row's TOP_SCORES largest scores. Sorted scores decide the support exactly: x_k > τ_k (the closed form over the
+  k largest) holds for k up to the support's size and fails after it, so a row whose support is smaller than
+  TOP_SCORES (or that has at most TOP_SCORES keys) is certified with no sweep; the others know τ_T ≤ τ* ≤ x_T and
+  sweep once at FIRST_POINTS points geometric over that bracket, then at one point as `one_point`.
 
 Counted per query block of 64 rows (CUDA's tile; BN = 64): QKᵀ passes (tiles whose logits were computed over
 every pass, per causal tile), P·V passes (tiles whose values were accumulated, per causal tile), sweeps, rows that ended renormalised instead of certified, and point evaluations
 (tile × sweep point pairs, per causal tile: the element-wise work of the sweeps, which a GPU pays beside the
 QKᵀ tile). Live-tile lists are emulated as the kernel keeps them. τ is checked against a float64 solve.
 
-    python benchmarks/solver_emulator.py --out benchmarks/results/FILE.json [--lengths 1024 4096] [--run RUN]
+    python benchmarks/solver_emulator.py --out benchmarks/results/FILE.json [--lengths 1024 4096] [--run RUN] \
+        [--strategies anchored top]
     python benchmarks/solver_emulator.py --table benchmarks/results/FILE.json
 """
 
@@ -47,10 +53,11 @@ from longsparse.io import atomic_write_json
 
 AM1 = 0.5  # α − 1
 TILE = 64  # BM = BN of the CUDA configuration
-STRATEGIES = ("two_point", "one_point", "anchored", "folded")
+STRATEGIES = ("two_point", "one_point", "anchored", "folded", "top")
 FIRST_POINTS = 4  # SOLVER_POINTS[1][0]
 MAX_SWEEPS = 24  # the kernel's _MAX_SWEEPS_EXACT
 FOLD_FROM = 2  # `folded`: the first sweep (0-based, after the max pass) that also accumulates P·V
+TOP_SCORES = 16  # `top`: the largest scores per row the max pass keeps
 
 
 def sweep_sums(X: torch.Tensor, points: torch.Tensor) -> tuple:
@@ -109,6 +116,35 @@ def geometric_points(lo: torch.Tensor, hi: torch.Tensor, P: int) -> torch.Tensor
     return -torch.exp2(a[:, None] + (b - a)[:, None] * frac[None, :])
 
 
+def top_scores_solve(X: torch.Tensor, nkeys: torch.Tensor, lo, hi, T: int) -> tuple:
+    """The kernel's `_top_solve`: what the T largest shifted scores of each row of X (R, N) decide. Returns
+    (certified (R,), τ where certified, lo, hi)."""
+    R = X.shape[0]
+    top = X.topk(min(T, X.shape[1]), -1).values
+    if top.shape[1] < T:
+        top = torch.cat([top, torch.full((R, T - top.shape[1]), -math.inf)], -1)
+    col = torch.arange(T)[None, :]
+    valid = top > -math.inf
+    xv = torch.where(valid, top, 0.0)
+    k = valid.float().cumsum(-1)
+    s1, s2 = xv.cumsum(-1), (xv * xv).cumsum(-1)
+    tau_k = (s1 - (k - (k * s2 - s1 * s1)).clamp(min=0).sqrt()) / k.clamp(min=1)
+    n_in = (valid & (top > tau_k)).sum(-1)
+    decided = (n_in < T) | (nkeys <= T)
+    n_sel = torch.where(decided, n_in, T)
+    x_last = torch.where(col == n_sel[:, None] - 1, top, 0.0).sum(-1)
+    x_next = torch.where(col == n_sel[:, None], top, -math.inf).amax(-1)
+    d = torch.where(col < n_sel[:, None], top - x_last[:, None], 0.0)
+    n, w, f = n_sel.float(), d.sum(-1), (d * d).sum(-1) - 1.0
+    s = f / (w + (w * w - n * f).clamp(min=0).sqrt()).clamp(min=1e-30)
+    tau = x_last + s
+    certified = decided & (n_sel > 0) & (x_last > tau) & (x_next <= tau)
+    x_T = top[:, T - 1]
+    new_hi = torch.where(decided, hi, torch.minimum(hi, x_T))
+    new_lo = torch.where(decided, lo, torch.minimum(torch.maximum(lo, tau), new_hi))
+    return certified, tau, new_lo, new_hi
+
+
 def _live_tiles(X: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     """Which key tiles hold an entry above their row's floor, for some row (n_tiles,) bool."""
     R, N = X.shape
@@ -147,10 +183,20 @@ def solve_block(z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_point
         running = tile_max.cummax(-1).values
         live = torch.zeros(n_tiles, dtype=torch.bool)
         live[order] = (AM1 * (tile_max - running) > -1.0).any(0)
+    if strategy == "top":
+        # the max pass's list, in order: tiles holding an entry within 1 (in X) of the running row max
+        tile_max = z.view(R, n_tiles, TILE).amax(-1)
+        live = (AM1 * (tile_max - tile_max.cummax(-1).values) > -1.0).any(0)
+        certified, tau_top, lo, hi = top_scores_solve(X, nkeys, lo, hi, TOP_SCORES)
+        tau = torch.where(active & certified, tau_top, tau)
+        active = active & ~certified
     sweeps = 0
     while bool(active.any()) and sweeps < MAX_SWEEPS:
         floor = torch.where(active, lo, tau)
-        if sweeps == 0 and strategy not in ("anchored", "folded"):
+        if sweeps == 0 and strategy == "top":
+            pts = geometric_points(lo, hi, first_points)
+            tiles = int(live.sum())
+        elif sweeps == 0 and strategy not in ("anchored", "folded"):
             pts = geometric_points(lo, hi, first_points)
             tiles = n_tiles
         elif strategy == "two_point":
@@ -294,6 +340,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096])
     ap.add_argument("--run", help="a trained run folder: also count on its layers' NoPE heads")
     ap.add_argument("--temperature", type=float, default=1.0, help="multiplies the random logits")
+    ap.add_argument("--strategies", nargs="*", default=list(STRATEGIES), help=f"of {', '.join(STRATEGIES)}")
     args = ap.parse_args(argv)
     if args.table:
         print(table(args.table), end="")
@@ -302,6 +349,9 @@ def main(argv=None) -> int:
         ap.error("--out is required (the JSON file to write), unless --table")
     if Path(args.out).exists():
         ap.error(f"--out {args.out} exists: choose a new file (stored results are not overwritten)")
+    unknown = [x for x in args.strategies if x not in STRATEGIES]
+    if unknown or not args.strategies:
+        ap.error(f"--strategies {unknown or 'none'}: choose from {', '.join(STRATEGIES)}")
     bad = [n for n in args.lengths if n < TILE or n % TILE]
     if bad:
         ap.error(f"--lengths {bad}: each must be a positive multiple of the tile ({TILE})")
@@ -313,6 +363,7 @@ def main(argv=None) -> int:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "first_points": FIRST_POINTS,
+        "top_scores": TOP_SCORES,
         "tile": TILE,
         "temperature": args.temperature,
         "rows": [],
@@ -322,7 +373,7 @@ def main(argv=None) -> int:
         if args.run:
             inputs += [(f"trained:{Path(args.run).name}", layer, z) for layer, z in trained_logits(args.run, N)]
         for source, layer, heads in inputs:
-            for strategy in STRATEGIES:
+            for strategy in args.strategies:
                 t0 = time.perf_counter()
                 row = {"source": source, "N": N, **({"layer": layer} if layer is not None else {})}
                 row |= count(heads, strategy, check=N <= 4096)

@@ -5,11 +5,15 @@ benchmarks/results/kernel-counts-cpu-2026-11-2{7,8}.json), and every strategy mu
 
 import json
 import math
+import os
 
-import pytest
-import torch
-from helpers.benchmarks import benchmark_script
-from helpers.paths import REPO_ROOT
+# the interpreted-kernel test: Triton's interpreter must be on before triton is first imported
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from helpers.benchmarks import benchmark_script  # noqa: E402
+from helpers.paths import REPO_ROOT  # noqa: E402
 
 ROOT = REPO_ROOT
 emulator = benchmark_script("solver_emulator")
@@ -81,6 +85,7 @@ def test_the_float64_threshold_solves_its_equation():
     [
         (["--lengths", "100"], "multiple of the tile"),
         (["--run", "no/such/run"], "not a run folder"),
+        (["--strategies", "bisection"], "choose from"),
     ],
 )
 def test_the_script_refuses_bad_input_in_one_line(tmp_path, capsys, argv, message):
@@ -109,3 +114,29 @@ def test_the_committed_results_render_as_tables():
         lines = emulator.table(str(f)).splitlines()
         assert len(lines) == 2 + len(rows)
         assert all(f"| {r['strategy']} |" in line for r, line in zip(rows, lines[2:]))
+
+
+@pytest.mark.slow
+def test_top_counts_what_the_interpreted_kernel_counts(monkeypatch):
+    """`top` against the kernel with TOP_SCORES = 16, run in Triton's interpreter with CUDA's 64 × 64 tiles on
+    one NoPE head of the random input (the interpreter's sorts make longer rows take hours): the same sweeps
+    and QKᵀ passes, block for block, and every row certified."""
+    from longsparse.attention import triton_entmax as te
+    from longsparse.attention import triton_ops as ops
+
+    if not te._interpreter_mode():
+        pytest.skip("the kernels were built for a GPU in this process; the counts take CPU tensors")
+    monkeypatch.setattr(ops, "INTERPRETER_BLOCK", emulator.TILE)
+    monkeypatch.setattr(ops, "TOP_SCORES", emulator.TOP_SCORES)
+    N, head = 256, 4  # random_logits' first NoPE head
+    g = torch.Generator().manual_seed(N)
+    q, k, v = (torch.randn(1, 8, N, 64, generator=g)[:, head : head + 1].contiguous() for _ in range(3))
+    counts = te.solver_counts(q, k, v, alpha=1.5, is_causal=True)
+    z = emulator.random_logits(N)[0]
+    for b in range(N // emulator.TILE):
+        rows = slice(b * emulator.TILE, (b + 1) * emulator.TILE)
+        nkeys = torch.arange(b * emulator.TILE + 1, (b + 1) * emulator.TILE + 1)
+        got = emulator.solve_block(z[rows, : (b + 1) * emulator.TILE], nkeys, "top")
+        assert got["sweeps"] == int(counts["sweeps"][0, 0, b])
+        assert got["passes"] == int(counts["tiles_visited"][0, 0, b]) / int(counts["causal_tiles"][0, 0, b])
+    assert int(counts["uncertified"].sum()) == 0

@@ -39,6 +39,13 @@ SOLVER_POINTS = {0: (4, 2), 1: (4, 1), 2: (4, 2)}
 # (benchmarks/solver_emulator.py, `folded`): about one QKᵀ pass fewer per block for up to twice the P·V work;
 # off until a GPU has timed that trade (benchmarks/gpu_check.py times both).
 FOLD_FROM = -1
+# α = 1.5, one-point sweeps: the number of largest scores per row the forward's max pass keeps (a power of two;
+# 0: off, the max pass anchors the first sweep instead). A row whose support is smaller is certified from them
+# with no sweep, and the others start from a bracket they narrow. Counted on CPU
+# (docs/reports/2026-11-28-threshold-solve-strategies.md): 16 cut the QKᵀ passes of random NoPE logits from
+# 5.4 to about 3.9 per block at 1K keys and from 6.1 to about 4.0 at 4K, for a sort of each key tile's scores
+# in the max pass; off until a GPU has timed that trade (benchmarks/gpu_check.py times it).
+TOP_SCORES = 0
 
 _MODE_GENERAL, _MODE_15, _MODE_2 = 0, 1, 2
 INTERPRETER_BLOCK = 32  # query and key tile of the interpreter (CPU tensors): see `_config`
@@ -265,6 +272,7 @@ def _forward_impl(
         band = slopes is not None and Nk >= BAND_MIN_KEYS
         knorm = _key_norm_bound(k, starts, ends) if band else stats
         fold_from = FOLD_FROM if mode == _MODE_15 and p_later == 1 and tolerance == 0 else -1
+        top = min(TOP_SCORES, BN) if mode == _MODE_15 and p_later == 1 else 0
         _fwd_kernel[(B * H, n_qb)](
             q,
             k,
@@ -302,8 +310,9 @@ def _forward_impl(
             DOT_PREC=cfg["prec"],
             BAND=band,
             BAND_EPS=ROUNDING_MARGIN,
-            ANCHOR=mode == _MODE_15 and p_later == 1,
+            ANCHOR=mode == _MODE_15 and p_later == 1 and top == 0,
             FOLD_FROM=fold_from,
+            TOP=top,
             STORE_UV=need_uv,
             COUNT=counts is not None,
             num_warps=cfg["fwd_fold"] if fold_from >= 0 else cfg["fwd"],

@@ -399,6 +399,46 @@ def test_folded_output_equals_the_output_pass(dtype, fold_from, monkeypatch):
             assert (a - ref).abs().max() <= 2 * (b - ref).abs().max() + 1e-3, name
 
 
+@pytest.mark.parametrize(
+    "dtype, is_causal",
+    [
+        (torch.float32, True),
+        pytest.param(torch.float32, False, marks=pytest.mark.slow),
+        pytest.param(torch.bfloat16, True, marks=pytest.mark.slow),
+    ],
+)
+def test_top_scores_certify_rows_before_any_sweep(dtype, is_causal, monkeypatch):
+    """TOP_SCORES: the max pass keeps each row's largest scores, certifies τ of every row whose support is
+    smaller and brackets the others'. Against the default kernel on the same inputs (GQA, q-scales, key ranges,
+    the ALiBi band): the row max and the tile mask are equal and τ and the output agree to rounding; no block
+    takes more sweeps, blocks whose rows all have at most TOP_SCORES keys take none, fewer tiles are visited and
+    every row is certified. float32 outputs and gradients equal the float64 reference."""
+    monkeypatch.setattr(ops, "INTERPRETER_BLOCK", 16)
+    monkeypatch.setattr(ops, "BAND_MIN_KEYS", 0)
+    leaves, up = _inputs(B=1, H=2, Hkv=1, Nq=77, Nk=77, q_scale=True, dtype=dtype, seed=23)
+    q, k, v, qs = (t.detach() for t in leaves)
+    ranges = {"key_start": torch.tensor([9])} if is_causal else {"key_end": torch.tensor([60])}
+    kw = dict(alpha=1.5, is_causal=is_causal, alibi_slopes=NAPE2, **ranges)
+    monkeypatch.setattr(ops, "TOP_SCORES", 0)
+    base = te.threshold_stats(q, k, v, q_scale=qs, **kw)
+    base_counts = te.solver_counts(q, k, v, q_scale=qs, **kw)
+    monkeypatch.setattr(ops, "TOP_SCORES", 16)
+    out, stats, mask = te.threshold_stats(q, k, v, q_scale=qs, **kw)
+    counts = te.solver_counts(q, k, v, q_scale=qs, **kw)
+    assert torch.equal(mask, base[2])
+    assert torch.equal(stats[0], base[1][0])
+    assert (stats[1] - base[1][1]).abs().max() <= 1e-6
+    assert (out.float() - base[0].float()).abs().max() <= (1e-5 if dtype == torch.float32 else 2e-2)
+    assert (counts["uncertified"] == 0).all()
+    assert (counts["sweeps"] <= base_counts["sweeps"]).all()
+    if is_causal:  # query block 0 (rows 0-15, keys from 9): every row has at most 16 keys
+        assert (counts["sweeps"][..., 0] == 0).all() and (base_counts["sweeps"][..., 0] > 0).any()
+    saved = base_counts["tiles_visited"] - counts["tiles_visited"]
+    assert (saved >= 0).all() and (saved > 0).any()
+    if dtype == torch.float32:
+        _compare(leaves, up, alpha=1.5, is_causal=is_causal, slopes=NAPE2, **ranges)
+
+
 def test_solver_counts_bound_the_passes():
     """On random logits the block forward certifies every row exactly, within a few sweeps: the QKᵀ passes
     per block are the max pass, the sweeps and the output pass."""
@@ -506,8 +546,9 @@ def test_tolerance_through_attention_and_exact_backends():
 
 
 def test_kernel_counts_script_refuses_what_it_would_overwrite(tmp_path, capsys):
-    """benchmarks/kernel_counts.py: an existing --out, α outside (1, 2], a bad tolerance and a bad --fold-from
-    stop it before any work; its table names α and the solve (exact, folded, or the tolerance)."""
+    """benchmarks/kernel_counts.py: an existing --out, α outside (1, 2], a bad tolerance, a bad --fold-from and
+    a bad --top-scores stop it before any work; its table names α and the solve (exact, folded, largest scores
+    kept, or the tolerance)."""
     kernel_counts = benchmark_script("kernel_counts")
 
     existing = tmp_path / "counts.json"
@@ -518,6 +559,8 @@ def test_kernel_counts_script_refuses_what_it_would_overwrite(tmp_path, capsys):
         (["--out", str(tmp_path / "b.json"), "--tolerance", "0"], "tolerance"),
         (["--out", str(tmp_path / "c.json"), "--fold-from", "-2"], "--fold-from"),
         (["--out", str(tmp_path / "d.json"), "--fold-from", "2", "--alpha", "2"], "α = 1.5 solve only"),
+        (["--out", str(tmp_path / "e.json"), "--top-scores", "24"], "a power of two"),
+        (["--out", str(tmp_path / "f.json"), "--top-scores", "16", "--tolerance", "0.01"], "α = 1.5 solve only"),
     ):
         with pytest.raises(SystemExit):
             kernel_counts.main(argv)
@@ -525,10 +568,11 @@ def test_kernel_counts_script_refuses_what_it_would_overwrite(tmp_path, capsys):
     assert existing.read_text() == "{}" and not (tmp_path / "a.json").exists()
     row = dict(source="random", N=64, heads="nope", qk_passes_mean=4.5, qk_passes_max=6, sweeps_mean=2.5)
     row.update(sweeps_max=4, blocks_at_cap=0, uncertified_rows=0)
-    rows = [row, {**row, "alpha": 1.25, "tolerance": 0.01}, {**row, "fold_from": 2}]
+    rows = [row, {**row, "alpha": 1.25, "tolerance": 0.01}, {**row, "fold_from": 2}, {**row, "top_scores": 16}]
     existing.write_text(json.dumps({"rows": rows}))
     text = kernel_counts.table(str(existing))
     assert "| random | 1.5 | exact, output folded from sweep 2 | 64 | - | nope |" in text
+    assert "| random | 1.5 | exact, 16 largest scores kept | 64 | - | nope |" in text
     assert "| random | 1.5 | exact | 64 | - | nope | 4.50 / 6 |" in text
     assert "| random | 1.25 | 0.01 | 64 | - | nope |" in text
 
@@ -846,8 +890,9 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         p0, p1 = ops.SOLVER_POINTS[mode]
         solve = dict(P0=p0, P=p1, MAX_SWEEPS=24, TOL=1e-6, FTOL=0.0)
         stages = cfg["stages"]
-        fwd = dict(blk, **solve, BAND_EPS=ops.ROUNDING_MARGIN, COUNT=False, ANCHOR=mode == 1 and p1 == 1,
-               FOLD_FROM=ops.FOLD_FROM if mode == 1 and p1 == 1 else -1)
+        top = min(ops.TOP_SCORES, cfg["BN"]) if mode == 1 and p1 == 1 else 0
+        fwd = dict(blk, **solve, BAND_EPS=ops.ROUNDING_MARGIN, COUNT=False, ANCHOR=mode == 1 and p1 == 1 and top == 0,
+               FOLD_FROM=ops.FOLD_FROM if mode == 1 and p1 == 1 else -1, TOP=top)
         plan = [("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True), cfg["fwd"], stages),
                 ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=False), cfg["fwd"], stages),
                 ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=True, FTOL=1e-2), cfg["fwd"], stages),
@@ -858,8 +903,11 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                 ("_dec_filter_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode), cfg["dec"], stages),
                 ("_dec_solve_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode, **solve), cfg["dec"], stages),
                 ("_dec_out_kernel", dict(dec, MODE=mode), cfg["dec"], stages)]
-        if fwd["ANCHOR"]:  # the forward whose certifying sweep is its output pass (off by default)
+        if mode == 1 and p1 == 1:  # the options off by default: the certifying sweep as the output pass, and
+            # the largest scores kept by the max pass
             plan.append(("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True, FOLD_FROM=2), cfg["fwd_fold"], stages))
+            plan.append(("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True, ANCHOR=False, TOP=min(16, cfg["BN"])),
+                         cfg["fwd"], stages))
         for name, consts, warps, stages in plan:
             fn = getattr(ops, name)
             names = list(inspect.signature(fn.fn).parameters)
@@ -888,7 +936,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
             regs = [int(x) for x in re.findall(r"Used (\\d+) registers", r.stdout + r.stderr)]
             ptx = ck.asm["ptx"]
             results.append(dict(kernel=name, D=D, dtype=dtype_name, mode=mode, ptxas_rc=r.returncode,
-                                consts={k: v for k, v in consts.items() if k in ("BAND", "STORE_UV", "FTOL", "FOLD_FROM")},
+                                consts={k: v for k, v in consts.items() if k in ("BAND", "STORE_UV", "FTOL", "FOLD_FROM", "TOP")},
                                 shared=ck.metadata.shared, spill_bytes=max(spills, default=0),
                                 registers=max(regs, default=0), warps=warps,
                                 async_copies=ptx.count("cp.async.cg") + ptx.count("cp.async.ca")

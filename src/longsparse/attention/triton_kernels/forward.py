@@ -12,6 +12,8 @@ from .solve import (
     _powers,
     _sweep_sums,
     _sweep_tile,
+    _top_solve,
+    _top_update,
 )
 from .tiles import _band_dead, _band_reach, _block_scores, _dot, _in_range, _load_tile, _query_block, _rmax, _rsum
 
@@ -69,6 +71,7 @@ def _fwd_kernel(
     BAND_EPS: tl.constexpr,
     ANCHOR: tl.constexpr,
     FOLD_FROM: tl.constexpr,
+    TOP: tl.constexpr,
     STORE_UV: tl.constexpr,
     COUNT: tl.constexpr,
 ):
@@ -81,7 +84,10 @@ def _fwd_kernel(
     sweeps): the first sweep rides the max pass, anchored at the row max of the first tile it visits, and only
     proposes the solve's first point (`_anchored_proposal`). FOLD_FROM ≥ 0 (α = 1.5, one-point sweeps, exact
     solve; −1: off): the sweeps from that one (0-based, after the max pass) on also accumulate P·V at their
-    point, and a sweep that finishes every row of the block, each certified, is the output pass too."""
+    point, and a sweep that finishes every row of the block, each certified, is the output pass too. TOP > 0
+    (α = 1.5, one-point sweeps, not with ANCHOR; a power of two ≤ BN): the max pass also keeps each row's TOP
+    largest scores, which certify τ* of every row whose support is smaller (`_top_solve`) and bracket the
+    others' for a first sweep at P0 points spread over that bracket."""
     (bh, pid_m, rows, rmask, qpos, start, row_lim, kend, t0, t1, ti0, ti1, am1, slope, q, k_base, v_base) = (
         _query_block(
             Q,
@@ -129,6 +135,7 @@ def _fwd_kernel(
     # (the first sweep's sums have P0 columns: names of their own, since loop-carried values keep one type)
     cnt0, sw0, sp0, mind0, dneg0 = _sweep_sums(BM, P0)
     m0 = tl.zeros([BM], tl.float32)  # ANCHOR: the first visited tile's row max (0 where that tile is empty)
+    top = tl.full([BM, TOP if TOP > 0 else 1], float("-inf"), tl.float32)  # TOP: each row's largest scores
     if BAND & (slope > 0):
         qn = tl.sqrt(_rsum(q.to(tl.float32) * q.to(tl.float32), 1)) * tl.abs(scale)  # |scale|·‖q_i‖ (BM,)
         kmax = tl.load(KNorm + bh // GROUP)  # the kv head's largest ‖k_j‖ over the row's keys
@@ -146,6 +153,9 @@ def _fwd_kernel(
                 cnt0, sw0, sp0, mind0, dneg0, n_live = _anchored_tile(
                     z, t, m, m0, lists + n_kt, n_live, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, MODE
                 )
+            if TOP > 0:
+                top = _top_update(z, top, TOP)
+                n_live = _list_near_max(z, t, m, lists + n_kt, n_live, am1)
             t_lo = t
             t -= 1
             # keys of the tiles before t + 1 sit at least qpos − (t + 1)·BN + 1 before each row
@@ -161,6 +171,9 @@ def _fwd_kernel(
                 cnt0, sw0, sp0, mind0, dneg0, n_live = _anchored_tile(
                     z, t, m, m0, lists + n_kt, n_live, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, MODE
                 )
+            if TOP > 0:
+                top = _top_update(z, top, TOP)
+                n_live = _list_near_max(z, t, m, lists + n_kt, n_live, am1)
             t += 1
             t_hi = t
             # keys of the tiles from t on sit at least t·BN − qpos after each row (non-causal rows only)
@@ -177,6 +190,14 @@ def _fwd_kernel(
             cnt0, sw0, sp0, mind0, dneg0, n_live = _anchored_tile(
                 z, t, m, m0, lists + n_kt, n_live, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, MODE
             )
+    elif TOP > 0:
+        for t in range(t0, t1):
+            kpos, z = _block_scores(
+                q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+            )
+            m = tl.maximum(m, _rmax(z, 1))
+            top = _top_update(z, top, TOP)
+            n_live = _list_near_max(z, t, m, lists + n_kt, n_live, am1)
     else:
         for t in range(t0, t1):
             kpos, z = _block_scores(
@@ -198,6 +219,40 @@ def _fwd_kernel(
     if ANCHOR:
         anchor = am1 * (m0 - m)  # ≤ 0: the anchor in the row max's frame (0 for rows without keys)
         nxt = _anchored_proposal(cnt0, sw0, sp0, anchor, lo, hi, lhi, am1, P0)
+    elif TOP > 0:
+        # rows the largest scores certify are done; the others sweep once at P0 points geometric over their
+        # bracket, reading the max pass's list (lists + n_kt) and writing the next (lists), so that either way
+        # the first later sweep reads the list at lists + ((sweeps + 1) % 2)·n_kt
+        certified, tau_top, lo, hi = _top_solve(top, m, row_lim - start, lo, hi, am1, TOP)
+        tau = tl.where(active & certified, tau_top, tau)
+        active = active & (certified == 0)
+        nxt = lo
+        if tl.sum(active.to(tl.int32), 0) > 0:
+            llo = tl.log2(-lo)
+            lhi_row = tl.log2(-hi)
+            floor = tl.where(active, lo, tau)
+            n_next = 0
+            for i in range(n_live):
+                t = tl.load(lists + n_kt + i)
+                kpos, z = _block_scores(
+                    q, k_base, t, start, kend, skn, skd, qpos, row_lim, ti0, ti1, scale, slope, D, BN, DOT_PREC
+                )
+                X = am1 * (z - m[:, None])
+                cnt0, sw0, sp0, mind0, dneg0 = _sweep_tile(
+                    X, llo, lhi_row, cnt0, sw0, sp0, mind0, dneg0, am1, P0, 2, MODE, True
+                )
+                alive = _rmax(_rmax(X - floor[:, None], 1), 0) > 0
+                tl.store(lists + n_next, t, mask=alive)
+                n_next += alive.to(tl.int32)
+            tl.debug_barrier()
+            visited += n_live
+            n_live = n_next
+            was = active
+            lo, hi, tau, active, cert, nxt = _bracket_update(
+                llo, lhi_row, cnt0, sw0, sp0, mind0, dneg0, lo, hi, tau, active, am1, P0, 2, MODE, TOL, FTOL
+            )
+            uncertified += (was & (active == 0) & (cert == 0)).to(tl.int32)
+            sweeps = 1
     else:
         for t in range(t_lo, t_hi):
             kpos, z = _block_scores(
@@ -220,8 +275,11 @@ def _fwd_kernel(
         sweeps = 1
     tl.debug_barrier()
     n_active = tl.sum(active.to(tl.int32), 0)
-    # the list the first later sweep reads is the one the max pass or the first sweep wrote (lists + n_kt)
+    # the list the first later sweep reads is the one the max pass or the first sweep wrote (lists + n_kt; TOP:
+    # see above)
     parity = 1 - sweeps
+    if TOP > 0:
+        parity = 1
     mask_row = TileMask + (bh.to(tl.int64) * n_qb + pid_m) * n_kt
     # FOLD_FROM: a folding sweep accumulates, over the support S(t) at each row's point t, Σd²v, Σd v and Σv
     # (d = X − t). A row certified at t has S(t) = S(τ) (`_bracket_update`'s finish: no entry between t and
@@ -352,6 +410,16 @@ def _fwd_kernel(
         tl.store(crow + 3, tl.sum(uncertified, 0))
 
 
+def _list_near_max(z, t, m, write, n_live, am1):
+    """A tile z (BM, BN) of the max pass, m the running row max including it: lists tile t at write + n_live
+    when some entry lies within 1 (in X) of m (a superset of the tiles live at the row max, since τ* ≥ −1).
+    Returns the new list length."""
+    m_seen = tl.where(m > float("-inf"), m, 0.0)  # rows without a key yet: their z are −inf
+    alive = _rmax(_rmax(am1 * (z - m_seen[:, None]) + 1.0, 1), 0) > 0
+    tl.store(write + n_live, t, mask=alive)
+    return n_live + alive.to(tl.int32)
+
+
 def _anchored_tile(z, t, m, m0, write, n_live, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0: tl.constexpr, MODE):
     """ANCHOR: one tile z (BM, BN) of the max pass, m the running row max including it: adds it to the first
     sweep's sums at the points relative to m0, and lists tile t at write + n_live when some entry lies within
@@ -359,7 +427,4 @@ def _anchored_tile(z, t, m, m0, write, n_live, lhi, cnt0, sw0, sp0, mind0, dneg0
     cnt0, sw0, sp0, mind0, dneg0 = _sweep_tile(
         am1 * (z - m0[:, None]), lhi, lhi, cnt0, sw0, sp0, mind0, dneg0, am1, P0, True, MODE, False
     )
-    m_seen = tl.where(m > float("-inf"), m, 0.0)  # rows without a key yet: their z are −inf
-    alive = _rmax(_rmax(am1 * (z - m_seen[:, None]) + 1.0, 1), 0) > 0
-    tl.store(write + n_live, t, mask=alive)
-    return cnt0, sw0, sp0, mind0, dneg0, n_live + alive.to(tl.int32)
+    return cnt0, sw0, sp0, mind0, dneg0, _list_near_max(z, t, m, write, n_live, am1)

@@ -51,14 +51,17 @@ def _bracket_hi(nkeys, am1, MODE: tl.constexpr):
 
 
 def _point(a, b, pi: tl.constexpr, P: tl.constexpr, GEOM: tl.constexpr):
-    """Point pi of P of a sweep, per row (BM,). GEOM (the first sweep): geometric from −1 to hi, a = log2(−hi):
-    τ* lies in [−1, −n^{1−α}] and may sit at any order of magnitude there (one key dominating: −1; n equal
-    keys: hi). Otherwise evenly from a to b."""
+    """Point pi of P of a sweep, per row (BM,). GEOM = 1 (the first sweep): geometric from −1 to hi,
+    a = log2(−hi): τ* lies in [−1, −n^{1−α}] and may sit at any order of magnitude there (one key dominating:
+    −1; n equal keys: hi). GEOM = 2: geometric from lo to hi of a bracket inside that one, a = log2(−lo),
+    b = log2(−hi). Otherwise evenly from a to b."""
     if P == 1:
         frac = 0.0
     else:
         frac = pi / (P - 1)
-    if GEOM:
+    if GEOM == 2:
+        t = -tl.exp2(a + (b - a) * frac)
+    elif GEOM:
         t = -tl.exp2(a * frac)
     else:
         t = a + (b - a) * frac
@@ -241,3 +244,47 @@ def _anchored_proposal(cnt, sw, sp, anchor, lo, hi, lhi, am1, P: tl.constexpr):
         from_above = tl.where((f < 0) & valid & (from_above != from_above), t + s, from_above)
     cand = tl.where(from_above != from_above, from_below, from_above)
     return tl.where((cand >= lo) & (cand <= hi), cand, 0.5 * (lo + hi))
+
+
+def _top_update(z, top, T: tl.constexpr):
+    """The running T largest scores of each row (BM, T), descending, −inf where a row has seen fewer, with one
+    more tile z (BM, BN) of scores (−inf where masked). T ≤ BN, a power of two."""
+    cand = tl.topk(z, T, dim=1)
+    both = tl.reshape(tl.join(top, cand), [top.shape[0], 2 * T])
+    return tl.topk(both, T, dim=1)
+
+
+def _top_solve(top, m, nkeys, lo, hi, am1, T: tl.constexpr):
+    """α = 1.5: what the T largest scores of each row (`top`, (BM, T), descending; m the row max) decide before
+    any sweep. Sorted scores give the support exactly: with τ_k the closed form over the k largest, x_k > τ_k
+    holds for k up to the support's size and fails after it, so when it fails within the T known (or a row
+    has at most T keys) the support and τ* = τ_k are certain. Otherwise the support holds all T, so τ_T (the
+    closed form over a subset of the support, at most τ*) bounds τ* below and x_T (in the support) above.
+    Returns (certified (BM,) bool, τ where certified, lo, hi)."""
+    X = am1 * (top - m[:, None])  # ≤ 0, descending, −inf past a row's keys
+    col = tl.arange(0, T)[None, :]
+    valid = X > float("-inf")
+    Xv = tl.where(valid, X, 0.0)
+    k = tl.cumsum(valid.to(tl.float32), 1)
+    s1 = tl.cumsum(Xv, 1)
+    s2 = tl.cumsum(Xv * Xv, 1)
+    # τ_k = (s1 − √(k − (k·s2 − s1²))) / k: only to count the k with x_k > τ_k (rounding here can move the
+    # count by one at a tie; the closed form below is recomputed stably and checked on both sides)
+    tau_k = (s1 - tl.sqrt(tl.maximum(k - (k * s2 - s1 * s1), 0.0))) / tl.maximum(k, 1.0)
+    n_in = _rsum((valid & (X > tau_k)).to(tl.int32), 1)
+    decided = (n_in < T) | (nkeys <= T)
+    n_sel = tl.where(decided, n_in, T)
+    x_last = _rsum(tl.where(col == n_sel[:, None] - 1, X, 0.0), 1)  # the smallest selected score
+    x_next = _rmax(tl.where(col == n_sel[:, None], X, float("-inf")), 1)  # the largest left out (−inf: none known)
+    d = tl.where(col < n_sel[:, None], X - x_last[:, None], 0.0)  # ≥ 0
+    n = n_sel.to(tl.float32)
+    w = _rsum(d, 1)
+    f = _rsum(d * d, 1) - 1.0
+    # the closed form from the point x_last (above the root: f < 0), as `_bracket_update` takes it
+    s = f / tl.maximum(w + tl.sqrt(tl.maximum(w * w - n * f, 0.0)), 1e-30)
+    tau = x_last + s
+    certified = decided & (n_sel > 0) & (x_last > tau) & (x_next <= tau)
+    x_T = _rsum(tl.where(col == T - 1, X, 0.0), 1)
+    new_hi = tl.where(decided, hi, tl.minimum(hi, x_T))
+    new_lo = tl.where(decided, lo, tl.minimum(tl.maximum(lo, tau), new_hi))
+    return certified, tau, new_lo, new_hi
