@@ -33,7 +33,7 @@ every pass, per causal tile), P·V passes (tiles whose values were accumulated, 
 QKᵀ tile). Live-tile lists are emulated as the kernel keeps them. τ is checked against a float64 solve.
 
     python benchmarks/solver_emulator.py --out benchmarks/results/FILE.json [--lengths 1024 4096] [--run RUN] \
-        [--strategies anchored top]
+        [--strategies anchored top] [--top-scores 16]
     python benchmarks/solver_emulator.py --table benchmarks/results/FILE.json
 """
 
@@ -152,7 +152,9 @@ def _live_tiles(X: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     return above.view(R, N // TILE, TILE).any(-1).any(0)
 
 
-def solve_block(z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_points: int = FIRST_POINTS) -> dict:
+def solve_block(
+    z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_points: int = FIRST_POINTS, top_scores: int = TOP_SCORES
+) -> dict:
     """Emulates one query block: z (R, N) raw logits (−inf where masked, N a multiple of the tile, the
     diagonal tile last), nkeys (R,) keys per row. Returns the block's counts and τ (R,)."""
     R, N = z.shape
@@ -187,7 +189,7 @@ def solve_block(z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_point
         # the max pass's list, in order: tiles holding an entry within 1 (in X) of the running row max
         tile_max = z.view(R, n_tiles, TILE).amax(-1)
         live = (AM1 * (tile_max - tile_max.cummax(-1).values) > -1.0).any(0)
-        certified, tau_top, lo, hi = top_scores_solve(X, nkeys, lo, hi, TOP_SCORES)
+        certified, tau_top, lo, hi = top_scores_solve(X, nkeys, lo, hi, top_scores)
         tau = torch.where(active & certified, tau_top, tau)
         active = active & ~certified
     sweeps = 0
@@ -269,7 +271,7 @@ def random_logits(N: int, seed: int = 0, temperature: float = 1.0) -> list:
     return list(z.masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), -math.inf))
 
 
-def count(heads: list, strategy: str, check: bool = True) -> dict:
+def count(heads: list, strategy: str, check: bool = True, top_scores: int = TOP_SCORES) -> dict:
     """Emulates every query block of causal logits heads [(N, N)]: the counts' means and maxima."""
     passes, pv, sweeps, evals, uncertified, err = [], [], [], [], 0, 0.0
     for z in heads:
@@ -277,7 +279,7 @@ def count(heads: list, strategy: str, check: bool = True) -> dict:
         for b in range(N // TILE):
             rows = slice(b * TILE, (b + 1) * TILE)
             nkeys = torch.arange(b * TILE + 1, (b + 1) * TILE + 1)  # causal: row i sees keys 0..i
-            r = solve_block(z[rows, : (b + 1) * TILE], nkeys, strategy)
+            r = solve_block(z[rows, : (b + 1) * TILE], nkeys, strategy, top_scores=top_scores)
             passes.append(r["passes"])
             pv.append(r["pv_passes"])
             sweeps.append(r["sweeps"])
@@ -341,6 +343,7 @@ def main(argv=None) -> int:
     ap.add_argument("--run", help="a trained run folder: also count on its layers' NoPE heads")
     ap.add_argument("--temperature", type=float, default=1.0, help="multiplies the random logits")
     ap.add_argument("--strategies", nargs="*", default=list(STRATEGIES), help=f"of {', '.join(STRATEGIES)}")
+    ap.add_argument("--top-scores", type=int, default=TOP_SCORES, help="`top`: the largest scores kept per row")
     args = ap.parse_args(argv)
     if args.table:
         print(table(args.table), end="")
@@ -352,6 +355,9 @@ def main(argv=None) -> int:
     unknown = [x for x in args.strategies if x not in STRATEGIES]
     if unknown or not args.strategies:
         ap.error(f"--strategies {unknown or 'none'}: choose from {', '.join(STRATEGIES)}")
+    top = args.top_scores
+    if top < 1 or top > TILE or top & (top - 1):
+        ap.error(f"--top-scores {top}: a power of two from 1 to the tile ({TILE})")
     bad = [n for n in args.lengths if n < TILE or n % TILE]
     if bad:
         ap.error(f"--lengths {bad}: each must be a positive multiple of the tile ({TILE})")
@@ -363,7 +369,7 @@ def main(argv=None) -> int:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "first_points": FIRST_POINTS,
-        "top_scores": TOP_SCORES,
+        "top_scores": top,
         "tile": TILE,
         "temperature": args.temperature,
         "rows": [],
@@ -376,7 +382,7 @@ def main(argv=None) -> int:
             for strategy in args.strategies:
                 t0 = time.perf_counter()
                 row = {"source": source, "N": N, **({"layer": layer} if layer is not None else {})}
-                row |= count(heads, strategy, check=N <= 4096)
+                row |= count(heads, strategy, check=N <= 4096, top_scores=top)
                 row["seconds"] = round(time.perf_counter() - t0, 1)
                 print(json.dumps(row), flush=True)
                 data["rows"].append(row)

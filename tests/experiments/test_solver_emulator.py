@@ -86,6 +86,7 @@ def test_the_float64_threshold_solves_its_equation():
         (["--lengths", "100"], "multiple of the tile"),
         (["--run", "no/such/run"], "not a run folder"),
         (["--strategies", "bisection"], "choose from"),
+        (["--top-scores", "24"], "a power of two"),
     ],
 )
 def test_the_script_refuses_bad_input_in_one_line(tmp_path, capsys, argv, message):
