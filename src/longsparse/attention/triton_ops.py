@@ -86,10 +86,10 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
     """Launch configuration: BM, BN (shared by the forward and the backward, since the tile mask is
     indexed in these tiles), num_warps per kernel, the dot precision, and the decode tiles (dec_BN for
     the split kernels, dec_BJ for the threshold sweep over scratch logits); fwd_fold: the forward's warps with
-    FOLD_FROM on.
+    FOLD_FROM on, fwd_general: for general α (two points a later sweep, Newton's finish).
 
-    CUDA: chosen by compiling for sm_90 with ptxas -v (16-bit inputs: no spills except ≤ 184 bytes in
-    dk/dv at D = 128 and ≤ 148 bytes in general-α variants; shared memory ≤ 64 KiB). float32 inputs use
+    CUDA: chosen by compiling for sm_90 with ptxas -v (16-bit inputs: at most 64 bytes spilled by any kernel;
+    general α's forward at D ≤ 64 takes 8 warps, where 4 spill 180 bytes). float32 inputs use
     3xTF32 dots (≈ fp32 accuracy on tensor cores; plain fp32 FMA dots spill tens of KB); at D = 128 their query
     tiles are 16 rows, where 32 spill 4.2 KB in the forward (16 rows: ≤ 88 bytes in the forward and decode,
     ≤ 504 in dk/dv): fp32 is the accuracy configuration, 16-bit the fast one. Under the interpreter (CPU tensors) tiles are
@@ -102,6 +102,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "BN": b,
             "fwd": 4,
             "fwd_fold": 4,
+            "fwd_general": 4,
             "prep": 4,
             "dkdv": 4,
             "dq": 4,
@@ -117,6 +118,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "BN": 32,
             "fwd": 4,
             "fwd_fold": 4,
+            "fwd_general": 4,
             "prep": 4,
             "dkdv": 4,
             "dq": 4,
@@ -132,6 +134,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "BN": 64,
             "fwd": 4,
             "fwd_fold": 8,  # FOLD_FROM's two more (BM, D) accumulators spill 92 bytes at 4 warps (D = 64)
+            "fwd_general": 8,  # general α's forward spills 180 bytes at 4 warps (D = 64)
             "prep": 8,
             "dkdv": 8,
             "dq": 4,
@@ -146,6 +149,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
         "BN": 64,
         "fwd": 8,
         "fwd_fold": 8,
+        "fwd_general": 8,
         "prep": 8,
         "dkdv": 8,
         "dq": 8,
@@ -315,7 +319,11 @@ def _forward_impl(
             TOP=top,
             STORE_UV=need_uv,
             COUNT=counts is not None,
-            num_warps=cfg["fwd_fold"] if fold_from >= 0 else cfg["fwd"],
+            num_warps=cfg["fwd_fold"]
+            if fold_from >= 0
+            else cfg["fwd_general"]
+            if mode == _MODE_GENERAL
+            else cfg["fwd"],
             num_stages=cfg["stages"],
         )
         return o, stats, tile_mask, uv

@@ -893,9 +893,10 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         top = min(ops.TOP_SCORES, cfg["BN"]) if mode == 1 and p1 == 1 else 0
         fwd = dict(blk, **solve, BAND_EPS=ops.ROUNDING_MARGIN, COUNT=False, ANCHOR=mode == 1 and p1 == 1 and top == 0,
                FOLD_FROM=ops.FOLD_FROM if mode == 1 and p1 == 1 else -1, TOP=top)
-        plan = [("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True), cfg["fwd"], stages),
-                ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=False), cfg["fwd"], stages),
-                ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=True, FTOL=1e-2), cfg["fwd"], stages),
+        fwd_warps = cfg["fwd_general"] if mode == 0 else cfg["fwd"]
+        plan = [("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True), fwd_warps, stages),
+                ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=False), fwd_warps, stages),
+                ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=True, FTOL=1e-2), fwd_warps, stages),
                 ("_bwd_prep_kernel", blk, cfg["prep"], stages),
                 ("_bwd_dkdv_kernel", blk, cfg["dkdv"], stages),
                 ("_bwd_dq_kernel", blk, cfg["dq"], stages),
