@@ -1,7 +1,7 @@
 """Files of older code in today's form: the one module that knows the older forms of stored files.
 
-    longsparse migrate PATH...    each PATH a file, or a folder (searched for config.json, records.jsonl and
-                                  results.json, hidden folders skipped)
+    longsparse migrate PATH...    each PATH a file, or a folder (searched for config.json, records.jsonl,
+                                  results.json, last.pt and extra.pt, hidden folders skipped)
 
 Every other reader takes the current form only (``longsparse.train.config.SCHEMA_VERSION`` for run configs,
 ``longsparse.report.store.RECORD_VERSION`` for records), so an older form is converted here once, in place:
@@ -12,6 +12,9 @@ Every other reader takes the current form only (``longsparse.train.config.SCHEMA
   checkpoint's ``config_hash``, an archived result) stays traceable to it. Upgrades from schema 1: a model
   section written before ``model.arch`` existed named HSA as the method (``"method": "hsa", "positions": "hsa"``)
   with the token attention HSA then had (softmax, RoPE, today's HSA defaults): it becomes ``arch = "hsa"``.
+- a checkpoint's training state (the ``extra`` of ``last.pt``; ``extra.pt`` of a sharded checkpoint) written
+  before keys were added to its layout (``longsparse.train.state``) gets them with the value that describes that
+  code (``ADDED_KEYS``), so that the trainer, which reads today's layout only, resumes it.
 - a results store (``records.jsonl``) and a study archive or view (``results.json`` of `longsparse reproduce`)
   are checked: their records are in the current form (version ``RECORD_VERSION``), nothing is rewritten.
 - a report folder of `longsparse report` (``results.json`` of format ``longsparse-report``) written before its
@@ -41,7 +44,12 @@ from typing import Any
 from longsparse.train.config.errors import ConfigError
 
 # The names a folder is searched for.
-KNOWN_NAMES = ("config.json", "records.jsonl", "results.json")
+KNOWN_NAMES = ("config.json", "records.jsonl", "results.json", "last.pt", "extra.pt")
+
+# Keys added to a checkpoint's training state after checkpoints existed, with the value that says what the code
+# before them did: ``train_seconds`` was not measured, ``cuda_rng`` not stored (the CUDA generator stays as seeded
+# on resume).
+ADDED_KEYS = {"train_seconds": 0.0, "cuda_rng": None}
 
 # Study tables of the older form: each key a list of ``--set`` strings (``method_sets``: a table of such lists, one
 # per method), today the override table named by the value.
@@ -124,6 +132,57 @@ def read_study_sets(path: Any, where: str, table: Mapping) -> dict:
     return table
 
 
+# ---- checkpoints --------------------------------------------------------------------------------------------------
+def upgrade_extra(extra: Mapping[str, Any], where: str) -> dict:
+    """A checkpoint's training state ``extra`` in today's layout: the ``ADDED_KEYS`` it lacks get the value that
+    describes the code that wrote it; nothing else is filled in. MigrateError naming ``where`` if the result is
+    not today's layout (``longsparse.train.state.check_extra``)."""
+    from longsparse.train.state import check_extra
+
+    new = {**{k: v for k, v in ADDED_KEYS.items() if k not in extra}, **extra}
+    try:
+        check_extra(new, where)
+    except ValueError as e:
+        raise MigrateError(f"{e}; not a layout longsparse migrate knows") from None
+    return new
+
+
+def _checkpoint_bytes(path: Path) -> bytes | None:
+    """The bytes the checkpoint file ``path`` (``last.pt``, or ``extra.pt`` of a sharded checkpoint) must hold
+    now, or None when its training state is in today's layout (or it holds none: a checkpoint saved without
+    one)."""
+    import io
+
+    import torch
+
+    from longsparse.models.checkpoint import FORMAT
+
+    # read without read_checkpoint's check of the weights: a diverged run's file is upgraded as well
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated zip, garbage, pickle errors, ...
+        first = (str(e).strip().splitlines() or [""])[0]  # torch's messages run over several lines
+        raise MigrateError(
+            f"{path}: not a readable checkpoint, corrupt or truncated? ({type(e).__name__}: {first})"
+        ) from None
+    if not isinstance(payload, dict):
+        raise MigrateError(f"{path}: not a longsparse checkpoint (not a dict)")
+    if path.name == "extra.pt":  # a sharded checkpoint's training state
+        extra, payload = payload, None
+    elif payload.get("format") != FORMAT:
+        raise MigrateError(f"{path}: not a longsparse checkpoint (missing format tag)")
+    elif "extra" not in payload:  # saved without a training state (a model alone)
+        return None
+    else:
+        extra = payload["extra"]
+    new = upgrade_extra(extra, str(path))
+    if set(new) == set(extra):  # the upgrade only adds keys: none added, nothing to rewrite
+        return None
+    buf = io.BytesIO()
+    torch.save(new if payload is None else {**payload, "extra": new}, buf)
+    return buf.getvalue()
+
+
 # ---- results ------------------------------------------------------------------------------------------------------
 def _check_records(path: Path) -> None:
     from longsparse.io import read_jsonl
@@ -190,12 +249,16 @@ def convert_file(path: str | Path) -> dict[Path, bytes]:
     path = Path(path)
     if not path.is_file():
         raise MigrateError(f"{path}: no such file")
+    if path.name in ("last.pt", "extra.pt"):
+        data = _checkpoint_bytes(path)
+        return {} if data is None else {path: data}
     if path.suffix == ".jsonl":
         _check_records(path)
         return {}
     if path.suffix != ".json":
         raise MigrateError(
-            f"{path}: not a file longsparse migrate knows (a run config.json, a records.jsonl, a results.json); "
+            f"{path}: not a file longsparse migrate knows (a run config.json, a records.jsonl, a results.json, "
+            "a checkpoint's last.pt or extra.pt); "
             "study files (TOML) are read in their older form as they are"
         )
     data = _read_json(path)

@@ -4,7 +4,7 @@ and the layout of the ``extra`` it takes in a checkpoint (``last.pt``, or ``extr
 A checkpoint's extra is the state's ``state_dict()`` plus the records of the session that wrote it
 (``RECORD_KEYS``: the schedule's position, the world size, the run's config hash, the time). Reading it is
 strict: ``split_extra`` names any missing or unknown key in one line. Checkpoints that older code wrote lack
-keys added since; ``upgrade_extra`` is the one place that reads them as today's layout.
+keys added since: ``longsparse migrate`` (``longsparse.migrate``) rewrites them once in today's layout.
 """
 
 from __future__ import annotations
@@ -28,10 +28,6 @@ STATE_KEYS = (
     "train_seconds",
 )
 RECORD_KEYS = ("scheduler", "world_size", "config_hash", "time")
-
-# Keys added to the layout after checkpoints existed, with the value that says what the code before them did:
-# ``train_seconds`` was not measured, ``cuda_rng`` not stored (the CUDA generator stays as seeded on resume).
-ADDED_KEYS = {"train_seconds": 0.0, "cuda_rng": None}
 
 
 @dataclass
@@ -101,18 +97,23 @@ def checkpoint_extra(state: TrainState, *, world_size: int, config_hash: str, ti
     }
 
 
-def upgrade_extra(extra: Mapping[str, Any]) -> dict:
-    """A checkpoint's extra in today's layout: the ``ADDED_KEYS`` a checkpoint of older code lacks get the
-    value that describes that code. Nothing else is filled in."""
-    return {**{k: v for k, v in ADDED_KEYS.items() if k not in extra}, **extra}
-
-
 def split_extra(extra: Mapping[str, Any], where: str) -> tuple[dict, dict]:
-    """(the ``TrainState.state_dict()``, the records) of a checkpoint's ``extra`` (upgraded: ``upgrade_extra``);
-    ValueError naming ``where`` and any missing or unknown key."""
-    extra = upgrade_extra(extra)
-    _check_keys(extra, (*STATE_KEYS, *RECORD_KEYS), f"checkpoint {where}")
+    """(the ``TrainState.state_dict()``, the records) of a checkpoint's ``extra`` in today's layout; ValueError
+    naming ``where`` and any missing or unknown key (keys missing only, as in a layout of older code: naming
+    ``longsparse migrate``)."""
+    try:
+        check_extra(extra, where)
+    except ValueError as e:
+        if any(k not in extra for k in (*STATE_KEYS, *RECORD_KEYS)) and set(extra) <= {*STATE_KEYS, *RECORD_KEYS}:
+            raise ValueError(f"{e}; if older code wrote it, `longsparse migrate {where}` rewrites it once") from None
+        raise
     return {k: extra[k] for k in STATE_KEYS}, {k: extra[k] for k in RECORD_KEYS}
+
+
+def check_extra(extra: Mapping[str, Any], where: str) -> None:
+    """ValueError naming ``where`` and any missing or unknown key unless ``extra`` has exactly the keys of
+    today's layout (``STATE_KEYS`` and ``RECORD_KEYS``)."""
+    _check_keys(extra, (*STATE_KEYS, *RECORD_KEYS), f"checkpoint {where}")
 
 
 def _check_keys(got: Mapping, want: tuple, what: str) -> None:

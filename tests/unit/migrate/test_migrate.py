@@ -137,6 +137,48 @@ def test_stores_and_archives_are_read_and_left_byte_identical(tmp_path, capsys):
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
 
+# ------------------------------------------------------------------------------------------------ checkpoints
+def test_a_sharded_checkpoints_state_of_older_code_is_upgraded_once_and_the_legacy_run_with_it(tmp_path):
+    """extra.pt of a sharded checkpoint without the keys added since gets them; today's layout is left as it is;
+    a state missing a key no layout lacked, or with an unknown key, stops the command with nothing written.
+    (tests/unit/train: a last.pt of older code, refused by the trainer, migrated, resumes bit for bit.)"""
+    import torch
+
+    from longsparse.migrate import ADDED_KEYS
+    from longsparse.train.state import RECORD_KEYS, STATE_KEYS, split_extra
+
+    legacy = read_checkpoint(str(LEGACY / "run" / "checkpoints" / "last.pt"))["extra"]  # older code's layout
+    assert set(ADDED_KEYS) == set(STATE_KEYS) - set(legacy)
+    with pytest.raises(ValueError, match=r"`longsparse migrate here` rewrites it once"):
+        split_extra(legacy, "here")
+    extra = tmp_path / "checkpoints" / "last-3.dcp" / "extra.pt"
+    extra.parent.mkdir(parents=True)
+    torch.save(legacy, extra)
+    assert main(["migrate", str(tmp_path)]) == 0
+    new = torch.load(extra, weights_only=True)
+    assert set(new) == {*STATE_KEYS, *RECORD_KEYS} and (new["train_seconds"], new["cuda_rng"]) == (0.0, None)
+    assert all(new[k] == v for k, v in legacy.items() if k != "torch_rng") and torch.equal(
+        new["torch_rng"], legacy["torch_rng"]
+    )
+    split_extra(new, "here")  # today's layout
+    written = extra.read_bytes()
+    assert migrate([tmp_path]) == {} and extra.read_bytes() == written
+    # the committed run folder of older code, copied: its checkpoint is upgraded with its weights as they were
+    run = tmp_path / "legacy"
+    shutil.copytree(LEGACY / "run", run)
+    last = run / "checkpoints" / "last.pt"
+    assert list(migrate([run])) == [last]
+    old, got = read_checkpoint(str(LEGACY / "run" / "checkpoints" / "last.pt")), read_checkpoint(str(last))
+    assert all(torch.equal(got["model"][k], w) for k, w in old["model"].items()) and got["config"] == old["config"]
+    assert got["extra"]["config_hash"] == legacy["config_hash"]  # the hash its config had, kept
+    for bad in ({**legacy, "momentum": 1}, {k: v for k, v in legacy.items() if k != "best"}):
+        torch.save(bad, extra)
+        before = extra.read_bytes()
+        with pytest.raises(MigrateError, match=r"extra.pt: (missing|unknown) key.*not a layout longsparse migrate"):
+            migrate([tmp_path])
+        assert extra.read_bytes() == before
+
+
 def _png(chunks: list[tuple[bytes, bytes]]) -> bytes:
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
@@ -201,6 +243,8 @@ def test_a_report_folder_of_older_code_gets_its_markers(tmp_path):
         ("config.json", json.dumps([1, 2]), r"config.json: not a run config"),
         ("records.jsonl", '{"format": "longsparse-record"}\n', r"records.jsonl: record 1: record lacks"),
         ("study.toml", "[[study]]\n", r"study.toml: not a file longsparse migrate knows"),
+        ("last.pt", "not a zip", r"last.pt: not a readable checkpoint"),
+        ("extra.pt", "not a zip", r"extra.pt: not a readable checkpoint"),
         (
             "config.json",
             json.dumps({"task": {"name": "copy"}, "model": {"method": "entmax15"}}),

@@ -525,9 +525,15 @@ def _same_weights(a_path, b_path):
 
 
 @pytest.mark.parametrize("layout", ["2026-11-26", "2026-11-21"])
-def test_a_checkpoint_in_an_earlier_layout_resumes_bit_for_bit(reference_run, tmp_path, layout):
+def test_a_checkpoint_in_an_earlier_layout_is_refused_then_migrated_and_resumes_bit_for_bit(
+    reference_run, tmp_path, layout
+):
     """last.pt as the code before TrainState wrote it (12 keys; before 2026-11-26 without train_seconds), built
-    here key by key from a checkpoint of the same step, resumes to the weights of an uninterrupted run."""
+    here key by key from a checkpoint of the same step: the trainer refuses it in one line naming `longsparse
+    migrate`, which rewrites it once (a second run leaves it byte-identical); it then resumes to the weights of
+    an uninterrupted run."""
+    from longsparse.cli import main as cli_main
+
     ref, cfg = reference_run
     out, last = _stopped_at_3(tmp_path, cfg)
     payload = torch.load(last, weights_only=True)
@@ -550,6 +556,17 @@ def test_a_checkpoint_in_an_earlier_layout_resumes_bit_for_bit(reference_run, tm
     if layout == "2026-11-21":
         del old["train_seconds"]
     torch.save({**payload, "extra": old}, last)
+    before = last.read_bytes()
+    with pytest.raises(ValueError, match=r"missing key\(s\) \['cuda_rng'") as info:
+        train(cfg, str(out), printer=lambda s: None)
+    message = str(info.value)
+    assert "\n" not in message and message.endswith(f"`longsparse migrate {last}` rewrites it once")
+    assert last.read_bytes() == before  # nothing changed
+    assert cli_main(["migrate", str(out)]) == 0
+    migrated = last.read_bytes()
+    upgraded = torch.load(last, weights_only=True)["extra"]
+    assert upgraded["cuda_rng"] is None and upgraded["train_seconds"] == (1.5 if layout == "2026-11-26" else 0.0)
+    assert cli_main(["migrate", str(out)]) == 0 and last.read_bytes() == migrated  # idempotent
     res = train(cfg, str(out), printer=lambda s: None)
     assert res["resumed"] and res["trained_steps"] == 3
     assert res["train_seconds"] > (1.5 if layout == "2026-11-26" else 0.0)
