@@ -141,6 +141,8 @@ class Trainer:
         self.state = TrainState(data_rng=self.task.rng(tr.seed, "train"), device=dev)
         self.history: list[dict] = []  # this session's validation records
         self.config_hash = run.hash
+        # a run folder `longsparse migrate` rewrote keeps the hash its checkpoints were saved under
+        self.accepted_hashes = {run.hash} | ({run.legacy_hash} if run.legacy_hash else set())
         self.autocast = (
             torch.autocast(dev.type, dtype=torch.bfloat16) if tr.bf16 else torch.autocast(dev.type, enabled=False)
         )
@@ -193,7 +195,7 @@ class Trainer:
                 str(path), map_location=self.device, optimizer=self.opt, model=self.model
             )
         state, records = split_extra(extra, str(path))
-        if records["config_hash"] != self.config_hash:
+        if records["config_hash"] not in self.accepted_hashes:
             raise ValueError(
                 f"{path}: checkpoint belongs to another config (hash {records['config_hash']} "
                 f"!= {self.config_hash}); nothing was changed"

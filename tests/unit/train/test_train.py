@@ -606,6 +606,20 @@ def test_a_checkpoint_of_another_config_is_refused(reference_run, tmp_path):
         train(cfg, str(out), printer=lambda s: None)
 
 
+def test_a_checkpoint_saved_under_the_configs_legacy_hash_resumes(reference_run, tmp_path):
+    """A run folder `longsparse migrate` rewrote: its config keeps as `legacy_hash` the hash its checkpoints
+    were saved under, and resuming accepts that hash as the config's own, finishing as an uninterrupted run."""
+    ref, cfg = reference_run
+    out, last = _stopped_at_3(tmp_path, cfg)
+    payload = torch.load(last, weights_only=True)
+    payload["extra"]["config_hash"] = "1" * 16
+    torch.save(payload, last)
+    migrated = json.loads((out / "config.json").read_text()) | {"legacy_hash": "1" * 16}
+    (out / "config.json").write_text(json.dumps(migrated))
+    train(migrated, str(out), printer=lambda s: None)
+    _same_weights(ref / "checkpoints" / "last.pt", last)
+
+
 def test_train_state_round_trips_every_generator(monkeypatch):
     import random
 
