@@ -43,8 +43,8 @@ FOLD_FROM = -1
 # 0: off, the max pass anchors the first sweep instead). A row whose support is smaller is certified from them
 # with no sweep, and the others start from a bracket they narrow. Counted on CPU
 # (docs/reports/2026-11-28-threshold-solve-strategies.md): 16 cut the QKᵀ passes of random NoPE logits from
-# 5.4 to about 3.9 per block at 1K keys and from 6.1 to about 4.0 at 4K, for a sort of each key tile's scores
-# in the max pass; off until a GPU has timed that trade (benchmarks/gpu_check.py times it).
+# 5.4 to 3.9 per block at 1K keys and from 6.1 to 4.2 at 4K, for a sort of each key tile's scores in the max
+# pass; off until a GPU has timed that trade (benchmarks/gpu_check.py times it).
 TOP_SCORES = 0
 
 _MODE_GENERAL, _MODE_15, _MODE_2 = 0, 1, 2
@@ -277,6 +277,7 @@ def _forward_impl(
         knorm = _key_norm_bound(k, starts, ends) if band else stats
         fold_from = FOLD_FROM if mode == _MODE_15 and p_later == 1 and tolerance == 0 else -1
         top = min(TOP_SCORES, BN) if mode == _MODE_15 and p_later == 1 else 0
+        warps = cfg["fwd_fold"] if fold_from >= 0 else cfg["fwd_general" if mode == _MODE_GENERAL else "fwd"]
         _fwd_kernel[(B * H, n_qb)](
             q,
             k,
@@ -319,11 +320,7 @@ def _forward_impl(
             TOP=top,
             STORE_UV=need_uv,
             COUNT=counts is not None,
-            num_warps=cfg["fwd_fold"]
-            if fold_from >= 0
-            else cfg["fwd_general"]
-            if mode == _MODE_GENERAL
-            else cfg["fwd"],
+            num_warps=warps,
             num_stages=cfg["stages"],
         )
         return o, stats, tile_mask, uv
