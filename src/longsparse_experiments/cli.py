@@ -4,6 +4,7 @@ the experiments:
     longsparse demo [--out runs/demo] [--quick]          softmax+RoPE, ASEntmax+NAPE, softmax+NAPE: 1x-16x, verdicts
     longsparse figures --out docs/figures [--runs RUN ...] [--quick] [--only 1,3]   the paper's analyses (docs/method.md §7)
     longsparse findings cross-study|interval-coverage   the cross-study analyses of docs/findings.md (C2, C14)
+    longsparse findings mechanism measure|summary|figure   attention mass on the queried pair in trained models
     longsparse hsa tables NAME | check | write | add STUDY RUN_DIR ...   the HSA study's report tables (docs/hsa.md)
     longsparse lm run [--quick] [--out runs/lm]          LM study: perplexity + passkey vs length (docs/lm.md)
     longsparse lm report runs/lm --out docs/lm

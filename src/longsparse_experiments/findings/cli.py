@@ -1,5 +1,5 @@
-"""The ``longsparse findings`` command: ``cross-study`` (row command C2 of docs/findings.md) and
-``interval-coverage`` (C14)."""
+"""The ``longsparse findings`` command: ``cross-study`` (row command C2 of docs/findings.md),
+``interval-coverage`` (C14) and ``mechanism`` (attention mass on the queried pair in trained models)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import argparse
 def add_cli(sub) -> None:
     """Register ``longsparse findings cross-study|interval-coverage`` on the top-level subparsers."""
     f = sub.add_parser("findings", help="the cross-study analyses of docs/findings.md (C2, C14) from committed records")
-    fsub = f.add_subparsers(dest="findings_command", required=True, metavar="cross-study|interval-coverage")
+    fsub = f.add_subparsers(dest="findings_command", required=True, metavar="cross-study|interval-coverage|mechanism")
     c = fsub.add_parser(
         "cross-study", help="C2: comparisons --analyse cannot make (across studies, HSA, LM) and the combined forest"
     )
@@ -19,6 +19,28 @@ def add_cli(sub) -> None:
     i = fsub.add_parser("interval-coverage", help="C14: simulated coverage of the seed-level intervals (~1.5 CPU-min)")
     i.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
     i.set_defaults(func=_interval_coverage)
+    _add_mechanism(fsub)
+
+
+def _add_mechanism(fsub) -> None:
+    from longsparse_experiments.findings import mechanism
+
+    m = fsub.add_parser("mechanism", help="attention mass on the queried pair in trained mqmtar_inline models")
+    msub = m.add_subparsers(dest="mechanism_command", required=True, metavar="measure|summary|figure")
+    a = msub.add_parser("measure", help="measure run folders' last checkpoints into a JSON file (resumable)")
+    a.add_argument("runs", nargs="+", help="run folders")
+    a.add_argument("--out", required=True, help="the JSON file (created, or extended)")
+    a.add_argument("--stream", type=int, required=True, help="seed of the test stream the examples come from")
+    a.add_argument("--lengths", default=None, help="LENGTH:EXAMPLES,... (default 64:50,1024:50,4096:20,16384:5)")
+    a.set_defaults(func=mechanism.main_measure)
+    s = msub.add_parser("summary", help="print the per-run and per-method tables of a measured file")
+    s.add_argument("file")
+    s.add_argument("--json", default=None, help="also write the analysis as JSON here")
+    s.set_defaults(func=mechanism.main_summary)
+    f = msub.add_parser("figure", help="plot each run's retrieval-head mass against length")
+    f.add_argument("file")
+    f.add_argument("--out", required=True, help="the PNG to write")
+    f.set_defaults(func=mechanism.main_figure)
 
 
 def _cross_study(args: argparse.Namespace) -> int:
