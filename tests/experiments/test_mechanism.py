@@ -175,6 +175,14 @@ def test_bad_lengths_are_refused_in_one_line(text):
         mech.parse_lengths(text)
 
 
+def test_a_gz_file_is_compressed_reproducibly_and_reads_back(runs, tmp_path):
+    data = mech.measure([runs["asentmax"]], tmp_path / "m.json.gz", 5, {64: 1}, printer=lambda s: None)
+    raw = (tmp_path / "m.json.gz").read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and mech.load(tmp_path / "m.json.gz") == data
+    mech.dump(tmp_path / "again.json.gz", data)
+    assert (tmp_path / "again.json.gz").read_bytes() == raw
+
+
 def test_cli_summary_json_and_figure_claim_their_files(runs, tmp_path, capsys):
     out = tmp_path / "m.json"
     mech.measure([runs["asentmax"]], out, 3, {64: 1}, printer=lambda s: None)

@@ -29,7 +29,9 @@ def _add_mechanism(fsub) -> None:
     msub = m.add_subparsers(dest="mechanism_command", required=True, metavar="measure|summary|figure")
     a = msub.add_parser("measure", help="measure run folders' last checkpoints into a JSON file (resumable)")
     a.add_argument("runs", nargs="+", help="run folders")
-    a.add_argument("--out", required=True, help="the JSON file (created, or extended)")
+    a.add_argument(
+        "--out", required=True, help="the JSON file, gzip-compressed if it ends in .gz (created, or extended)"
+    )
     a.add_argument("--stream", type=int, required=True, help="seed of the test stream the examples come from")
     a.add_argument("--lengths", default=None, help="LENGTH:EXAMPLES,... (default 64:50,1024:50,4096:20,16384:5)")
     a.set_defaults(func=mechanism.main_measure)

@@ -1,7 +1,7 @@
 """The dispersion mechanism in trained ``mqmtar_inline`` models: how much attention each head puts on the queried
 pair as the context grows, and whether that mass goes with the answers the model gets right.
 
-    longsparse findings mechanism measure RUN_DIR [RUN_DIR ...] --out FILE.json [--stream S] [--lengths 64:50,...]
+    longsparse findings mechanism measure RUN_DIR [RUN_DIR ...] --out FILE.json[.gz] --stream S [--lengths 64:50,...]
     longsparse findings mechanism summary FILE.json [--json OUT.json]
     longsparse findings mechanism figure FILE.json --out PLOT.png
 
@@ -23,6 +23,7 @@ of the seeds' mass with their exact match.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
@@ -32,7 +33,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from longsparse.io import atomic_write_text, claim_outputs
+from longsparse.io import atomic_write_bytes, atomic_write_text, claim_outputs
 from longsparse.report.paired import t_mean_interval
 from longsparse.tasks import IGNORE_INDEX
 
@@ -113,6 +114,22 @@ def measure_example(model, task, batch) -> dict:
     return {"exact": all(q["right"] for q in queries), "queries": queries, "rows": rows}
 
 
+def load(path: str | Path) -> dict:
+    """A measured file (``.json``, or gzip-compressed ``.json.gz``)."""
+    raw = Path(path).read_bytes()
+    return json.loads(gzip.decompress(raw) if str(path).endswith(".gz") else raw)
+
+
+def dump(path: str | Path, data: dict) -> None:
+    """Write ``data`` to ``path`` atomically, gzip-compressed (with no time stamp, so that equal data give equal
+    bytes) where the name ends in ``.gz``."""
+    text = json.dumps(data) + "\n"
+    if str(path).endswith(".gz"):
+        atomic_write_bytes(path, gzip.compress(text.encode(), mtime=0))
+    else:
+        atomic_write_text(path, text)
+
+
 def parse_lengths(text: str) -> dict[int, int]:
     """``"64:50,1024:50"`` -> {64: 50, 1024: 50}; ValueError naming a malformed item."""
     out = {}
@@ -134,7 +151,7 @@ def measure(run_dirs: Sequence[str], out: str | Path, stream: int, lengths: dict
     out = Path(out)
     want = {str(L): n for L, n in lengths.items()}
     if out.is_file():
-        data = json.loads(out.read_text())
+        data = load(out)
         have = {str(L): n for L, n in data["lengths"].items()}
         if data["stream"] != stream or have != want:
             raise ValueError(
@@ -158,7 +175,7 @@ def measure(run_dirs: Sequence[str], out: str | Path, stream: int, lengths: dict
             t0 = time.perf_counter()
             exs = [measure_example(model, task, task.batch(L, 1, rng=rng)) for _ in range(n)]
             r[str(L)] = {"n": n, "seconds": round(time.perf_counter() - t0, 1), "examples": exs}
-            atomic_write_text(out, json.dumps(data) + "\n")
+            dump(out, data)
             printer(f"{run_dir} L={L}: {n} examples, {sum(e['exact'] for e in exs)} exact, {r[str(L)]['seconds']} s")
     return data
 
@@ -370,7 +387,7 @@ def main_measure(args) -> int:
 
 
 def main_summary(args) -> int:
-    a = analyse(json.loads(Path(args.file).read_text()))
+    a = analyse(load(args.file))
     print(summary_text(a), end="")
     if args.json:
         claim_outputs(Path(args.json).parent, [Path(args.json).name], WRITER)
@@ -380,6 +397,6 @@ def main_summary(args) -> int:
 
 def main_figure(args) -> int:
     claim_outputs(Path(args.out).parent, [Path(args.out).name], WRITER)
-    figure(analyse(json.loads(Path(args.file).read_text())), args.out)
+    figure(analyse(load(args.file)), args.out)
     print(f"wrote {args.out}")
     return 0
