@@ -796,10 +796,12 @@ KERNEL_VARIANTS = {  # name: (α = 1.5 solver points, launch-configuration overr
     # the max pass keeps each row's 16 / 32 largest scores, which certify small supports with no sweep
     "top16": (None, {}, {"TOP_SCORES": 16}),
     "top32": (None, {}, {"TOP_SCORES": 32}),
+    # both: the sweeps a block the 32 largest scores left open folds the output pass into, from the third on
+    "top32_fold2": (None, {}, {"TOP_SCORES": 32, "FOLD_FROM": 2}),
 }
 VARIANT_GROUPS = {
-    (4096, 64): ("p0_4", "p0_2", "stages2", "fold2", "fold1", "top16", "top32"),
-    (16384, 64): ("p0_4", "p0_2", "fold2", "top16"),
+    (4096, 64): ("p0_4", "p0_2", "stages2", "fold2", "fold1", "top16", "top32", "top32_fold2"),
+    (16384, 64): ("p0_4", "p0_2", "fold2", "top16", "top32", "top32_fold2"),
     (4096, 128): ("fwd_warps4", "fold2", "top16"),
 }
 

@@ -26,6 +26,9 @@ against the interpreter's committed counts: `two_point` against the forward befo
   k largest) holds for k up to the support's size and fails after it, so a row whose support is smaller than
   TOP_SCORES (or that has at most TOP_SCORES keys) is certified with no sweep; the others know τ_T ≤ τ* ≤ x_T and
   sweep once at FIRST_POINTS points geometric over that bracket, then at one point as `one_point`.
+* top_folded (both options on): `top`, with the output pass folded into its one-point sweeps from sweep FOLD_FROM
+  on as `folded` does (the kernel counts the P0-point sweep after the max pass as sweep 0, so the first sweep
+  that can fold is sweep max(1, FOLD_FROM)).
 
 Counted per query block of 64 rows (CUDA's tile; BN = 64): QKᵀ passes (tiles whose logits were computed over
 every pass, per causal tile), P·V passes (tiles whose values were accumulated, per causal tile), sweeps, rows that ended renormalised instead of certified, and point evaluations
@@ -33,7 +36,7 @@ every pass, per causal tile), P·V passes (tiles whose values were accumulated, 
 QKᵀ tile). Live-tile lists are emulated as the kernel keeps them. τ is checked against a float64 solve.
 
     python benchmarks/solver_emulator.py --out benchmarks/results/FILE.json [--lengths 1024 4096] [--run RUN] \
-        [--strategies anchored top] [--top-scores 16]
+        [--strategies anchored top top_folded] [--top-scores 16] [--fold-from 2]
     python benchmarks/solver_emulator.py --table benchmarks/results/FILE.json
 """
 
@@ -53,10 +56,10 @@ from longsparse.io import atomic_write_json
 
 AM1 = 0.5  # α − 1
 TILE = 64  # BM = BN of the CUDA configuration
-STRATEGIES = ("two_point", "one_point", "anchored", "folded", "top")
+STRATEGIES = ("two_point", "one_point", "anchored", "folded", "top", "top_folded")
 FIRST_POINTS = 4  # SOLVER_POINTS[1][0]
 MAX_SWEEPS = 24  # the kernel's _MAX_SWEEPS_EXACT
-FOLD_FROM = 2  # `folded`: the first sweep (0-based, after the max pass) that also accumulates P·V
+FOLD_FROM = 2  # `folded`, `top_folded`: the first sweep (0-based, after the max pass) that also accumulates P·V
 TOP_SCORES = 16  # `top`: the largest scores per row the max pass keeps
 
 
@@ -153,10 +156,17 @@ def _live_tiles(X: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
 
 
 def solve_block(
-    z: torch.Tensor, nkeys: torch.Tensor, strategy: str, first_points: int = FIRST_POINTS, top_scores: int = TOP_SCORES
+    z: torch.Tensor,
+    nkeys: torch.Tensor,
+    strategy: str,
+    first_points: int = FIRST_POINTS,
+    top_scores: int = TOP_SCORES,
+    fold_from: int = FOLD_FROM,
 ) -> dict:
     """Emulates one query block: z (R, N) raw logits (−inf where masked, N a multiple of the tile, the
     diagonal tile last), nkeys (R,) keys per row. Returns the block's counts and τ (R,)."""
+    top_path = strategy in ("top", "top_folded")
+    folding = strategy in ("folded", "top_folded")
     R, N = z.shape
     n_tiles = N // TILE
     m = z.amax(-1)
@@ -185,7 +195,7 @@ def solve_block(
         running = tile_max.cummax(-1).values
         live = torch.zeros(n_tiles, dtype=torch.bool)
         live[order] = (AM1 * (tile_max - running) > -1.0).any(0)
-    if strategy == "top":
+    if top_path:
         # the max pass's list, in order: tiles holding an entry within 1 (in X) of the running row max
         tile_max = z.view(R, n_tiles, TILE).amax(-1)
         live = (AM1 * (tile_max - tile_max.cummax(-1).values) > -1.0).any(0)
@@ -195,7 +205,7 @@ def solve_block(
     sweeps = 0
     while bool(active.any()) and sweeps < MAX_SWEEPS:
         floor = torch.where(active, lo, tau)
-        if sweeps == 0 and strategy == "top":
+        if sweeps == 0 and top_path:
             pts = geometric_points(lo, hi, first_points)
             tiles = int(live.sum())
         elif sweeps == 0 and strategy not in ("anchored", "folded"):
@@ -220,7 +230,7 @@ def solve_block(
         else:
             stuck = active & (((lo <= lo_in) & (hi >= hi_in)) | (hi <= lo))
         tau = torch.where(stuck, lo, tau)
-        if strategy == "folded" and sweeps >= FOLD_FROM:
+        if folding and sweeps >= fold_from and pts.shape[1] == 1:
             pv += tiles
             # a row ended by the no-progress rule ends at lo, not at this sweep's point, and one with s > 0 above
             # half its smallest gap would lose precision in d − s: either needs the output pass
@@ -271,7 +281,9 @@ def random_logits(N: int, seed: int = 0, temperature: float = 1.0) -> list:
     return list(z.masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), -math.inf))
 
 
-def count(heads: list, strategy: str, check: bool = True, top_scores: int = TOP_SCORES) -> dict:
+def count(
+    heads: list, strategy: str, check: bool = True, top_scores: int = TOP_SCORES, fold_from: int = FOLD_FROM
+) -> dict:
     """Emulates every query block of causal logits heads [(N, N)]: the counts' means and maxima."""
     passes, pv, sweeps, evals, uncertified, err = [], [], [], [], 0, 0.0
     for z in heads:
@@ -279,7 +291,7 @@ def count(heads: list, strategy: str, check: bool = True, top_scores: int = TOP_
         for b in range(N // TILE):
             rows = slice(b * TILE, (b + 1) * TILE)
             nkeys = torch.arange(b * TILE + 1, (b + 1) * TILE + 1)  # causal: row i sees keys 0..i
-            r = solve_block(z[rows, : (b + 1) * TILE], nkeys, strategy, top_scores=top_scores)
+            r = solve_block(z[rows, : (b + 1) * TILE], nkeys, strategy, top_scores=top_scores, fold_from=fold_from)
             passes.append(r["passes"])
             pv.append(r["pv_passes"])
             sweeps.append(r["sweeps"])
@@ -344,6 +356,9 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=1.0, help="multiplies the random logits")
     ap.add_argument("--strategies", nargs="*", default=list(STRATEGIES), help=f"of {', '.join(STRATEGIES)}")
     ap.add_argument("--top-scores", type=int, default=TOP_SCORES, help="`top`: the largest scores kept per row")
+    ap.add_argument(
+        "--fold-from", type=int, default=FOLD_FROM, help="`folded`, `top_folded`: the first sweep that folds (>= 0)"
+    )
     args = ap.parse_args(argv)
     if args.table:
         print(table(args.table), end="")
@@ -358,6 +373,8 @@ def main(argv=None) -> int:
     top = args.top_scores
     if top < 1 or top > TILE or top & (top - 1):
         ap.error(f"--top-scores {top}: a power of two from 1 to the tile ({TILE})")
+    if args.fold_from < 0:
+        ap.error(f"--fold-from {args.fold_from}: the first folding sweep is 0 or later")
     bad = [n for n in args.lengths if n < TILE or n % TILE]
     if bad:
         ap.error(f"--lengths {bad}: each must be a positive multiple of the tile ({TILE})")
@@ -370,6 +387,7 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "first_points": FIRST_POINTS,
         "top_scores": top,
+        "fold_from": args.fold_from,
         "tile": TILE,
         "temperature": args.temperature,
         "rows": [],
@@ -382,7 +400,7 @@ def main(argv=None) -> int:
             for strategy in args.strategies:
                 t0 = time.perf_counter()
                 row = {"source": source, "N": N, **({"layer": layer} if layer is not None else {})}
-                row |= count(heads, strategy, check=N <= 4096, top_scores=top)
+                row |= count(heads, strategy, check=N <= 4096, top_scores=top, fold_from=args.fold_from)
                 row["seconds"] = round(time.perf_counter() - t0, 1)
                 print(json.dumps(row), flush=True)
                 data["rows"].append(row)

@@ -46,22 +46,24 @@ def test_every_strategy_returns_the_exact_threshold(strategy, temperature):
     assert got["sweeps_max"] < emulator.MAX_SWEEPS
 
 
-def test_folding_the_output_saves_the_output_pass_and_nothing_else():
-    """`folded` solves every block as `anchored` does (same τ, same sweeps) and, on the blocks whose sweep from
-    FOLD_FROM on certified every row, skips the output pass: one QKᵀ pass fewer, paid in P·V passes."""
+@pytest.mark.parametrize("base_strategy, strategy, fold_from", [("anchored", "folded", 2), ("top", "top_folded", 1)])
+def test_folding_the_output_saves_the_output_pass_and_nothing_else(base_strategy, strategy, fold_from):
+    """`folded` solves every block as `anchored` does, and `top_folded` as `top` (same τ, same sweeps), and, on the
+    blocks whose sweep from FOLD_FROM on certified every row, skips the output pass: one QKᵀ pass fewer, paid in
+    P·V passes."""
     z = emulator.random_logits(512, seed=3)[0]
     saved = 0
     for b in range(512 // emulator.TILE):
         rows = slice(b * emulator.TILE, (b + 1) * emulator.TILE)
         nkeys = torch.arange(b * emulator.TILE + 1, (b + 1) * emulator.TILE + 1)
         block = z[rows, : (b + 1) * emulator.TILE]
-        base = emulator.solve_block(block, nkeys, "anchored")
-        fold = emulator.solve_block(block, nkeys, "folded")
+        base = emulator.solve_block(block, nkeys, base_strategy)
+        fold = emulator.solve_block(block, nkeys, strategy, fold_from=fold_from)
         assert torch.equal(fold["tau"], base["tau"]) and fold["sweeps"] == base["sweeps"]
         assert base["pv_passes"] <= 1.0
         if fold["passes"] < base["passes"]:
             saved += 1
-            assert fold["sweeps"] > emulator.FOLD_FROM
+            assert fold["sweeps"] > fold_from
             assert fold["passes"] == pytest.approx(base["passes"] - base["pv_passes"])
         else:
             assert fold["passes"] == base["passes"] and fold["pv_passes"] >= base["pv_passes"]
@@ -87,6 +89,7 @@ def test_the_float64_threshold_solves_its_equation():
         (["--run", "no/such/run"], "not a run folder"),
         (["--strategies", "bisection"], "choose from"),
         (["--top-scores", "24"], "a power of two"),
+        (["--fold-from", "-1"], "0 or later"),
     ],
 )
 def test_the_script_refuses_bad_input_in_one_line(tmp_path, capsys, argv, message):

@@ -44,7 +44,9 @@ FOLD_FROM = -1
 # with no sweep, and the others start from a bracket they narrow. Counted on CPU
 # (docs/reports/2026-11-28-threshold-solve-strategies.md): 16 cut the QKᵀ passes of random NoPE logits from
 # 5.4 to 3.9 per block at 1K keys and from 6.1 to 4.2 at 4K, for a sort of each key tile's scores in the max
-# pass; off until a GPU has timed that trade (benchmarks/gpu_check.py times it).
+# pass; off until a GPU has timed that trade (benchmarks/gpu_check.py times it). It composes with FOLD_FROM (whose
+# sweep count then starts at the P0-point sweep): 32 with FOLD_FROM = 2 is the one setting counted within 4.5 passes
+# per block on every input of that report, a diffuse trained layer included.
 TOP_SCORES = 0
 
 _MODE_GENERAL, _MODE_15, _MODE_2 = 0, 1, 2

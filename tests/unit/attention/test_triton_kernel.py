@@ -439,6 +439,38 @@ def test_top_scores_certify_rows_before_any_sweep(dtype, is_causal, monkeypatch)
         _compare(leaves, up, alpha=1.5, is_causal=is_causal, slopes=NAPE2, **ranges)
 
 
+@pytest.mark.slow  # two minutes in the interpreter (its tl.topk costs seconds a tile)
+def test_top_scores_and_folding_compose(monkeypatch):
+    """TOP_SCORES with FOLD_FROM: the certifying later sweep is the output pass of a block the largest scores
+    left open. Against TOP_SCORES alone on the same inputs (bidirectional rows over a key range, GQA, q-scales,
+    the ALiBi band): the same solve (row max, τ, sweeps, tile mask), the output to rounding, fewer tiles visited
+    where a sweep folds; float32 outputs and gradients equal the float64 reference. FOLD_FROM = 1, the first
+    sweep after the one at P0 points, so that these small blocks fold (the causal blocks of these inputs certify
+    before it)."""
+    is_causal = False
+    monkeypatch.setattr(ops, "INTERPRETER_BLOCK", 16)
+    monkeypatch.setattr(ops, "BAND_MIN_KEYS", 0)
+    leaves, up = _inputs(B=1, H=2, Hkv=1, Nq=77, Nk=77, q_scale=True, seed=23)
+    q, k, v, qs = (t.detach() for t in leaves)
+    ranges = {"key_end": torch.tensor([60])}
+    kw = dict(alpha=1.5, is_causal=is_causal, alibi_slopes=NAPE2, **ranges)
+    monkeypatch.setattr(ops, "TOP_SCORES", 16)
+    base = te.threshold_stats(q, k, v, q_scale=qs, **kw)
+    base_counts = te.solver_counts(q, k, v, q_scale=qs, **kw)
+    monkeypatch.setattr(ops, "FOLD_FROM", 1)
+    out, stats, mask = te.threshold_stats(q, k, v, q_scale=qs, **kw)
+    counts = te.solver_counts(q, k, v, q_scale=qs, **kw)
+    assert torch.equal(mask, base[2])
+    assert torch.equal(stats[:2], base[1][:2])
+    assert torch.allclose(stats[2], base[1][2], rtol=1e-5, atol=0)
+    assert (out - base[0]).abs().max() <= 1e-5
+    assert torch.equal(counts["sweeps"], base_counts["sweeps"])
+    assert (counts["uncertified"] == 0).all()
+    saved = base_counts["tiles_visited"] - counts["tiles_visited"]
+    assert (saved >= 0).all() and (saved > 0).any()
+    _compare(leaves, up, alpha=1.5, is_causal=is_causal, slopes=NAPE2, **ranges)
+
+
 def test_solver_counts_bound_the_passes():
     """On random logits the block forward certifies every row exactly, within a few sweeps: the QKᵀ passes
     per block are the max pass, the sweeps and the output pass."""
@@ -909,6 +941,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
             plan.append(("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True, FOLD_FROM=2), cfg["fwd_fold"], stages))
             plan.append(("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True, ANCHOR=False, TOP=min(16, cfg["BN"])),
                          cfg["fwd"], stages))
+            plan.append(("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True, ANCHOR=False, TOP=min(32, cfg["BN"]),
+                                             FOLD_FROM=2), cfg["fwd_fold"], stages))
         for name, consts, warps, stages in plan:
             fn = getattr(ops, name)
             names = list(inspect.signature(fn.fn).parameters)
