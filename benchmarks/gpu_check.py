@@ -790,6 +790,13 @@ KERNEL_VARIANTS = {  # name: (α = 1.5 solver points, launch-configuration overr
     "p0_2": ((2, 2), {}, {}),
     "stages2": (None, {"stages": 2}, {}),
     "fwd_warps4": (None, {"fwd": 4}, {}),
+    # D = 128: key tiles of 32 with the forward at 4 warps, no kernel spilling, two forward CTAs per SM
+    # (test_d128_bn32_candidate_compiles_without_spills_at_two_ctas_per_sm)
+    "d128_bn32": (
+        None,
+        {"BN": 32, "fwd": 4, "fwd_fold": 8, "fwd_general": 8, "prep": 4, "dkdv": 8, "dq": 4},
+        {},
+    ),
     # the output pass folded into the certifying sweep, P·V accumulated from the third / second sweep on
     "fold2": (None, {}, {"FOLD_FROM": 2}),
     "fold1": (None, {}, {"FOLD_FROM": 1}),
@@ -802,7 +809,8 @@ KERNEL_VARIANTS = {  # name: (α = 1.5 solver points, launch-configuration overr
 VARIANT_GROUPS = {
     (4096, 64): ("p0_4", "p0_2", "stages2", "fold2", "fold1", "top16", "top32", "top32_fold2"),
     (16384, 64): ("p0_4", "p0_2", "fold2", "top16", "top32", "top32_fold2"),
-    (4096, 128): ("fwd_warps4", "fold2", "top16"),
+    (4096, 128): ("fwd_warps4", "d128_bn32", "fold2", "top16"),
+    (16384, 128): ("d128_bn32",),
 }
 
 

@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 from helpers.paths import REPO_ROOT
 
@@ -895,105 +894,12 @@ def test_gpu_check_timing_tables_of_a_call_cut_short(tmp_path):
     assert "| 32768 | triton_entmax15_decode | graph | 0.100 | - |" in text and "| softmax | time budget |" in text
 
 
-_COMPILE_SCRIPT = textwrap.dedent("""
-    import inspect, json, os, re, subprocess, sys, tempfile
-    import torch, triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from longsparse.attention import triton_ops as ops
-    ops._kernels()
-    assert ops._BUILT is False
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas-blackwell")
-    POINTERS = {"Stats": "*fp32", "TileMask": "*i8", "Alpha": "*fp32", "Slopes": "*fp32", "Starts": "*i32",
-                "Ends": "*i32", "UV": "*fp32", "Counts": "*i32", "Live": "*i32", "KNorm": "*fp32", "Cand": "*fp32",
-                "Cnt": "*i32",
-                "Blocks": "*i32", "NBlocks": "*i32", "Tiles": "*i32", "NTiles": "*i32",
-                "Delta": "*fp32", "Z": "*fp32", "Mpart": "*fp32", "Opart": "*fp32", "Lpart": "*fp32"}
-    FLOATS = ("scale",)
-    UNIT_STRIDES = ("sqd", "skd", "svd", "sod")
-    STRIDES_16 = ("sqb", "sqh", "sqn", "skb", "skh", "skn", "svb", "svh", "svn", "sob", "soh", "son")
-    results = []
-    for D, dtype_name, mode in json.loads(sys.argv[1]):
-        dtype = getattr(torch, dtype_name)
-        tdt = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}[dtype_name]
-        cfg = ops._config(D, dtype, "cuda")
-        blk = dict(D=D, BM=cfg["BM"], BN=cfg["BN"], MODE=mode, DOT_PREC=cfg["prec"])
-        dec = dict(D=D, BM=16, BN=cfg["dec_BN"], DOT_PREC=cfg["prec"])
-        p0, p1 = ops.SOLVER_POINTS[mode]
-        solve = dict(P0=p0, P=p1, MAX_SWEEPS=24, TOL=1e-6, FTOL=0.0)
-        stages = cfg["stages"]
-        top = min(ops.TOP_SCORES, cfg["BN"]) if mode == 1 and p1 == 1 else 0
-        fwd = dict(blk, **solve, BAND_EPS=ops.ROUNDING_MARGIN, COUNT=False, ANCHOR=mode == 1 and p1 == 1 and top == 0,
-               FOLD_FROM=ops.FOLD_FROM if mode == 1 and p1 == 1 else -1, TOP=top)
-        fwd_warps = cfg["fwd_general"] if mode == 0 else cfg["fwd"]
-        plan = [("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True), fwd_warps, stages),
-                ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=False), fwd_warps, stages),
-                ("_fwd_kernel", dict(fwd, BAND=False, STORE_UV=True, FTOL=1e-2), fwd_warps, stages),
-                ("_bwd_prep_kernel", blk, cfg["prep"], stages),
-                ("_bwd_dkdv_kernel", blk, cfg["dkdv"], stages),
-                ("_bwd_dq_kernel", blk, cfg["dq"], stages),
-                ("_dec_scores_kernel", dec, cfg["dec"], stages),
-                ("_dec_filter_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode), cfg["dec"], stages),
-                ("_dec_solve_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode, **solve), cfg["dec"], stages),
-                ("_dec_out_kernel", dict(dec, MODE=mode), cfg["dec"], stages)]
-        if mode == 1 and p1 == 1:  # the options off by default: the certifying sweep as the output pass, and
-            # the largest scores kept by the max pass
-            plan.append(("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True, FOLD_FROM=2), cfg["fwd_fold"], stages))
-            plan.append(("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True, ANCHOR=False, TOP=min(16, cfg["BN"])),
-                         cfg["fwd"], stages))
-            plan.append(("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True, ANCHOR=False, TOP=min(32, cfg["BN"]),
-                                             FOLD_FROM=2), cfg["fwd_fold"], stages))
-        for name, consts, warps, stages in plan:
-            fn = getattr(ops, name)
-            names = list(inspect.signature(fn.fn).parameters)
-            # as a launch specialises them: the head dims' strides (1: a constant), 16-byte aligned pointers
-            # and the other strides multiples of 16 (they are multiples of D)
-            consts = dict(consts, **{p: 1 for p in UNIT_STRIDES if p in names})
-            # a constexpr left out would compile as a runtime integer: another kernel than the launch's
-            missing = [p for p in names if p not in consts
-                       and "constexpr" in str(inspect.signature(fn.fn).parameters[p].annotation)]
-            assert not missing, (name, missing)
-            sig = {}
-            for p in names:
-                sig[p] = ("constexpr" if p in consts else POINTERS.get(p) or
-                          (tdt if p in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else
-                           "fp32" if p in FLOATS else "i32"))
-            attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in names
-                     if sig[p].startswith("*") or p in STRIDES_16}
-            ck = triton.compile(ASTSource(fn, signature=sig, constexprs=consts, attrs=attrs),
-                                target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-            with tempfile.TemporaryDirectory() as d:
-                f = os.path.join(d, "k.ptx")
-                open(f, "w").write(ck.asm["ptx"])
-                r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f, "-o", os.path.join(d, "k.cubin")],
-                                   capture_output=True, text=True)
-            spills = [int(x) for x in re.findall(r"(\\d+) bytes spill stores", r.stdout + r.stderr)]
-            regs = [int(x) for x in re.findall(r"Used (\\d+) registers", r.stdout + r.stderr)]
-            ptx = ck.asm["ptx"]
-            results.append(dict(kernel=name, D=D, dtype=dtype_name, mode=mode, ptxas_rc=r.returncode,
-                                consts={k: v for k, v in consts.items() if k in ("BAND", "STORE_UV", "FTOL", "FOLD_FROM", "TOP")},
-                                shared=ck.metadata.shared, spill_bytes=max(spills, default=0),
-                                registers=max(regs, default=0), warps=warps,
-                                async_copies=ptx.count("cp.async.cg") + ptx.count("cp.async.ca")
-                                + ptx.count("cp.async.bulk")))
-    print(json.dumps(results))
-""")
-
-
-def _compile_for_sm90(variants):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SCRIPT, json.dumps(variants)],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    if proc.returncode != 0 and "ptxas" in proc.stderr and "No such file" in proc.stderr:
+def _compile_for_sm90(variants, overrides=None):
+    sm90 = benchmark_script("sm90_compile")
+    try:
+        return sm90.compile_for_sm90(variants, overrides)
+    except sm90.PtxasMissing:
         pytest.skip("Triton's bundled ptxas is not available")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 PIPELINED = ("_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_prep_kernel")  # loops over K / V tiles
@@ -1013,6 +919,20 @@ def test_kernels_compile_for_h100():
     """Every kernel through Triton's full compiler (TTIR → PTX → ptxas cubin) for sm_90 with the launch
     configuration used on CUDA: the interpreter never checks types, layouts, shared memory or spills."""
     _check_compiled(_compile_for_sm90([[64, "bfloat16", 1]]))
+
+
+@pytest.mark.slow
+def test_d128_bn32_candidate_compiles_without_spills_at_two_ctas_per_sm():
+    """gpu_check's `d128_bn32` launch configuration for D = 128 (16-bit key tiles of 32, the forward at 4 warps):
+    no forward or backward kernel spills (the default spills a few bytes in dk/dv and with FOLD_FROM), and the
+    exact forward fits two CTAs per SM (the default's 8-warp forward at 255 registers fits one)."""
+    overrides = benchmark_script("gpu_check").KERNEL_VARIANTS["d128_bn32"][1]
+    results = _compile_for_sm90([[128, "bfloat16", 1], [128, "float16", 1], [128, "bfloat16", 0]], overrides)
+    _check_compiled(results)
+    spilled = [r for r in results if r["kernel"] in PIPELINED and r["spill_bytes"]]  # the kernels BN and warps set
+    assert not spilled, spilled
+    exact = [r for r in results if r["kernel"] == "_fwd_kernel" and r["mode"] == 1 and r["consts"]["FOLD_FROM"] < 0]
+    assert exact and all(benchmark_script("sm90_compile").ctas_per_sm(r) >= 2 for r in exact), exact
 
 
 ALL_VARIANTS = [(d, dt, 1) for d in (16, 32, 64, 128) for dt in ("bfloat16", "float16", "float32")]
