@@ -4,9 +4,9 @@ and the CTAs per SM they allow, with the CUDA launch configuration (`triton_ops.
 benchmarks/gpu_check.py's launch variants over it. tests/unit/attention/test_triton_kernel.py checks the default
 configuration's facts (no more than a few spilled bytes, async copies in every K/V loop) with the same code.
 
-    python benchmarks/sm90_compile.py --out benchmarks/results/FILE.json [--variants 128:bfloat16:1 ...]
+    python benchmarks/sm90_compile.py [--out benchmarks/results/FILE.json] [--variants 128:bfloat16:1 ...]
         [--launch-variant d128_bn32]
-    python benchmarks/sm90_compile.py --table benchmarks/results/FILE.json
+    longsparse bench table --out benchmarks/results/FILE.json      # the table of a stored result
 """
 
 from __future__ import annotations
@@ -17,12 +17,9 @@ import os
 import subprocess
 import sys
 import textwrap
-from datetime import datetime, timezone
 from pathlib import Path
 
-from longsparse.io import atomic_write_json
-
-MODES = {0: "general α", 1: "α = 1.5", 2: "α = 2"}
+from longsparse_experiments.bench import markdown, write_result
 
 # Run in a fresh interpreter (argv: the variants as JSON [[D, dtype name, mode], ...], then the launch
 # configuration's overrides as a JSON object); prints one JSON list, a dict per kernel compiled.
@@ -135,33 +132,6 @@ def compile_for_sm90(variants, overrides=None) -> list[dict]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def ctas_per_sm(r: dict) -> int:
-    """Resident CTAs per H100 SM of a compiled kernel: registers are allocated per warp in units of 256 (65,536
-    per SM), shared memory per CTA with 1 KiB reserved (228 KiB per SM)."""
-    per_warp = -(-r["registers"] * 32 // 256) * 256
-    return min(65536 // (per_warp * r["warps"]), (228 * 1024) // (r["shared"] + 1024))
-
-
-def table(path: str) -> str:
-    """A stored result as a markdown table."""
-    data = json.loads(Path(path).read_text())
-    lines = [
-        f"Launch variant: {data['launch_variant'] or 'the default'} (overrides {data['overrides']})",
-        "",
-        "| D | dtype | mode | kernel | options | warps | registers | spilled bytes | shared KiB | async copies "
-        "| CTAs/SM |",
-        "|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in data["kernels"]:
-        opts = ", ".join(f"{k}={v}" for k, v in r["consts"].items()) or "-"
-        lines.append(
-            f"| {r['D']} | {r['dtype']} | {MODES[r['mode']]} | {r['kernel']} | {opts} | {r['warps']} | "
-            f"{r['registers']} | {r['spill_bytes']} | {r['shared'] / 1024:.1f} | {r['async_copies']} | "
-            f"{ctas_per_sm(r)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
 def _variant(text: str) -> list:
     parts = text.split(":")
     if len(parts) != 3 or not parts[0].isdigit() or parts[2] not in ("0", "1", "2"):
@@ -173,17 +143,11 @@ def _variant(text: str) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", help="JSON file to write (never overwritten)")
-    ap.add_argument("--table", metavar="JSON", help="print a stored result as a markdown table, and stop")
+    ap.add_argument("--out", help="JSON file to write (default benchmarks/results/sm90_compile-cpu-DATE.json)")
     ap.add_argument("--variants", type=_variant, nargs="*", default=[[64, "bfloat16", 1], [128, "bfloat16", 1]])
     ap.add_argument("--launch-variant", default=None, help="a launch variant of benchmarks/gpu_check.py")
     args = ap.parse_args(argv)
-    if args.table:
-        print(table(args.table), end="")
-        return 0
-    if not args.out:
-        ap.error("--out is required (the JSON file to write), unless --table")
-    if Path(args.out).exists():
+    if args.out and Path(args.out).exists():
         ap.error(f"--out {args.out} exists: choose a new file (stored results are not overwritten)")
     overrides = {}
     if args.launch_variant:
@@ -194,16 +158,9 @@ def main(argv=None) -> int:
             names = [n for n, v in KERNEL_VARIANTS.items() if v[1]]
             ap.error(f"--launch-variant {args.launch_variant}: choose one of {', '.join(names)}")
         overrides = KERNEL_VARIANTS[args.launch_variant][1]
-    kernels = compile_for_sm90(args.variants, overrides)
-    data = {
-        "benchmark": "sm90_compile",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "launch_variant": args.launch_variant,
-        "overrides": overrides,
-        "kernels": kernels,
-    }
-    atomic_write_json(Path(args.out), data, indent=1)
-    print(table(args.out), end="")
+    rows = [dict(r, launch_variant=args.launch_variant) for r in compile_for_sm90(args.variants, overrides)]
+    path = write_result("sm90_compile", rows, args.out, {"variants": args.variants, "overrides": overrides})
+    print(markdown(str(path)))
     return 0
 
 

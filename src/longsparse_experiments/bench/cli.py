@@ -85,6 +85,7 @@ for _bench in (
     Bench("sdpa_blocks", tables.sdpa_blocks_table, help="benchmarks/sdpa_blocks.py"),
     Bench("alibi_band", tables.alibi_band_table, help="benchmarks/alibi_band.py"),
     Bench("train_step_compile", tables.compile_table, help="benchmarks/compile_cpu.py"),
+    Bench("sm90_compile", tables.sm90_compile_table, help="benchmarks/sm90_compile.py"),
 ):
     register_bench(_bench)
 

@@ -123,3 +123,30 @@ def attention_table(rows: list[dict]) -> list[str]:
             f"{r['extra_peak_bytes'] / 2**20:.0f} | {r['buffers']:.2f} |"
         )
     return out
+
+
+SM90_MODES = {0: "general α", 1: "α = 1.5", 2: "α = 2"}
+
+
+def ctas_per_sm(r: dict) -> int:
+    """Resident CTAs per H100 SM of a kernel compiled for sm_90 (a row of benchmarks/sm90_compile.py): registers
+    are allocated per warp in units of 256 (65,536 per SM), shared memory per CTA with 1 KiB reserved (228 KiB
+    per SM)."""
+    per_warp = -(-r["registers"] * 32 // 256) * 256
+    return min(65536 // (per_warp * r["warps"]), (228 * 1024) // (r["shared"] + 1024))
+
+
+def sm90_compile_table(rows: list[dict]) -> list[str]:
+    out = [
+        "| launch | D | dtype | mode | kernel | options | warps | registers | spilled bytes | shared KiB "
+        "| async copies | CTAs/SM |",
+        "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        opts = ", ".join(f"{k}={v}" for k, v in r["consts"].items()) or "-"
+        out.append(
+            f"| {r['launch_variant'] or 'default'} | {r['D']} | {r['dtype']} | {SM90_MODES[r['mode']]} | "
+            f"{r['kernel']} | {opts} | {r['warps']} | {r['registers']} | {r['spill_bytes']} | "
+            f"{r['shared'] / 1024:.1f} | {r['async_copies']} | {ctas_per_sm(r)} |"
+        )
+    return out
