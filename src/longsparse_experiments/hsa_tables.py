@@ -34,6 +34,7 @@ from longsparse.io import (
     read_jsonl,
     warn_stderr,
 )
+from longsparse.migrate import migrate_run_config
 from longsparse.report import build_report, store
 from longsparse.train.config import config_hash
 
@@ -111,8 +112,12 @@ REPORT_PAGES = {
 def record(doc: dict, *, study: str, source: str, train: Optional[dict], **extra) -> dict:
     """The store record of one `longsparse eval` result file ``doc`` of run ``study/<run name>``: every field of
     every result (the needle diagnostics included), the run's config and its hash, the evaluating commit (and
-    whether its tree had uncommitted changes), the eval command line and the run's training record ``train``."""
-    cfg = doc["config"]
+    whether its tree had uncommitted changes), the eval command line and the run's training record ``train``. A
+    config an evaluation of older code holds is recorded in today's form (``longsparse.migrate``), the hash it
+    had kept as ``legacy_hash``, as ``longsparse migrate`` rewrites a record of that code."""
+    cfg = migrate_run_config(doc["config"], f"{source}: its config")
+    if "legacy_hash" in cfg:  # migrate_run_config keeps the hash it was filed under where the rewrite changed it
+        extra = {**extra, "legacy_hash": cfg["legacy_hash"]}
     command = doc.get("command") or []
     return store.record_from_eval(
         doc,

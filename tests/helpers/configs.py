@@ -26,10 +26,13 @@ def tiny_run_sets(changes: dict[str, str] | None = None) -> list[str]:
     return [f"{k}={v}" for k, v in {**TINY_RUN, **(changes or {})}.items()]
 
 
-def tiny_hsa(**changes):
+def tiny_hsa(attention: dict | None = None, **changes):
     """A tiny HSAConfig (2 heads of width 16, chunks of 4, a window of 5, 2 retrieved chunks) with ``changes``
-    applied by field name."""
+    applied by field name: its own fields, and the fields of its attention settings (``method="entmax"``) but
+    ``topk``, which is its own (the chunks retrieved); ``attention`` is a table of settings applied last
+    (``attention={"topk": 2}``: the k of the top-k method)."""
     from longsparse.hsa import HSAConfig
+    from longsparse.nn.config import ATTENTION_FIELDS
 
     base = dict(
         vocab_size=HSA_VOCAB,
@@ -43,4 +46,5 @@ def tiny_hsa(**changes):
         window=5,
         topk=2,
     )
-    return HSAConfig.from_dict({**base, **changes})
+    settings = {k: changes.pop(k) for k in list(changes) if k in ATTENTION_FIELDS and k not in HSAConfig.STORED_KEYS}
+    return HSAConfig.from_dict({**base, **changes, "attention": {**settings, **(attention or {})}})

@@ -162,7 +162,7 @@ def test_run_config_round_trips_and_keeps_the_identity(cache):
         run = RunConfig.from_dict(cfg)
         assert run.as_dict() == cfg and run.hash == config_hash(cfg)
         assert isinstance(run.train, TrainConfig) and run.train.lr == cfg["train"]["lr"]
-        assert run.model.attention.method == cfg["model"]["method"]
+        assert run.model.attention.method == cfg["model"]["attention"]["method"]
     with pytest.raises(ConfigError, match="unknown train key"):
         RunConfig.from_dict({**lm_config(cache), "train": {"stepz": 3}})
 
