@@ -1,7 +1,7 @@
 """Files of older code in today's form: the one module that knows the older forms of stored files.
 
     longsparse migrate PATH...    each PATH a file, or a folder (searched for config.json, records.jsonl,
-                                  results.json, last.pt and extra.pt, hidden folders skipped)
+                                  results.json, last.pt, best.pt and extra.pt, hidden folders skipped)
 
 Every other reader takes the current form only (``longsparse.train.config.SCHEMA_VERSION`` for run configs,
 ``longsparse.report.store.RECORD_VERSION`` for records), so an older form is converted here once, in place:
@@ -15,8 +15,8 @@ Every other reader takes the current form only (``longsparse.train.config.SCHEMA
   attention HSA then had (softmax, RoPE, today's HSA defaults): it becomes ``arch = "hsa"``. From schema 2: the
   attention settings, stored flat among the model's keys (HSA's top-k mapping's k as ``attn_topk``), become the
   table ``model.attention`` (``nest_attention``).
-- a checkpoint (``last.pt``, or any ``.pt`` file named; ``extra.pt`` of a sharded checkpoint): its training
-  state written before keys were added to its layout (``longsparse.train.state``) gets them with the value that
+- a checkpoint (``last.pt``, ``best.pt``, or any ``.pt`` file named; ``extra.pt`` of a sharded checkpoint): the
+  training state (of ``last.pt``, ``extra.pt``) written before keys were added to its layout (``longsparse.train.state``) gets them with the value that
   describes that code (``ADDED_KEYS``), so that the trainer, which reads today's layout only, resumes it; a
   checkpoint of version 1 gets its model config nested as schema 3 nests it (checkpoint version 2).
 - a results store (``records.jsonl``): records of version 1 become version 2 (``RECORD_VERSION``); a record's
@@ -53,7 +53,7 @@ from typing import Any
 from longsparse.train.config.errors import ConfigError
 
 # The names a folder is searched for.
-KNOWN_NAMES = ("config.json", "records.jsonl", "results.json", "last.pt", "extra.pt")
+KNOWN_NAMES = ("config.json", "records.jsonl", "results.json", "last.pt", "best.pt", "extra.pt")
 
 # Keys added to a checkpoint's training state after checkpoints existed, with the value that says what the code
 # before them did: ``train_seconds`` was not measured, ``cuda_rng`` not stored (the CUDA generator stays as seeded
@@ -185,7 +185,8 @@ def migrate_run_config(cfg: Any, where: str = "run config") -> dict:
 def read_study_sets(path: Any, where: str, table: Mapping) -> dict:
     """A ``[defaults]`` or ``[[study]]`` table of a study file with its older ``--set``-string keys
     (``STUDY_SET_KEYS``) turned into today's override tables, parsed as ``--set`` parses them, flat attention
-    settings nested (``model.alpha`` as ``model.attention.alpha``); a table without them is returned as it is. ConfigError naming the file, the table and the problem."""
+    settings nested (``model.alpha`` as ``model.attention.alpha``); a table without them is returned as it is.
+    ConfigError naming the file, the table and the problem."""
     from longsparse.train.config.build import apply_sets
 
     table = dict(table)
@@ -260,9 +261,9 @@ def _checkpoint_bytes(path: Path) -> bytes | None:
     elif payload.get("format") != FORMAT:
         raise MigrateError(f"{path}: not a longsparse checkpoint (missing format tag)")
     else:
-        # a training state (the trainer's, with its step), or None: a model saved alone or with other extra data
-        extra = payload.get("extra") if isinstance(payload.get("extra"), Mapping) else None
-        extra = extra if extra is not None and "step" in extra else None
+        # the trainer's training state is the extra of last.pt (best.pt records its step and score, another
+        # checkpoint what its writer chose); None: saved without one
+        extra = payload.get("extra") if path.name == "last.pt" else None
     new_extra = None if extra is None else upgrade_extra(extra, str(path))
     new_payload = None if payload is None else _upgrade_checkpoint_config(payload, path)
     if (extra is None or set(new_extra) == set(extra)) and new_payload is None:
@@ -396,7 +397,7 @@ def convert_file(path: str | Path) -> dict[Path, bytes]:
     if path.suffix != ".json":
         raise MigrateError(
             f"{path}: not a file longsparse migrate knows (a run config.json, a records.jsonl, a results.json, "
-            "a checkpoint's last.pt or extra.pt); "
+            "a checkpoint .pt or extra.pt); "
             "study files (TOML) are read in their older form as they are"
         )
     data = _read_json(path)
@@ -464,7 +465,9 @@ def _command(args: argparse.Namespace) -> int:
 def add_cli(sub: argparse._SubParsersAction) -> None:
     """Register ``longsparse migrate`` on ``sub``."""
     m = sub.add_parser(
-        "migrate", help="rewrite run configs and reports of older code in today's form, once (idempotent)"
+        "migrate",
+        help="rewrite run configs, checkpoints, result records and reports of older code in today's form, once "
+        "(idempotent)",
     )
     m.add_argument("paths", nargs="+", metavar="PATH", help="files, or folders searched for " + ", ".join(KNOWN_NAMES))
     m.add_argument("--dry-run", action="store_true", help="only list the files that would be rewritten")

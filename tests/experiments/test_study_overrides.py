@@ -105,7 +105,8 @@ def test_overrides_resolve_as_the_same_sets_do():
 def test_order_file_then_method_table_then_overrides_then_sets_then_flags(tmp_path):
     p = tmp_path / "c.toml"
     p.write_text(
-        '[task]\nname = "copy"\n[model]\nd_model = 32\n[model.attention]\nmethod = "softmax"\n[methods.entmax.model]\nd_model = 48\n'
+        '[task]\nname = "copy"\n[model]\nd_model = 32\n[model.attention]\nmethod = "softmax"\n'
+        "[methods.entmax.model]\nd_model = 48\n"
     )
 
     def d_model(**kw):

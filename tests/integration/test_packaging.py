@@ -90,7 +90,7 @@ def test_config_of_another_task_is_refused(tmp_path, capsys):
         ("train.weight_decay=-0.1", "train.weight_decay must be a number >= 0"),
         ("train.grad_clip=inf", "train.grad_clip must be a finite number"),
         ("train.betas=[0.9, nan]", r"train.betas\[1\] must be a finite number"),
-        ("model.alpha=inf", "model.alpha must be a finite number, got inf"),
+        ("model.attention.alpha=inf", "model.attention.alpha must be a finite number, got inf"),
         ("model.init_std=nan", "model.init_std must be a finite number"),
         ("task.params.write_prob=nan", "task.params.write_prob must be a finite number"),
     ],

@@ -296,7 +296,8 @@ def test_result_writers_go_through_the_atomic_helper():
 # ---- 10: nothing is created for a refused run ---------------------------------------------------------------
 @pytest.mark.parametrize(
     "bad",
-    ["train.lr=inf", "train.lr=nan", "model.alpha=inf"] + ([] if torch.cuda.is_available() else ["train.device=cuda"]),
+    ["train.lr=inf", "train.lr=nan", "model.attention.alpha=inf"]
+    + ([] if torch.cuda.is_available() else ["train.device=cuda"]),
 )
 def test_refused_run_creates_no_folder(tmp_path, capsys, bad):
     out = tmp_path / "run"

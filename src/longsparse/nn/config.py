@@ -32,8 +32,8 @@ def check_positive_int(name: str, value: Any) -> None:
 class AttentionSettings:
     """How the token attentions of a model attend (one ``longsparse.nn.Attention`` per layer, calling
     ``longsparse.attention``). Every architecture's config holds one as its field ``attention`` (its stored form
-    holds them as its nested table ``attention``: ``stored_form``): a new attention option is a field here, its check in ``validate``
-    and its use in ``longsparse.nn.Attention``.
+    holds them as its nested table ``attention``: ``stored_form``): a new attention option is a field here, its
+    check in ``validate`` and its use in ``longsparse.nn.Attention``.
 
     method: softmax | ssmax | adatemp | topk | entmax | sparsemax | asentmax (a mapping plus, for ssmax and
     asentmax, a per-query length scaler).

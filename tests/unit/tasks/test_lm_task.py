@@ -119,7 +119,13 @@ def lm_config(cache, **train):
             "name": "lm",
             "params": {"corpus": "sample", "tokenizer_vocab": 320, "passkey_frac": 0.25, "cache_dir": cache},
         },
-        "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "method": "asentmax", "positions": "nape"},
+        "model": {
+            "d_model": 16,
+            "n_layers": 1,
+            "n_heads": 2,
+            "d_ff": 32,
+            "attention": {"method": "asentmax", "positions": "nape"},
+        },
         "train": {
             "steps": 4,
             "batch_size": 4,

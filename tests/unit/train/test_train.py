@@ -639,6 +639,12 @@ def test_a_run_folder_of_schema_2_is_refused_then_migrated_and_resumes_bit_for_b
     assert old_hash != config_hash(stored)
     extra = {**payload["extra"], "config_hash": old_hash}
     torch.save({**payload, "version": 1, "config": flat_attention(payload["config"]), "extra": extra}, last)
+    best = out / "checkpoints" / "best.pt"
+    best_payload = torch.load(best, weights_only=True)
+    best_extra = {**best_payload["extra"], "config_hash": old_hash}
+    torch.save(
+        {**best_payload, "version": 1, "config": flat_attention(best_payload["config"]), "extra": best_extra}, best
+    )
     with pytest.raises(RunDirError, match=r"schema_version 2; this longsparse reads 3: .*`longsparse migrate"):
         train(cfg, str(out), printer=lambda s: None)
     assert cli_main(["migrate", str(out)]) == 0
@@ -648,6 +654,8 @@ def test_a_run_folder_of_schema_2_is_refused_then_migrated_and_resumes_bit_for_b
     assert cli_main(["migrate", str(out)]) == 0
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == files  # once
     assert read_checkpoint(str(last))["config"] == payload["config"]  # nested again, as today's code saves it
+    migrated_best = read_checkpoint(str(best))
+    assert migrated_best["config"] == best_payload["config"] and migrated_best["extra"] == best_extra
     res = train(migrated, str(out), printer=lambda s: None)
     assert res["resumed"] and res["trained_steps"] == 3
     _same_weights(ref / "checkpoints" / "last.pt", last)
