@@ -519,9 +519,7 @@ def generation_check(name: str, device: str, dry: bool) -> dict:
                 n_layers=layers,
                 n_heads=4,
                 d_ff=128,
-                method="asentmax",
-                positions="nape",
-                attn_backend="triton" if dry else "auto",
+                attention=dict(method="asentmax", positions="nape", attn_backend="triton" if dry else "auto"),
             )
         )
         model = Transformer(cfg).to(device).eval()

@@ -152,14 +152,15 @@ def add_library_commands(sub: argparse._SubParsersAction) -> None:
         type=_method_name,
         choices=METHODS,
         metavar="METHOD",
-        help=f"attention mapping of any architecture, one of: {', '.join(METHODS)} (default: the preset's)",
+        help=f"attention mapping of any architecture (config key model.attention.method), one of: "
+        f"{', '.join(METHODS)} (default: the preset's)",
     )
     t.add_argument(
         "--positions",
         default=None,
         choices=POSITIONS,
         metavar="POS",
-        help=f"one of: {', '.join(POSITIONS)} (default: the preset's)",
+        help=f"config key model.attention.positions, one of: {', '.join(POSITIONS)} (default: the preset's)",
     )
     t.add_argument(
         "--preset", default="cpu", help="src/longsparse/configs/<task>/<preset>.toml: cpu or paper (default cpu)"
@@ -173,7 +174,7 @@ def add_library_commands(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override, e.g. --set train.lr=3e-4 --set model.d_model=64 (repeatable)",
+        help="override, e.g. --set train.lr=3e-4 --set model.d_model=64 --set model.attention.alpha=1.3 (repeatable)",
     )
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     t.set_defaults(func=_train)

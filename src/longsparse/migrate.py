@@ -1,22 +1,30 @@
 """Files of older code in today's form: the one module that knows the older forms of stored files.
 
     longsparse migrate PATH...    each PATH a file, or a folder (searched for config.json, records.jsonl,
-                                  results.json, last.pt and extra.pt, hidden folders skipped)
+                                  results.json, last.pt, best.pt and extra.pt, hidden folders skipped)
 
 Every other reader takes the current form only (``longsparse.train.config.SCHEMA_VERSION`` for run configs,
 ``longsparse.report.store.RECORD_VERSION`` for records), so an older form is converted here once, in place:
 
 - a run config (``config.json``; stored by older code without ``schema_version``) is read in its form, upgraded
   (below), resolved and written in the form run folders hold, with ``schema_version``; where the rewrite changes
-  its hash, the hash it had is kept as ``legacy_hash``, so everything recorded under the old hash (a
-  checkpoint's ``config_hash``, an archived result) stays traceable to it. Upgrades from schema 1: a model
-  section written before ``model.arch`` existed named HSA as the method (``"method": "hsa", "positions": "hsa"``)
-  with the token attention HSA then had (softmax, RoPE, today's HSA defaults): it becomes ``arch = "hsa"``.
-- a checkpoint's training state (the ``extra`` of ``last.pt``; ``extra.pt`` of a sharded checkpoint) written
-  before keys were added to its layout (``longsparse.train.state``) gets them with the value that describes that
-  code (``ADDED_KEYS``), so that the trainer, which reads today's layout only, resumes it.
-- a results store (``records.jsonl``) and a study archive or view (``results.json`` of `longsparse reproduce`)
-  are checked: their records are in the current form (version ``RECORD_VERSION``), nothing is rewritten.
+  its hash, the hash it was first filed under is kept as ``legacy_hash`` (one it has already is kept), so
+  everything recorded under that hash (a checkpoint's ``config_hash``, an archived result) stays traceable to it
+  and the trainer resumes such a checkpoint. Upgrades from schema 1: a model section written before
+  ``model.arch`` existed named HSA as the method (``"method": "hsa", "positions": "hsa"``) with the token
+  attention HSA then had (softmax, RoPE, today's HSA defaults): it becomes ``arch = "hsa"``. From schema 2: the
+  attention settings, stored flat among the model's keys (HSA's top-k mapping's k as ``attn_topk``), become the
+  table ``model.attention`` (``nest_attention``).
+- a checkpoint (``last.pt``, ``best.pt``, or any ``.pt`` file named; ``extra.pt`` of a sharded checkpoint): the
+  training state (of ``last.pt``, ``extra.pt``) written before keys were added to its layout (``longsparse.train.state``) gets them with the value that
+  describes that code (``ADDED_KEYS``), so that the trainer, which reads today's layout only, resumes it; a
+  checkpoint of version 1 gets its model config nested as schema 3 nests it (checkpoint version 2).
+- a results store (``records.jsonl``): records of version 1 become version 2 (``RECORD_VERSION``); a record's
+  run ``config`` is migrated as a run config and its ``config_hash`` becomes that config's hash, the one it had
+  kept as ``legacy_hash``; a record without a config keeps its hash, the identity of the schema it was written
+  in (``schema2_hash`` gives it for today's config; the study runner matches records by either). A study archive
+  or view (``results.json`` of `longsparse reproduce`, which holds hashes but no configs) is checked, not
+  rewritten.
 - a report folder of `longsparse report` (``results.json`` of format ``longsparse-report``) written before its
   files carried the report's marker: its ``results.md`` (the report's table heading, no marker line) gets the
   marker line, its plot (a matplotlib PNG without the marker) the marker text chunk, so that a rerun of
@@ -26,9 +34,10 @@ Idempotent: a file already in the current form is left byte-identical. All or no
 converted before the first one is written; a file that cannot be read stops the command with one line naming it,
 and nothing is written. Each rewrite is atomic (``longsparse.io``).
 
-Study files (TOML, written by hand with their comments) are not rewritten: ``study_table`` converts a study
-table of the older form (``--set`` strings under ``sets`` / ``more_sets`` / ``method_sets``) as it is read, so
-that a file that must stay as it was registered (``prereg_mqmtar.toml``) reads as today's tables.
+Study files (TOML, written by hand with their comments) are not rewritten: ``read_study_sets`` converts a study
+table of the older form (``--set`` strings under ``sets`` / ``more_sets`` / ``method_sets``, flat attention
+settings nested) as it is read, so that a file that must stay as it was registered (``prereg_mqmtar.toml``) reads
+as today's tables.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ from typing import Any
 from longsparse.train.config.errors import ConfigError
 
 # The names a folder is searched for.
-KNOWN_NAMES = ("config.json", "records.jsonl", "results.json", "last.pt", "extra.pt")
+KNOWN_NAMES = ("config.json", "records.jsonl", "results.json", "last.pt", "best.pt", "extra.pt")
 
 # Keys added to a checkpoint's training state after checkpoints existed, with the value that says what the code
 # before them did: ``train_seconds`` was not measured, ``cuda_rng`` not stored (the CUDA generator stays as seeded
@@ -77,10 +86,79 @@ def _upgrade_schema1_model(model: Mapping) -> dict:
     return model
 
 
+# Schema 2 stored a model section's attention settings flat among its own keys, HSA's top-k mapping's k as
+# ``attn_topk`` (its own ``topk`` counts retrieved chunks); schema 3 nests them as the table ``attention``.
+SCHEMA2_RENAMED = {"hsa": {"attn_topk": "topk"}}
+
+
+def _arch_of(model: Mapping) -> str:
+    from longsparse.models import DEFAULT_ARCH
+
+    return model.get("arch", DEFAULT_ARCH)
+
+
+def nest_attention(model: Mapping, arch: str | None = None) -> dict:
+    """A schema-2 model section (or a checkpoint's stored model config, of architecture ``arch``; default its
+    ``arch`` key) in schema 3: the attention settings given flat (HSA's ``attn_topk`` as ``topk``) move into the
+    table ``attention``, in front of any setting that table already holds. A section in schema 3 is returned as
+    it is."""
+    from longsparse.models import ARCHITECTURES
+    from longsparse.nn.config import ATTENTION_FIELDS, ATTENTION_KEY
+
+    arch = arch or _arch_of(model)
+    renamed = SCHEMA2_RENAMED.get(arch, {})
+    own = set(ARCHITECTURES[arch].config_cls.STORED_KEYS) if arch in ARCHITECTURES else set()
+    out, flat = {}, {}
+    for k, v in model.items():
+        if k in renamed:
+            flat[renamed[k]] = v
+        elif k in ATTENTION_FIELDS and k not in own:
+            flat[k] = v
+        else:
+            out[k] = v
+    if not flat:
+        return dict(model)
+    nested = out.get(ATTENTION_KEY)
+    out[ATTENTION_KEY] = {**flat, **(nested if isinstance(nested, Mapping) else {})}
+    return out
+
+
+def flat_attention(model: Mapping, arch: str | None = None) -> dict:
+    """A schema-3 model section (or a checkpoint's stored model config, of architecture ``arch``; default its
+    ``arch`` key) in the flat form of schema 2, the inverse of ``nest_attention``: what ``schema2_hash``
+    hashes."""
+    from longsparse.nn.config import ATTENTION_KEY
+
+    out = {k: v for k, v in model.items() if k != ATTENTION_KEY}
+    names = {new: old for old, new in SCHEMA2_RENAMED.get(arch or _arch_of(model), {}).items()}
+    out.update({names.get(k, k): v for k, v in (model.get(ATTENTION_KEY) or {}).items()})
+    return out
+
+
+def schema2_hash(cfg: Mapping) -> str:
+    """The config hash that the resolved run config ``cfg`` (today's form) had in schema 2, when its model section
+    held the attention settings flat: the identity that records of that code carry without their config (a store
+    record of a study cell: ``longsparse_experiments.study_records`` matches them by it)."""
+    return _filed_hash({**cfg, "model": flat_attention(cfg["model"])}, 2)
+
+
+def _filed_hash(cfg: Mapping, version: int) -> str:
+    """The config hash that the code of schema ``version`` computed for ``cfg`` (a config in that schema's form):
+    up to schema 2 the identity left out the flat ``model.attn_backend`` (today ``model.attention.attn_backend``,
+    which ``config_hash`` leaves out)."""
+    from longsparse.train.config import config_hash
+
+    model = cfg.get("model")
+    if version <= 2 and isinstance(model, Mapping) and "attn_backend" in model:
+        cfg = {**cfg, "model": {k: v for k, v in model.items() if k != "attn_backend"}}
+    return config_hash(cfg)
+
+
 def migrate_run_config(cfg: Any, where: str = "run config") -> dict:
     """The run config ``cfg`` (a stored config.json, any schema this code knows) in the form a run folder holds
     now (``longsparse.train.rundir.normalise`` of the resolved config), with ``legacy_hash`` where its hash
-    changed. MigrateError naming ``where`` if it cannot be converted."""
+    changed (a config that has one keeps it: the hash it was first filed under, what its artifacts recorded).
+    MigrateError naming ``where`` if it cannot be converted."""
     from longsparse.train.config import SCHEMA_VERSION, config_hash, resolve
     from longsparse.train.rundir import normalise
 
@@ -90,22 +168,25 @@ def migrate_run_config(cfg: Any, where: str = "run config") -> dict:
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
         raise MigrateError(f"{where}: unknown schema_version {version!r} (this longsparse knows 1 to {SCHEMA_VERSION})")
     new = dict(cfg)
-    if version == 1:
-        new["model"] = _upgrade_schema1_model(new["model"]) if isinstance(new["model"], Mapping) else new["model"]
+    if version == 1 and isinstance(new["model"], Mapping):
+        new["model"] = _upgrade_schema1_model(new["model"])
+    if version <= 2 and isinstance(new["model"], Mapping):
+        new["model"] = nest_attention(new["model"])
     new["schema_version"] = SCHEMA_VERSION
     try:
         new = normalise(resolve(new))
     except ConfigError as e:
         raise MigrateError(f"{where}: cannot be read in schema {SCHEMA_VERSION}: {e}") from None
-    if "legacy_hash" not in new and config_hash(new) != config_hash(cfg):
-        new["legacy_hash"] = config_hash(cfg)
+    if "legacy_hash" not in new and config_hash(new) != _filed_hash(cfg, version):
+        new["legacy_hash"] = _filed_hash(cfg, version)
     return new
 
 
 def read_study_sets(path: Any, where: str, table: Mapping) -> dict:
     """A ``[defaults]`` or ``[[study]]`` table of a study file with its older ``--set``-string keys
-    (``STUDY_SET_KEYS``) turned into today's override tables, parsed as ``--set`` parses them; a table without
-    them is returned as it is. ConfigError naming the file, the table and the problem."""
+    (``STUDY_SET_KEYS``) turned into today's override tables, parsed as ``--set`` parses them, flat attention
+    settings nested (``model.alpha`` as ``model.attention.alpha``); a table without them is returned as it is.
+    ConfigError naming the file, the table and the problem."""
     from longsparse.train.config.build import apply_sets
 
     table = dict(table)
@@ -125,10 +206,18 @@ def read_study_sets(path: Any, where: str, table: Mapping) -> dict:
                 f"form: a {new} table, e.g. model.d_model = 64)"
             )
         try:
-            converted = {m: apply_sets({}, sets) for m, sets in lists.items()}
+            converted = {m: _nested_sets(apply_sets({}, sets)) for m, sets in lists.items()}
         except ConfigError as e:
             raise ConfigError(f"{path}: {where}: {e}") from None
         table[new] = converted if old == "method_sets" else converted[None]
+    return table
+
+
+def _nested_sets(table: dict) -> dict:
+    """An override table of the older form's ``--set`` strings with the flat attention settings of its model
+    table (``model.alpha=1.3``, schema 2) nested as today's (``model.attention.alpha``)."""
+    if isinstance(table.get("model"), Mapping):
+        table = {**table, "model": nest_attention(table["model"])}
     return table
 
 
@@ -148,9 +237,9 @@ def upgrade_extra(extra: Mapping[str, Any], where: str) -> dict:
 
 
 def _checkpoint_bytes(path: Path) -> bytes | None:
-    """The bytes the checkpoint file ``path`` (``last.pt``, or ``extra.pt`` of a sharded checkpoint) must hold
-    now, or None when its training state is in today's layout (or it holds none: a checkpoint saved without
-    one)."""
+    """The bytes the checkpoint file ``path`` (``last.pt`` or any ``.pt`` checkpoint, or ``extra.pt`` of a sharded
+    checkpoint) must hold now, or None when its training state (if it holds one) and its model config are in
+    today's form."""
     import io
 
     import torch
@@ -171,22 +260,69 @@ def _checkpoint_bytes(path: Path) -> bytes | None:
         extra, payload = payload, None
     elif payload.get("format") != FORMAT:
         raise MigrateError(f"{path}: not a longsparse checkpoint (missing format tag)")
-    elif "extra" not in payload:  # saved without a training state (a model alone)
-        return None
     else:
-        extra = payload["extra"]
-    new = upgrade_extra(extra, str(path))
-    if set(new) == set(extra):  # the upgrade only adds keys: none added, nothing to rewrite
-        return None
+        # the trainer's training state is the extra of last.pt (best.pt records its step and score, another
+        # checkpoint what its writer chose); None: saved without one
+        extra = payload.get("extra") if path.name == "last.pt" else None
+    new_extra = None if extra is None else upgrade_extra(extra, str(path))
+    new_payload = None if payload is None else _upgrade_checkpoint_config(payload, path)
+    if (extra is None or set(new_extra) == set(extra)) and new_payload is None:
+        return None  # the upgrades only add keys and nest the config: none added, nothing nested
     buf = io.BytesIO()
-    torch.save(new if payload is None else {**payload, "extra": new}, buf)
+    if payload is None:
+        torch.save(new_extra, buf)
+    else:
+        new_payload = dict(new_payload or payload)
+        if extra is not None:
+            new_payload["extra"] = new_extra
+        torch.save(new_payload, buf)
     return buf.getvalue()
 
 
+def _upgrade_checkpoint_config(payload: Mapping[str, Any], path: Path) -> dict | None:
+    """The checkpoint ``payload`` with its model config in today's stored form (``nest_attention``) and today's
+    version (``longsparse.models.checkpoint.VERSION``), or None when it is in today's form."""
+    from longsparse.models.checkpoint import VERSION
+
+    version = payload.get("version")
+    if version == VERSION:
+        return None
+    if version != 1 or not isinstance(payload.get("config"), Mapping):
+        raise MigrateError(f"{path}: checkpoint version {version!r}, not one longsparse migrate knows")
+    return {**payload, "version": VERSION, "config": nest_attention(payload["config"], payload.get("arch"))}
+
+
 # ---- results ------------------------------------------------------------------------------------------------------
-def _check_records(path: Path) -> None:
+def upgrade_record(rec: Mapping[str, Any], where: str) -> dict:
+    """A store record of version 1 in today's form (``RECORD_VERSION``): its run ``config``, where it holds one,
+    in today's schema (``migrate_run_config``) with its ``config_hash`` the hash of that config and the hash it
+    was filed under kept as ``legacy_hash`` (a record that has one keeps it). A record without a config keeps its
+    ``config_hash`` (the identity of the schema it was written in: ``schema2_hash`` of the config today). A
+    record of today's version is returned as it is."""
+    from longsparse.report.store import RECORD_VERSION
+    from longsparse.train.config import config_hash
+
+    version = rec.get("version")
+    if version == RECORD_VERSION:
+        return dict(rec)
+    if version != 1:
+        raise MigrateError(f"{where} has version {version!r}, not one this longsparse knows")
+    new = {**rec, "version": RECORD_VERSION}
+    if isinstance(rec.get("config"), Mapping):
+        new["config"] = migrate_run_config(rec["config"], f"{where}: its config")
+        old = rec.get("config_hash")
+        if old is not None and config_hash(new["config"]) != old:
+            new["config_hash"] = config_hash(new["config"])
+            new["legacy_hash"] = rec.get("legacy_hash") or old
+    return new
+
+
+def _records_bytes(path: Path) -> bytes | None:
+    """The bytes the results store ``path`` (``records.jsonl``) must hold now (each record through
+    ``upgrade_record``, in store order, one JSON line each as the store writes them), or None when every record
+    is in today's form."""
     from longsparse.io import read_jsonl
-    from longsparse.report.store import RECORD_VERSION, StoreError, check_record
+    from longsparse.report.store import StoreError, check_record
 
     try:
         lines = read_jsonl(path, warn=None)
@@ -194,13 +330,16 @@ def _check_records(path: Path) -> None:
         raise MigrateError(f"{path}: not readable JSON lines ({e})") from None
     if not lines and path.stat().st_size:
         raise MigrateError(f"{path}: holds no record")
+    new = []
     for i, rec in enumerate(lines, 1):
         try:
             check_record(rec, f"{path}: record {i}")
         except StoreError as e:
             raise MigrateError(str(e)) from None
-        if rec.get("version") != RECORD_VERSION:
-            raise MigrateError(f"{path}: record {i} has version {rec.get('version')!r}, not one this longsparse knows")
+        new.append(upgrade_record(rec, f"{path}: record {i}"))
+    if new == lines:
+        return None
+    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in new).encode("utf-8")
 
 
 def _png_with_marker(data: bytes, key: str, value: str) -> bytes:
@@ -249,16 +388,16 @@ def convert_file(path: str | Path) -> dict[Path, bytes]:
     path = Path(path)
     if not path.is_file():
         raise MigrateError(f"{path}: no such file")
-    if path.name in ("last.pt", "extra.pt"):
+    if path.suffix == ".pt":
         data = _checkpoint_bytes(path)
         return {} if data is None else {path: data}
     if path.suffix == ".jsonl":
-        _check_records(path)
-        return {}
+        data = _records_bytes(path)
+        return {} if data is None else {path: data}
     if path.suffix != ".json":
         raise MigrateError(
             f"{path}: not a file longsparse migrate knows (a run config.json, a records.jsonl, a results.json, "
-            "a checkpoint's last.pt or extra.pt); "
+            "a checkpoint .pt or extra.pt); "
             "study files (TOML) are read in their older form as they are"
         )
     data = _read_json(path)
@@ -326,7 +465,9 @@ def _command(args: argparse.Namespace) -> int:
 def add_cli(sub: argparse._SubParsersAction) -> None:
     """Register ``longsparse migrate`` on ``sub``."""
     m = sub.add_parser(
-        "migrate", help="rewrite run configs and reports of older code in today's form, once (idempotent)"
+        "migrate",
+        help="rewrite run configs, checkpoints, result records and reports of older code in today's form, once "
+        "(idempotent)",
     )
     m.add_argument("paths", nargs="+", metavar="PATH", help="files, or folders searched for " + ", ".join(KNOWN_NAMES))
     m.add_argument("--dry-run", action="store_true", help="only list the files that would be rewritten")

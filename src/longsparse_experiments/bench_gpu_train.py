@@ -274,7 +274,7 @@ def eval_rows(device: torch.device, deadline: float, dry: bool, multiples, sampl
             preset="paper",
             method=method,
             positions="nape",
-            sets=_sets(dry, device) + [f"model.attn_backend={backend}"],
+            sets=_sets(dry, device) + [f"model.attention.attn_backend={backend}"],
         )
         run = RunConfig.from_dict(cfg)
         task = run.task.build()

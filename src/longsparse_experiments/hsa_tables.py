@@ -34,8 +34,9 @@ from longsparse.io import (
     read_jsonl,
     warn_stderr,
 )
+from longsparse.migrate import migrate_run_config
 from longsparse.report import build_report, store
-from longsparse.train.config import config_hash
+from longsparse.train.config import SCHEMA_VERSION, config_hash
 
 # relative to the repository root
 STORE = Path("results") / "hsa"
@@ -111,8 +112,14 @@ REPORT_PAGES = {
 def record(doc: dict, *, study: str, source: str, train: Optional[dict], **extra) -> dict:
     """The store record of one `longsparse eval` result file ``doc`` of run ``study/<run name>``: every field of
     every result (the needle diagnostics included), the run's config and its hash, the evaluating commit (and
-    whether its tree had uncommitted changes), the eval command line and the run's training record ``train``."""
+    whether its tree had uncommitted changes), the eval command line and the run's training record ``train``. A
+    config an evaluation of older code holds is recorded in today's form (``longsparse.migrate``), the hash it
+    had kept as ``legacy_hash``, as ``longsparse migrate`` rewrites a record of that code."""
     cfg = doc["config"]
+    if cfg.get("schema_version") != SCHEMA_VERSION:  # an evaluation by older code
+        cfg = migrate_run_config(cfg, f"{source}: its config")
+    if "legacy_hash" in cfg:  # the hash the run was filed under before a migration changed it
+        extra = {**extra, "legacy_hash": cfg["legacy_hash"]}
     command = doc.get("command") or []
     return store.record_from_eval(
         doc,

@@ -28,8 +28,17 @@ from longsparse.tasks.lm import SAMPLE_CORPUS
 from longsparse.train.config import ConfigError, load_toml
 from longsparse_experiments.presets import presets_dir
 
-# Set per run (method, positions from [study]) or from the tokenizer (vocab_size), never by [model].
-MODEL_KEYS_SET_PER_RUN = ("method", "positions", "vocab_size")
+# Set per run (the attention's method and positions from [study]) or from the tokenizer (vocab_size), never by
+# [model] (``[model.attention]`` holds the other attention settings).
+MODEL_KEYS_SET_PER_RUN = ("attention.method", "attention.positions", "vocab_size")
+
+
+def run_model_section(model: Mapping, method: str, positions: str) -> dict:
+    """The model section of one run of the LM study: the preset's ``[model]`` with the run's attention method and
+    positions in its ``attention`` table."""
+    attention = model.get("attention")
+    attention = dict(attention) if isinstance(attention, Mapping) else {}
+    return {**model, "attention": {**attention, "method": method, "positions": positions}}
 
 
 def _is_int(v) -> bool:
@@ -203,7 +212,9 @@ class LMStudyConfig:
             raise ConfigError(f"description must be a string, got {self.description!r}")
         if not isinstance(self.model, Mapping):
             raise ConfigError(f"[model] must be a table of model-config overrides, got {self.model!r}")
-        per_run = [k for k in MODEL_KEYS_SET_PER_RUN if k in self.model]
+        attention = self.model.get("attention")
+        given = {*self.model, *(f"attention.{k}" for k in (attention if isinstance(attention, Mapping) else {}))}
+        per_run = [k for k in MODEL_KEYS_SET_PER_RUN if k in given]
         if per_run:
             raise ConfigError(
                 f"[model] sets {per_run}: each run takes its method and positions from [study] and its "
@@ -212,7 +223,7 @@ class LMStudyConfig:
         for method in self.study.methods:
             for positions in self.study.positions:
                 try:
-                    model_config({**self.model, "method": method, "positions": positions}, self.data.vocab_size)
+                    model_config(run_model_section(self.model, method, positions), self.data.vocab_size)
                 except (TypeError, ValueError) as e:
                     raise ConfigError(f"[model] is not a valid model config for {method}/{positions}: {e}") from None
 

@@ -24,9 +24,9 @@ from longsparse.lm.evaluate import bucket_positions, passkey_accuracy, perplexit
 from longsparse.lm.streams import prepare
 from longsparse.models import load_checkpoint
 from longsparse.train import ConfigError, train
-from longsparse.train.config import load_toml
+from longsparse.train.config import attention_of, load_toml
 from longsparse.train.rundir import checkpoint_path
-from longsparse_experiments.lm_config import LMEval, LMStudyConfig, load_study_config
+from longsparse_experiments.lm_config import LMEval, LMStudyConfig, load_study_config, run_model_section
 from longsparse_experiments.lm_report import (
     LM_REPORT_OUTPUTS,
     LM_REPORT_WRITER,
@@ -56,7 +56,7 @@ def run_config(cfg: LMStudyConfig, method: str, positions: str, seed: int, cache
                 "cache_dir": cache_dir,
             },
         },
-        "model": {**cfg.model, "method": method, "positions": positions},
+        "model": run_model_section(cfg.model, method, positions),
         "train": {
             "steps": t.steps,
             "batch_size": t.batch_size,
@@ -84,8 +84,8 @@ def _run_facts(run_dir: Path) -> dict:
     return {
         "T": rc["train"]["train_lengths"][1],
         "digits": rc["task"]["params"]["passkey_digits"],
-        "method": rc["model"]["method"],
-        "positions": rc["model"]["positions"],
+        "method": attention_of(rc)["method"],
+        "positions": attention_of(rc)["positions"],
         "seed": rc["train"]["seed"],
         "threads": rc["train"].get("threads"),
         "checkpoint": checkpoint_path(run_dir, "last"),

@@ -52,7 +52,7 @@ from longsparse_experiments.study_records import (
     REPORT_WRITER,
     archived,
     build_report,
-    cell_hash,
+    cell_identities,
     check_report_folder,
     load_store,
     new_records,
@@ -145,7 +145,7 @@ def run_study(
                 continue
             run = out / c.run
             cfg = study.cell_config(c)
-            old = archived(stored, study, c, cell_hash(cfg))["kept"]
+            old = archived(stored, study, c, cell_identities(cfg))["kept"]
             if not run.exists() and len(old) == len(study.checkpoints) * len(study.lengths):
                 printer(f"{c.run}: every result is in the archive (run elsewhere); skipped")
                 continue
@@ -444,7 +444,7 @@ def job_summary(
             this = next(
                 (j for j in reversed(journal) if j.get("run") == c.run and j.get("phase", "cell") == "cell"), None
             )
-            kept = archived(index, study, c, cell_hash(cfg))["kept"]
+            kept = archived(index, study, c, cell_identities(cfg))["kept"]
             step = this["step_after"] if this and this.get("step_after") is not None else tr.get("steps")
             cells.append(
                 {

@@ -29,6 +29,7 @@ from longsparse.train.config import (
     ConfigError,
     apply_overrides,
     build_config,
+    check_nested_attention,
     deep_merge,
     load_toml,
     preset_path,
@@ -335,5 +336,7 @@ def _check_overrides(path: Path, where: str, overrides) -> None:
         raise ConfigError(f"{path}: {where} must be a table (e.g. model.d_model = 64), got {overrides!r}")
     try:
         apply_overrides({}, overrides)
+        if isinstance(overrides.get("model"), dict):
+            check_nested_attention(overrides["model"], any_arch=True)
     except ConfigError as e:
         raise ConfigError(f"{path}: {where}: {e}") from None

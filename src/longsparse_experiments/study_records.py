@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from longsparse.io import atomic_write_text, check_outputs, claim_outputs, read_jsonl
+from longsparse.migrate import schema2_hash
 from longsparse.report import plotting
 from longsparse.report import store as result_store
 from longsparse.train.config import ConfigError, config_hash, resolve
@@ -54,22 +55,31 @@ def cell_hash(cfg: dict) -> str:
     return config_hash(resolve(cfg))
 
 
+def cell_identities(cfg: dict) -> frozenset[str]:
+    """The hashes a record of the cell of config ``cfg`` may carry: its hash today (``cell_hash``), and the hash
+    the same config had in run config schema 2 (``longsparse.migrate.schema2_hash``), which records written then
+    without their config keep."""
+    resolved = resolve(cfg)
+    return frozenset({config_hash(resolved), schema2_hash(resolved)})
+
+
 def _records_of(index: dict, study: Study, cell: Cell) -> list[dict]:
     """The store's records of a cell on the study's test stream (records that name no test stream, written
     before it was kept, are taken as they are)."""
     return [r for r in index.get((study.name, cell.run), []) if r.get("test_seed") in (None, study.test_seed)]
 
 
-def archived(index: dict, study: Study, cell: Cell, chash: str) -> dict:
+def archived(index: dict, study: Study, cell: Cell, hashes: frozenset[str]) -> dict:
     """A cell's results in the store (``index``: ``longsparse.report.store.by_run`` of its records), the later
     record winning: ``{"kept": {(checkpoint, length): per-seed entry} at the checkpoints, lengths and sample counts
-    the study asks for now, "all": every such entry of a matching config, "off_spec": how many of those "kept"
-    leaves out, "stale": {config hash: number of results} recorded for another config (left out), "record": the
+    the study asks for now, "all": every such entry of a matching config (a record whose ``config_hash`` is one
+    of ``hashes``: ``cell_identities``), "off_spec": how many of those "kept" leaves out, "stale": {config hash:
+    number of results} recorded for another config (left out), "record": the
     latest matching record with a training record (or None), "train_hi": the latest matching record's longest
     training length (or None)}``. Records written before config hashes were kept carry none and are taken as
     they are."""
     recs = _records_of(index, study, cell)
-    fresh = [r for r in recs if r.get("config_hash") in (None, chash)]
+    fresh = [r for r in recs if r.get("config_hash") is None or r["config_hash"] in hashes]
     every = {k: result_store.result_entry(r) for k, r in result_store.merge_results(fresh).items()}
     kept = {
         (ck, L): r
@@ -78,7 +88,7 @@ def archived(index: dict, study: Study, cell: Cell, chash: str) -> dict:
     }
     stale: dict[str, int] = {}
     for r in recs:
-        if r.get("config_hash") not in (None, chash):
+        if r.get("config_hash") is not None and r["config_hash"] not in hashes:
             stale[r["config_hash"]] = stale.get(r["config_hash"], 0) + len(r["results"])
     record = next((r for r in reversed(fresh) if r.get("train") is not None), None)
     train_hi = next((r["train_hi"] for r in reversed(fresh) if r.get("train_hi") is not None), None)
@@ -196,7 +206,9 @@ def new_records(
             rec = run_record(study, c, run) if run.is_dir() else None
             if rec is None:
                 continue
-            have = archived(stored, study, c, rec["config_hash"] or cell_hash(study.cell_config(c)))
+            cell_ids = cell_identities(study.cell_config(c))
+            ids = cell_ids if rec["config_hash"] in (None, *cell_ids) else frozenset({rec["config_hash"]})
+            have = archived(stored, study, c, ids)
             old, prev = have["all"], have["record"]
             fresh = {(r["checkpoint"], r["length"]): result_store.result_entry(r) for r in rec["results"]}
             for k in old.keys() & fresh.keys():
@@ -247,8 +259,9 @@ def view(
         }
         off_spec = 0
         for c in study.cells():
-            chash = cell_hash(study.cell_config(c))
-            got = archived(index, study, c, chash)
+            cfg = study.cell_config(c)
+            chash = cell_hash(cfg)
+            got = archived(index, study, c, cell_identities(cfg))
             for h, n in got["stale"].items():
                 say(f"{c.run}: {n} stored results left out: recorded for config {h}, the study file now gives {chash}")
             off_spec += got["off_spec"] if strict else 0

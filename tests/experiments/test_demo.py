@@ -216,8 +216,7 @@ def test_last_write_mass_reads_the_final_read_row():
                 d_model=16,
                 n_heads=2,
                 d_ff=32,
-                method="softmax",
-                positions="nope",
+                attention=dict(method="softmax", positions="nope"),
             )
         )
     )

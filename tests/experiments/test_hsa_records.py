@@ -200,3 +200,22 @@ def test_add_stores_a_run_folder_once_and_renders_it(tmp_path, monkeypatch):
 def test_a_run_missing_from_the_store_is_named():
     with pytest.raises(ValueError, match="hsa_full/no_such_run"):
         tables.run_view(store.read_records(HSA_STORE), "hsa_full", "no_such_run")
+
+
+def test_an_evaluation_by_schema_2_code_is_recorded_in_todays_form_with_the_hash_it_had():
+    """`longsparse hsa add` of an eval file whose config older code wrote (the attention settings flat): the
+    record holds the config as `longsparse migrate` would rewrite it, its hash now, and the hash it had as
+    legacy_hash; an eval file of today's code is recorded with its config as it is."""
+    from longsparse.migrate import flat_attention, migrate_run_config, schema2_hash
+    from longsparse.train import build_config
+    from longsparse.train.rundir import normalise
+
+    cfg = normalise(build_config("passkey", arch="hsa", method="entmax", steps=2))
+    old = {**cfg, "schema_version": 2, "model": flat_attention(cfg["model"])}
+    result = {"length": 8, "n": 2, "exact_match": 0.5, "exact_match_ci": [0.1, 0.9]}
+    doc = {"format": "longsparse-eval", "run_name": "r_s0", "checkpoint": "last", "results": [result]}
+    rec = tables.record({**doc, "config": old}, study="s", source="f.json", train=None)
+    assert rec["config"] == migrate_run_config(old) and rec["config"]["model"]["attention"]["method"] == "entmax"
+    assert rec["config_hash"] == config_hash(cfg) and rec["legacy_hash"] == schema2_hash(cfg) != config_hash(cfg)
+    now = tables.record({**doc, "config": cfg}, study="s", source="f.json", train=None)
+    assert now["config"] == cfg and now["config_hash"] == config_hash(cfg) and "legacy_hash" not in now

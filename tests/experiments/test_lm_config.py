@@ -99,7 +99,7 @@ def test_run_config_is_the_library_config_of_one_run():
             "cache_dir": "/c",
         },
     }
-    assert rc["model"] == {**load_toml(QUICK)["model"], "method": "asentmax", "positions": "nape"}
+    assert rc["model"] == {**load_toml(QUICK)["model"], "attention": {"method": "asentmax", "positions": "nape"}}
     tr = rc["train"]
     assert tr["betas"] == [0.9, 0.99] and isinstance(tr["betas"], list)  # JSON form, as config.json stores it
     assert (tr["seed"], tr["steps"], tr["train_lengths"], tr["val_lengths"], tr["val_every"]) == (
@@ -155,7 +155,7 @@ def test_a_typo_in_any_section_is_refused_naming_it(tmp_path, old, new, named):
         ('dir = "sample"', "dir = 3", "[data] dir must be a folder"),
         ('tokenizer = "bpe"', 'tokenizer = "bp"', "[data] tokenizer must be one of bpe, bytes"),
         ("vocab_size = 320", "vocab_size = 100", "[data] vocab_size must be an integer >= 260"),
-        ("[model]", "[model]\nmethod = 'softmax'", "[model] sets ['method']"),
+        ("[model]", "[model.attention]\nmethod = 'softmax'\n[model]", "[model] sets ['attention.method']"),
         ("n_heads = 4", "n_heads = 3", "[model] is not a valid model config for softmax/nape"),
         ("steps = 12", "steps = 1.5", "[train] steps must be an integer >= 1, got 1.5"),
         ("seq_len = 96", "seq_len = 0", "[train] seq_len must be an integer >= 1"),

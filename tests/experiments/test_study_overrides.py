@@ -14,16 +14,18 @@ from pathlib import Path
 import pytest
 from helpers.paths import DATA
 
+from longsparse.migrate import schema2_hash
 from longsparse.train import ConfigError, build_config
-from longsparse.train.config import config_hash
+from longsparse.train.config import resolve
 from longsparse_experiments.study import load_study
-from longsparse_experiments.study_records import cell_hash
 
 RECORDED = DATA / "study_cell_hashes.json"
 
 
 def current_hashes() -> dict:
-    """{"studies": {file: {cell run: hash}}, "demo": {...}, "figures": {...}} as the code resolves them now."""
+    """{"studies": {file: {cell run: hash}}, "demo": {...}, "figures": {...}} as the code resolves them now, each
+    the hash its config has in the flat form of run config schema 2, the form the hashes were recorded in
+    (``longsparse.migrate.schema2_hash``): the same configs, the attention settings nested."""
     from longsparse_experiments import demo
     from longsparse_experiments.figures.context import default_run_configs
     from longsparse_experiments.presets import presets_dir
@@ -31,14 +33,16 @@ def current_hashes() -> dict:
     out: dict = {"studies": {}, "demo": {}, "figures": {}}
     for f in sorted((presets_dir() / "reproduce").glob("*.toml")):
         spec = load_study(path=str(f))
-        out["studies"][f.name] = {c.run: cell_hash(s.cell_config(c)) for s in spec.studies for c in s.cells()}
+        out["studies"][f.name] = {
+            c.run: schema2_hash(resolve(s.cell_config(c))) for s in spec.studies for c in s.cells()
+        }
     for quick in (False, True):
         scale = "quick" if quick else "full"
         for seed in (0, 1):
             for (method, positions), cfg in demo.run_configs(quick, seed).items():
-                out["demo"][f"{scale}/seed{seed}/{method}-{positions}"] = config_hash(cfg)
+                out["demo"][f"{scale}/seed{seed}/{method}-{positions}"] = schema2_hash(cfg)
         for name, cfg in default_run_configs(quick).items():
-            out["figures"][f"{scale}/{name}"] = config_hash(cfg)
+            out["figures"][f"{scale}/{name}"] = schema2_hash(cfg)
     return out
 
 
@@ -48,6 +52,34 @@ def test_every_study_cell_demo_and_figure_run_keeps_its_config():
     assert sum(len(v) for v in recorded["studies"].values()) > 200 and recorded["demo"] and recorded["figures"]
     for part in ("studies", "demo", "figures"):
         assert now[part] == recorded[part], part
+
+
+def test_the_preregistered_study_file_stays_as_registered_and_reads_nested():
+    """prereg_mqmtar.toml (the older ``sets`` form) is byte for byte the registered file; it is read through the
+    one converter (``longsparse.migrate.read_study_sets``) into today's nested configs, whose schema-2 hashes are
+    the recorded ones (test above)."""
+    import hashlib
+
+    from longsparse_experiments.presets import presets_dir
+
+    path = presets_dir() / "reproduce" / "prereg_mqmtar.toml"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == (
+        "2ac0b857a5073a9bb5fd1465c090f7eb46a3566004e46495d7f23784de970a5a"
+    )
+    recorded = json.loads(RECORDED.read_text())["studies"]["prereg_mqmtar.toml"]
+    spec = load_study(path=str(path))
+    for s in spec.studies:
+        for c in s.cells():
+            cfg = resolve(s.cell_config(c))
+            assert cfg["model"]["attention"]["method"] == c.method and "method" not in cfg["model"]
+            assert schema2_hash(cfg) == recorded[c.run]
+
+
+def test_a_flat_attention_key_in_a_study_override_is_refused_naming_the_new_key(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text(STUDY.format(defaults="", a="overrides = { model.alpha = 1.3 }", b=""))
+    with pytest.raises(ConfigError, match=r"study #1: overrides: model.alpha is now model.attention.alpha"):
+        load_study(path=str(p))
 
 
 SETS = [
@@ -73,7 +105,8 @@ def test_overrides_resolve_as_the_same_sets_do():
 def test_order_file_then_method_table_then_overrides_then_sets_then_flags(tmp_path):
     p = tmp_path / "c.toml"
     p.write_text(
-        '[task]\nname = "copy"\n[model]\nmethod = "softmax"\nd_model = 32\n[methods.entmax.model]\nd_model = 48\n'
+        '[task]\nname = "copy"\n[model]\nd_model = 32\n[model.attention]\nmethod = "softmax"\n'
+        "[methods.entmax.model]\nd_model = 48\n"
     )
 
     def d_model(**kw):
@@ -122,7 +155,7 @@ def test_bad_overrides_are_refused_with_one_line(overrides, message):
 
 def test_a_value_where_the_config_has_a_table_is_refused(tmp_path):
     p = tmp_path / "c.toml"
-    p.write_text('[task]\nname = "copy"\n[task.params]\nnum_symbols = 8\n[model]\nmethod = "softmax"\n')
+    p.write_text('[task]\nname = "copy"\n[task.params]\nnum_symbols = 8\n[model.attention]\nmethod = "softmax"\n')
     with pytest.raises(ConfigError, match=r"override task\.params must be a table \(task\.params is one\), got 3"):
         build_config("copy", config_file=str(p), overrides={"task": {"params": 3}})
 
@@ -149,7 +182,7 @@ like = "a"
 NEW = STUDY.format(
     defaults="[defaults.overrides]\nmodel.d_model = 32\ntrain.steps = 3",
     a="[study.overrides]\ntrain.steps = 5\ntrain.lr = 2e-3\nmodel.d_ff = 64\n"
-    '[study.method_overrides.asentmax]\nmodel.asentmax_init = "reference"',
+    '[study.method_overrides.asentmax]\nmodel.attention.asentmax_init = "reference"',
     b="more_overrides = { train.lr = 4e-3, model.n_layers = 3 }",
 )
 OLD = STUDY.format(
@@ -172,10 +205,10 @@ def test_study_tables_and_the_older_sets_form_give_the_same_cells(tmp_path):
     a_soft, a_as, b_as = new["a/softmax-nape-s0"], new["a/asentmax-nape-s0"], new["b/asentmax-nape-s0"]
     # the study's table replaces the defaults' (as a study's own key does), the method's table adds to it
     assert a_soft["model"]["d_model"] != 32 and a_soft["train"]["steps"] == 5 and a_soft["model"]["d_ff"] == 64
-    assert a_as["model"]["asentmax_init"] == "reference" != a_soft["model"]["asentmax_init"]
+    assert a_as["model"]["attention"]["asentmax_init"] == "reference" != a_soft["model"]["attention"]["asentmax_init"]
     # more_overrides merges over the inherited table: the later setting of a key wins, the rest is kept
     assert b_as["train"]["lr"] == 4e-3 and b_as["model"]["n_layers"] == 3 and b_as["train"]["steps"] == 5
-    assert b_as["model"]["asentmax_init"] == "reference"
+    assert b_as["model"]["attention"]["asentmax_init"] == "reference"
     assert new["b/softmax-nape-s0"] == build_config(
         "copy",
         method="softmax",

@@ -57,7 +57,7 @@ def test_cells_are_seed_major_with_the_method_overrides_merged(tmp_path):
     assert by["a/asentmax-rope-s1"].overrides == {"train": {"steps": 9}, "model": {"d_model": 32}}
     cfg = s.cell_config(by["a/asentmax-rope-s1"])
     assert cfg["train"]["steps"] == 9 and cfg["model"]["d_model"] == 32 and cfg["train"]["seed"] == 1
-    assert (cfg["model"]["method"], cfg["model"]["positions"]) == ("asentmax", "rope")
+    assert (cfg["model"]["attention"]["method"], cfg["model"]["attention"]["positions"]) == ("asentmax", "rope")
 
 
 def test_like_and_defaults(tmp_path):

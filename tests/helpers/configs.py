@@ -26,10 +26,23 @@ def tiny_run_sets(changes: dict[str, str] | None = None) -> list[str]:
     return [f"{k}={v}" for k, v in {**TINY_RUN, **(changes or {})}.items()]
 
 
-def tiny_hsa(**changes):
+def decoder_section(**fields) -> dict:
+    """The stored form of a ``ModelConfig`` (a model section) from its fields by name: its own fields, and the
+    fields of its attention settings (``method="entmax"``, ``alpha=1.3``) in the table ``attention``."""
+    from longsparse.nn import ModelConfig
+    from longsparse.nn.config import ATTENTION_FIELDS
+
+    settings = {k: fields.pop(k) for k in list(fields) if k in ATTENTION_FIELDS and k not in ModelConfig.STORED_KEYS}
+    return {**fields, "attention": settings}
+
+
+def tiny_hsa(attention: dict | None = None, **changes):
     """A tiny HSAConfig (2 heads of width 16, chunks of 4, a window of 5, 2 retrieved chunks) with ``changes``
-    applied by field name."""
+    applied by field name: its own fields, and the fields of its attention settings (``method="entmax"``) but
+    ``topk``, which is its own (the chunks retrieved); ``attention`` is a table of settings applied last
+    (``attention={"topk": 2}``: the k of the top-k method)."""
     from longsparse.hsa import HSAConfig
+    from longsparse.nn.config import ATTENTION_FIELDS
 
     base = dict(
         vocab_size=HSA_VOCAB,
@@ -43,4 +56,5 @@ def tiny_hsa(**changes):
         window=5,
         topk=2,
     )
-    return HSAConfig.from_dict({**base, **changes})
+    settings = {k: changes.pop(k) for k in list(changes) if k in ATTENTION_FIELDS and k not in HSAConfig.STORED_KEYS}
+    return HSAConfig.from_dict({**base, **changes, "attention": {**settings, **(attention or {})}})

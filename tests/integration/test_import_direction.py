@@ -132,7 +132,7 @@ ALLOWED = {
     "train": {"tasks", "models", "hsa", "nn", "attention", "mappings", "lm"} | _BASE,
     "evaluate": {"train", "tasks", "models", "hsa", "nn", "attention", "mappings", "lm"} | _BASE,
     "report": set() | _BASE,
-    "migrate": {"train", "report", "models"} | _BASE,
+    "migrate": {"train", "report", "models", "nn"} | _BASE,
     "cli": {"migrate", "evaluate", "report", "train", "tasks", "models", "hsa", "nn", "lm", "attention", "mappings"}
     | _BASE,
     "": {"attention", "mappings", "nn", "models", "hsa", "train", "evaluate", "tasks", "report", "lm"} | _BASE,

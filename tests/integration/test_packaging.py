@@ -73,7 +73,7 @@ def test_config_of_another_task_is_refused(tmp_path, capsys):
         == "flip_flop"
     )
     bare = tmp_path / "bare.toml"
-    bare.write_text('[model]\nmethod = "softmax"\npositions = "nape"\n')
+    bare.write_text('[model.attention]\nmethod = "softmax"\npositions = "nape"\n')
     assert build_config("copy", config_file=str(bare))["task"]["name"] == "copy"
 
 
@@ -90,7 +90,7 @@ def test_config_of_another_task_is_refused(tmp_path, capsys):
         ("train.weight_decay=-0.1", "train.weight_decay must be a number >= 0"),
         ("train.grad_clip=inf", "train.grad_clip must be a finite number"),
         ("train.betas=[0.9, nan]", r"train.betas\[1\] must be a finite number"),
-        ("model.alpha=inf", "model.alpha must be a finite number, got inf"),
+        ("model.attention.alpha=inf", "model.attention.alpha must be a finite number, got inf"),
         ("model.init_std=nan", "model.init_std must be a finite number"),
         ("task.params.write_prob=nan", "task.params.write_prob must be a finite number"),
     ],
@@ -219,7 +219,7 @@ def test_wheel_install_runs_presets_from_another_folder(tmp_path):
         from longsparse_experiments import demo, figures, lm_study, study
         from longsparse_experiments.presets import presets_dir
         for (method, positions), cfg in demo.run_configs().items():    # the configs run_demo trains
-            assert cfg["model"]["method"] == method and cfg["task"]["name"] == demo.RECIPE["task"], cfg
+            assert cfg["model"]["attention"]["method"] == method and cfg["task"]["name"] == demo.RECIPE["task"], cfg
         lm = lm_study.load_study_config("quick")
         assert lm.study.methods, lm
         print(configs_dir(), presets_dir(), study.load_study("synthetic", quick=True).path, lm.data.dir,

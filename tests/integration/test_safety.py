@@ -296,7 +296,8 @@ def test_result_writers_go_through_the_atomic_helper():
 # ---- 10: nothing is created for a refused run ---------------------------------------------------------------
 @pytest.mark.parametrize(
     "bad",
-    ["train.lr=inf", "train.lr=nan", "model.alpha=inf"] + ([] if torch.cuda.is_available() else ["train.device=cuda"]),
+    ["train.lr=inf", "train.lr=nan", "model.attention.alpha=inf"]
+    + ([] if torch.cuda.is_available() else ["train.device=cuda"]),
 )
 def test_refused_run_creates_no_folder(tmp_path, capsys, bad):
     out = tmp_path / "run"
@@ -656,11 +657,16 @@ def test_nan_weights_are_a_bad_checkpoint_not_a_nan_query(fresh_run, capsys):
 @pytest.mark.parametrize(
     "setting, message",
     [
-        ("model.method=hsa", "'hsa' is an architecture, not a method: use --arch hsa"),
+        ("model.attention.method=hsa", "'hsa' is an architecture, not a method: use --arch hsa"),
         ("model.d_model=abc", "invalid model config: d_model must be an integer, got 'abc'"),
         ("model.n_heads=[1, 2]", "invalid model config: n_heads must be an integer, got [1, 2]"),
-        ("model.learn_alpha=1", "invalid model config: learn_alpha must be true or false, got 1"),
-        ("model.asentmax_delta=-1", "invalid model config: asentmax_delta must be a finite number >= 0, got -1"),
+        ("model.attention.learn_alpha=1", "invalid model config: attention.learn_alpha must be true or false, got 1"),
+        (
+            "model.attention.asentmax_delta=-1",
+            "invalid model config: attention.asentmax_delta must be a finite number >= 0, got -1",
+        ),
+        ("model.alpha=1.3", "model.alpha is now model.attention.alpha"),
+        ("model.attention=3", "model.attention must be a table of attention settings, got 3"),
     ],
 )
 def test_set_errors_name_the_setting(tmp_path, capsys, setting, message):

@@ -54,7 +54,7 @@ from longsparse.tasks.scoring import (
     score_result,
     sequence_tokens,
 )
-from longsparse.train.config import make_task, run_label
+from longsparse.train.config import attention_of, make_task, run_label
 from longsparse.train.rundir import RunDirError, checkpoint_path, environment, normalise, now, read_config
 
 FORMAT, VERSION = "longsparse-eval", 1
@@ -207,8 +207,8 @@ def evaluate_run(
         "task": cfg["task"]["name"],
         "task_preset": cfg["task"].get("preset"),
         "arch": cfg["model"].get("arch", DEFAULT_ARCH),
-        "method": cfg["model"]["method"],
-        "positions": cfg["model"]["positions"],
+        "method": attention_of(cfg)["method"],
+        "positions": attention_of(cfg)["positions"],
         "checkpoint": checkpoint,
         "checkpoint_step": extra.get("step"),
         "train_lengths": cfg["train"]["train_lengths"],

@@ -1,7 +1,7 @@
 """HSAConfig: every knob of the hierarchical sparse attention model (docs/method.md §8), validated, and
-round-trippable as a flat plain dict. Its token attention (method, positions, α, scalers, backend) is a
-``longsparse.nn.AttentionSettings``, the decoder's, its field ``attention`` (stored flat among its own fields:
-``longsparse.nn.config.stored_form``)."""
+round-trippable as a plain dict. Its token attention (method, positions, α, scalers, backend) is a
+``longsparse.nn.AttentionSettings``, the decoder's, its field ``attention`` (stored as the nested table
+``attention``: ``longsparse.nn.config.stored_form``)."""
 
 from __future__ import annotations
 
@@ -46,12 +46,10 @@ class HSAConfig:
       read; needs ``hsa_local``; landmark/encoder/selection fields are then unused).
     hsa_positions: nope (paper) | rope (absolute positions inside retrieved chunks).
     attention: the token attention of every layer, a ``longsparse.nn.AttentionSettings`` (one
-      ``longsparse.nn.Attention`` per layer, calling ``longsparse.attention``; its fields are stored flat among
-      this config's keys: method, positions, alpha, learn_alpha, max_alpha, adatemp_order, rope_theta,
-      nape_slopes, asentmax_*, ssmax_init, attn_chunk_size, attn_backend): ``method`` (mapping + length scaler)
-      in the sliding windows, the chunk encoder and inside retrieved chunks; ``positions`` in the sliding windows
-      and the chunk encoder (inside retrieved chunks: ``hsa_positions``). The stored key ``attn_topk`` is the
-      settings' ``topk`` (the k of the top-k mapping; ``topk`` here counts retrieved chunks). Defaults:
+      ``longsparse.nn.Attention`` per layer, calling ``longsparse.attention``; stored as the table ``attention``):
+      ``method`` (mapping + length scaler) in the sliding windows, the chunk encoder and inside retrieved chunks;
+      ``positions`` in the sliding windows and the chunk encoder (inside retrieved chunks: ``hsa_positions``);
+      ``attention.topk`` is the k of the top-k mapping (``topk`` here counts retrieved chunks). Defaults:
       softmax and RoPE, the model of [B]. Length scalers (ssmax, asentmax) see each query as attending to the
       keys it has: min(t + 1, window) in a sliding window, S + 1 in the chunk encoder, S in a retrieved chunk.
     length_scale: ASEntmax-style multiplier log(n_visible + 1)^γ of the retrieval query: none | fixed γ =
@@ -103,27 +101,10 @@ class HSAConfig:
         "select_warmup_topk",
         "hsa_local",
         "hsa_impl",
-        "rope_theta",
         "norm_eps",
         "init_std",
         "branch_gain",
-        "method",
-        "positions",
-        "alpha",
-        "learn_alpha",
-        "max_alpha",
-        "attn_topk",
-        "adatemp_order",
-        "nape_slopes",
-        "asentmax_init",
-        "asentmax_scaler",
-        "asentmax_delta",
-        "asentmax_gamma_range",
-        "ssmax_init",
-        "attn_chunk_size",
-        "attn_backend",
     )
-    ATTENTION_NAMES: ClassVar[dict] = {"topk": "attn_topk"}  # its own topk counts retrieved chunks
 
     vocab_size: int
     d_model: int = 128
@@ -239,7 +220,7 @@ class HSAConfig:
             raise ValueError(f"length_gamma must be >= 0, got {self.length_gamma}")
         if self.hsa_positions == "rope" and self.head_dim % 2:
             raise ValueError(f"hsa_positions='rope' needs an even head_dim, got {self.head_dim}")
-        self.attention.validate(self.n_heads, self.head_dim, names=self.ATTENTION_NAMES)
+        self.attention.validate(self.n_heads, self.head_dim)
         if self.norm_eps <= 0 or self.init_std <= 0:
             raise ValueError("norm_eps and init_std must be > 0")
         if (
@@ -266,8 +247,8 @@ class HSAConfig:
         )
 
     def to_dict(self) -> Dict[str, Any]:
-        """The stored form: every key of ``STORED_KEYS``, the settings' fields flat (``topk`` as ``attn_topk``)."""
-        return stored_form(self, self.STORED_KEYS, self.ATTENTION_NAMES)
+        """The stored form: every key of ``STORED_KEYS``, then ``attention``: every settings field."""
+        return stored_form(self, self.STORED_KEYS)
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "HSAConfig":

@@ -21,7 +21,9 @@ from torch import nn
 from longsparse.models.registry import DEFAULT_ARCH, architecture_of, get_architecture
 
 FORMAT = "longsparse-checkpoint"
-VERSION = 1
+# The layout of a checkpoint; 2: its model config in the stored form of run config schema 3 (the attention
+# settings as the table ``attention``). An older one is rewritten once by ``longsparse migrate``.
+VERSION = 2
 
 
 def save_checkpoint(
@@ -85,7 +87,9 @@ def read_checkpoint(path: str, map_location="cpu") -> Dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path}: not a longsparse checkpoint (missing format tag)")
     if payload.get("version") != VERSION:
-        raise ValueError(f"{path}: unsupported checkpoint version {payload.get('version')!r}")
+        older = isinstance(payload.get("version"), int) and payload["version"] < VERSION
+        hint = f": rewrite it once with `longsparse migrate {path}`" if older else ""
+        raise ValueError(f"{path}: unsupported checkpoint version {payload.get('version')!r}{hint}")
     for key in ("config", "model"):
         if not isinstance(payload.get(key), dict):
             raise ValueError(f"{path}: checkpoint has no {key!r} dict")

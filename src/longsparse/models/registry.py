@@ -30,8 +30,9 @@ class Architecture:
 
     config_path, model_path: ``"module:Class"`` of its config dataclass and of its model.
     label_keys: keys of the config's stored form that a run's label lists when they differ from the defaults
-    (``longsparse.train.run_label``). needles_path: ``"module:function"`` scoring needle retrieval of a trained
-    model on the RULER-style tasks (``longsparse.evaluate`` adds it to a length sweep), or None."""
+    (``longsparse.train.run_label``; ``attention.X`` a key of its attention table). needles_path:
+    ``"module:function"`` scoring needle retrieval of a trained model on the RULER-style tasks
+    (``longsparse.evaluate`` adds it to a length sweep), or None."""
 
     name: str
     summary: str
@@ -82,8 +83,8 @@ register_architecture(
         "longsparse.hsa.config:HSAConfig",
         "longsparse.hsa.model:HSAModel",
         label_keys=(
-            "method",
-            "positions",
+            "attention.method",
+            "attention.positions",
             "landmark",
             "fusion",
             "weights",

@@ -1,7 +1,7 @@
 """The configs of the decoder: ``AttentionSettings`` (how the token attentions of a model attend; every
 architecture's config holds one as its field ``attention``) and ``ModelConfig`` (the Gemma-2-style decoder),
-validated and round-trippable through their stored form (``stored_form``: a flat plain dict, the model section of
-a run config)."""
+validated and round-trippable through their stored form (``stored_form``: a plain dict, the model section of a run
+config: the config's own fields, and its settings as the nested table ``attention``)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from longsparse.nn.scalers import ASENTMAX_INITS, check_scaler_constants
 
 ADATEMP_ORDERS = ("original", "reversed")
 ASENTMAX_SCALERS = ("adaptive", "static")
+# The key of an architecture config's stored form that holds its ``AttentionSettings`` as a nested table.
+ATTENTION_KEY = "attention"
 
 
 def check_positive_int(name: str, value: Any) -> None:
@@ -30,8 +32,8 @@ def check_positive_int(name: str, value: Any) -> None:
 class AttentionSettings:
     """How the token attentions of a model attend (one ``longsparse.nn.Attention`` per layer, calling
     ``longsparse.attention``). Every architecture's config holds one as its field ``attention`` (its stored form
-    holds the fields flat: ``stored_form``): a new attention option is a field here, its check in ``validate``
-    and its use in ``longsparse.nn.Attention``.
+    holds them as its nested table ``attention``: ``stored_form``): a new attention option is a field here, its
+    check in ``validate`` and its use in ``longsparse.nn.Attention``.
 
     method: softmax | ssmax | adatemp | topk | entmax | sparsemax | asentmax (a mapping plus, for ssmax and
     asentmax, a per-query length scaler).
@@ -66,12 +68,12 @@ class AttentionSettings:
     attn_chunk_size: Optional[int] = None
     attn_backend: str = "auto"
 
-    def validate(self, n_heads: int, head_dim: int, names: Optional[Mapping[str, str]] = None) -> None:
-        """ValueError naming the first invalid setting, for layers of ``n_heads`` heads of size ``head_dim``.
-        names: the owning config's key of each field whose key differs from the field's name."""
+    def validate(self, n_heads: int, head_dim: int) -> None:
+        """ValueError naming the first invalid setting as its key in a stored model section (``attention.X``),
+        for layers of ``n_heads`` heads of size ``head_dim``."""
 
         def key(name: str) -> str:
-            return (names or {}).get(name, name)
+            return f"{ATTENTION_KEY}.{name}"
 
         check_positive_int(key("topk"), self.topk)
         if self.method not in METHODS:
@@ -116,34 +118,37 @@ class AttentionSettings:
 ATTENTION_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionSettings))
 
 
-def attention_keys(names: Mapping[str, str]) -> Dict[str, str]:
-    """{stored key: AttentionSettings field} of a config whose stored form names some settings fields otherwise
-    (``names``: field -> key, e.g. HSA's ``attn_topk``)."""
-    return {names.get(f, f): f for f in ATTENTION_FIELDS}
-
-
-def stored_form(config, keys: Sequence[str], names: Mapping[str, str]) -> Dict[str, Any]:
-    """The stored form (schema 2) of an architecture config: a flat dict of ``keys`` in that order, each its own
-    field or a field of its ``attention`` settings (under its key in ``names``)."""
-    settings = attention_keys(names)
-    return {k: getattr(config.attention, settings[k]) if k in settings else getattr(config, k) for k in keys}
+def stored_form(config, keys: Sequence[str]) -> Dict[str, Any]:
+    """The stored form (schema 3) of an architecture config: its own fields ``keys`` in that order, then
+    ``"attention"``: every field of its ``AttentionSettings`` (``ATTENTION_FIELDS``, in that order)."""
+    out = {k: getattr(config, k) for k in keys}
+    out[ATTENTION_KEY] = {f: getattr(config.attention, f) for f in ATTENTION_FIELDS}
+    return out
 
 
 def from_stored_form(cls, d: Any):
-    """The config ``cls`` (with ``STORED_KEYS`` and ``ATTENTION_NAMES``) of its stored form ``d``
-    (``stored_form``): unknown keys and values of the wrong type raise ValueError naming them; the settings keys
-    apply over the architecture's default settings (its ``attention`` default)."""
+    """The config ``cls`` (with ``STORED_KEYS``, its own fields) of its stored form ``d`` (``stored_form``):
+    unknown keys and values of the wrong type, in the config or its ``attention`` table, raise ValueError naming
+    them (``attention.X`` for a setting); the settings given apply over the architecture's default settings (its
+    ``attention`` default)."""
     if not isinstance(d, dict):
         raise ValueError(f"a {cls.__name__} must be built from a dict, got {type(d).__name__}")
-    unknown = sorted(set(d) - set(cls.STORED_KEYS))
+    unknown = sorted(set(d) - set(cls.STORED_KEYS) - {ATTENTION_KEY})
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
-    check_field_types(cls, d)
-    settings = attention_keys(cls.ATTENTION_NAMES)
-    own = {k: v for k, v in d.items() if k not in settings}
-    base = cls.__dataclass_fields__["attention"].default_factory()
-    attention = dataclasses.replace(base, **{settings[k]: v for k, v in d.items() if k in settings})
-    return cls(**own, attention=attention)
+        moved = [k for k in unknown if k in ATTENTION_FIELDS]
+        hint = f" ({', '.join(f'{k} is {ATTENTION_KEY}.{k}' for k in moved)})" if moved else ""
+        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}{hint}")
+    settings = d.get(ATTENTION_KEY, {})
+    if not isinstance(settings, dict):
+        raise ValueError(f"{ATTENTION_KEY} must be a table of attention settings, got {settings!r}")
+    unknown = sorted(set(settings) - set(ATTENTION_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown {ATTENTION_KEY} setting(s): {', '.join(f'{ATTENTION_KEY}.{k}' for k in unknown)}")
+    check_field_types(cls, {k: v for k, v in d.items() if k != ATTENTION_KEY})
+    check_field_types(AttentionSettings, settings, prefix=f"{ATTENTION_KEY}.")
+    base = cls.__dataclass_fields__[ATTENTION_KEY].default_factory()
+    own = {k: v for k, v in d.items() if k != ATTENTION_KEY}
+    return cls(**own, attention=dataclasses.replace(base, **settings))
 
 
 def own_attention(config) -> None:
@@ -169,16 +174,11 @@ def _field_kind(hint) -> tuple[Any, bool]:
     return (hint if hint in _KINDS else None), optional
 
 
-def check_field_types(cls, d: Mapping[str, Any]) -> None:
-    """ValueError naming the first key of ``d`` whose value has the wrong type for its field of ``cls`` (or, for an
-    architecture config's stored form, of its ``AttentionSettings``): ``d_model must be an integer, got 'abc'``,
-    before any arithmetic on it would fail with a Python operator error. A float field takes an integer; nothing
-    takes a bool but a bool field."""
+def check_field_types(cls, d: Mapping[str, Any], prefix: str = "") -> None:
+    """ValueError naming the first key of ``d`` (as ``prefix`` + key) whose value has the wrong type for its field
+    of ``cls``: ``d_model must be an integer, got 'abc'``, before any arithmetic on it would fail with a Python
+    operator error. A float field takes an integer; nothing takes a bool but a bool field."""
     hints = typing.get_type_hints(cls)
-    names = getattr(cls, "ATTENTION_NAMES", None)
-    if names is not None:
-        settings = typing.get_type_hints(AttentionSettings)
-        hints.update({key: settings[f] for key, f in attention_keys(names).items()})
     for key, value in d.items():
         kind, optional = _field_kind(hints.get(key))
         if kind is None or (value is None and optional):
@@ -190,7 +190,7 @@ def check_field_types(cls, d: Mapping[str, Any]) -> None:
         else:
             ok = isinstance(value, kind) and not isinstance(value, bool)
         if not ok:
-            raise ValueError(f"{key} must be {_KINDS[kind]}{' or null' if optional else ''}, got {value!r}")
+            raise ValueError(f"{prefix}{key} must be {_KINDS[kind]}{' or null' if optional else ''}, got {value!r}")
 
 
 @dataclass
@@ -198,7 +198,7 @@ class ModelConfig:
     """Gemma-2-style decoder (docs/method.md §4): its widths, and ``attention``, the ``AttentionSettings`` of its
     layers (defaults: 1.5-entmax, NAPE): ``ModelConfig(vocab_size=64, attention=AttentionSettings(method=
     "asentmax"))``, ``cfg.attention.method``. The stored form (``to_dict``, the model section of a run config)
-    holds the settings' fields flat among its own, in the order ``STORED_KEYS``.
+    holds its own fields in the order ``STORED_KEYS``, then the settings as the table ``attention``.
 
     head_dim: default d_model // n_heads. norm_eps: the RMSNorms' ε. init_std: the std of the normal init of
     every projection and embedding.
@@ -211,26 +211,9 @@ class ModelConfig:
         "n_heads",
         "head_dim",
         "d_ff",
-        "method",
-        "positions",
-        "alpha",
-        "learn_alpha",
-        "max_alpha",
-        "topk",
-        "adatemp_order",
-        "rope_theta",
-        "nape_slopes",
-        "asentmax_init",
-        "asentmax_scaler",
-        "asentmax_delta",
-        "asentmax_gamma_range",
-        "ssmax_init",
         "norm_eps",
         "init_std",
-        "attn_chunk_size",
-        "attn_backend",
     )
-    ATTENTION_NAMES: ClassVar[dict] = {}
 
     vocab_size: int
     d_model: int = 256
@@ -256,10 +239,11 @@ class ModelConfig:
             raise ValueError("norm_eps and init_std must be > 0")
 
     def to_dict(self) -> Dict[str, Any]:
-        """The stored form: every key of ``STORED_KEYS``, the settings' fields flat."""
-        return stored_form(self, self.STORED_KEYS, self.ATTENTION_NAMES)
+        """The stored form: every key of ``STORED_KEYS``, then ``attention``: every settings field."""
+        return stored_form(self, self.STORED_KEYS)
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "ModelConfig":
-        """The config of its stored form (``to_dict``); strict: unknown keys raise ValueError naming them."""
+        """The config of its stored form (``to_dict``); strict: unknown keys and values of the wrong type raise
+        ValueError naming them; a key left out takes its default."""
         return from_stored_form(cls, d)

@@ -4,7 +4,7 @@
 
 A record is one run's evaluation::
 
-    {"format": "longsparse-record", "version": 1,
+    {"format": "longsparse-record", "version": 2,
      "study": "mqmtar_inline", "run": "mqmtar_inline/softmax-nape-s0",          # the run's identity
      "task": "mqmtar_inline", "preset": "cpu", "method": "softmax", "positions": "nape", "seed": 0,
      "config_hash": "5875a60a4e5c7998",       # the run config's hash (None: not recorded)
@@ -40,7 +40,9 @@ from typing import Any, Optional
 from longsparse.io import atomic_append_jsonl, read_jsonl, warn_stderr
 
 RECORD_FORMAT = "longsparse-record"
-RECORD_VERSION = 1
+# 2: a record's run ``config`` (where it holds one) is in run config schema 3, its ``config_hash`` that config's
+# hash and ``legacy_hash`` the hash it was filed under before; `longsparse migrate` rewrites version 1 once.
+RECORD_VERSION = 2
 ARCHIVE_FORMAT = "longsparse-reproduce"
 RECORDS_NAME = "records.jsonl"
 ARCHIVE_NAME = "results.json"

@@ -43,7 +43,7 @@ from longsparse.io import is_temp_name
 from longsparse.models import load_checkpoint, save_checkpoint
 from longsparse.tasks import IGNORE_INDEX, Batch
 from longsparse.train import fsdp
-from longsparse.train.config import ConfigError, RunConfig, TrainConfig
+from longsparse.train.config import ConfigError, RunConfig, TrainConfig, attention_of
 from longsparse.train.distributed import Dist, rank_rows
 from longsparse.train.objectives import objective_of
 from longsparse.train.rundir import (
@@ -179,8 +179,8 @@ class Trainer:
             if resuming and d.main:  # killed before the first checkpoint: start over, drop its records
                 trim_metrics(out, 0)
             self.log(
-                f"[{now()}] new run {out}: task={self.task.name} method={self.cfg['model']['method']} "
-                f"positions={self.cfg['model']['positions']} params={self.model.num_parameters():,} "
+                f"[{now()}] new run {out}: task={self.task.name} method={attention_of(self.cfg)['method']} "
+                f"positions={attention_of(self.cfg)['positions']} params={self.model.num_parameters():,} "
                 f"steps={tr.steps} batch={tr.batch_size} ranks={d.world} device={self.device}"
                 + (f" compiled ({self.loss_fn.mode or 'default'} mode)" if self.loss_fn is not None else "")
             )

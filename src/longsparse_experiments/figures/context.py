@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional
 
 from longsparse.io import read_jsonl
+from longsparse.train.config import attention_of
 
 ALPHAS = (1.25, 1.5, 2.0)
 
@@ -113,7 +114,7 @@ def load_run(run: Path):
 
 
 def run_label(cfg: Mapping) -> str:
-    m = cfg["model"]
+    m = attention_of(cfg)
     lab = f"{m['method']}/{m['positions']}"
     if m["method"] in ("entmax", "asentmax") and float(m.get("alpha", 1.5)) != 1.5:
         lab += f" (α={m['alpha']})"

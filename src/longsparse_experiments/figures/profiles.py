@@ -8,6 +8,7 @@ from typing import List
 
 import torch
 
+from longsparse.train.config import attention_of
 from longsparse_experiments.figures.context import Context, Figure, long_example
 from longsparse_experiments.figures.style import color_cycle, plot_note, pyplot, save
 
@@ -98,7 +99,7 @@ def figure(ctx: Context) -> Figure:
     length = QUICK_LENGTH if ctx.quick else LENGTH
     res = []
     for m in ctx.models:
-        if m["cfg"]["model"]["method"] == "entmax":
+        if attention_of(m["cfg"])["method"] == "entmax":
             ids = long_example(m["cfg"], length, batch_size=1, seed=0)
             res.append({"label": m["label"], "run": m["dir"], "layers": attention_profiles(m["model"], ids)})
     d = {
@@ -106,7 +107,7 @@ def figure(ctx: Context) -> Figure:
         "runs": res,
         "train_lengths": ctx.train_lengths,
         "length": length,
-        "models": [x for x in ctx.meta if x["model"]["method"] == "entmax"],
+        "models": [x for x in ctx.meta if attention_of(x)["method"] == "entmax"],
     }
     summ = {
         r["label"]: {

@@ -9,6 +9,7 @@ from typing import Sequence
 
 import torch
 
+from longsparse.train.config import attention_of
 from longsparse_experiments.figures.context import Context, Figure, long_example
 from longsparse_experiments.figures.profiles import distance_bins
 from longsparse_experiments.figures.style import color_cycle, plot_note, pyplot, save
@@ -160,7 +161,7 @@ def figure(ctx: Context) -> Figure:
     length = QUICK_LENGTH if ctx.quick else LENGTH
     res = []
     for m in ctx.models:
-        if m["cfg"]["model"]["method"] in SCALED_METHODS:
+        if attention_of(m["cfg"])["method"] in SCALED_METHODS:
             b = long_example(m["cfg"], length, batch_size=2 if ctx.quick else 4, seed=0, batch=True)
             res.append({"label": m["label"], "run": m["dir"], **learned_scales(m["model"], b)})
     d = {
@@ -168,7 +169,7 @@ def figure(ctx: Context) -> Figure:
         "runs": res,
         "train_lengths": ctx.train_lengths,
         "length": length,
-        "models": [x for x in ctx.meta if x["model"]["method"] in SCALED_METHODS],
+        "models": [x for x in ctx.meta if attention_of(x)["method"] in SCALED_METHODS],
     }
     summ = {}
     for r in res:

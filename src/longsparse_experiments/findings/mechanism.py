@@ -36,6 +36,7 @@ import torch
 from longsparse.io import atomic_write_bytes, atomic_write_text, claim_outputs
 from longsparse.report.paired import t_mean_interval
 from longsparse.tasks import IGNORE_INDEX
+from longsparse.train.config import attention_of
 
 WRITER = "longsparse findings mechanism"
 #: The lengths (tokens) and examples per length of the first look (docs/reports/2026-11-27-mechanism-first-look.md).
@@ -166,7 +167,7 @@ def measure(run_dirs: Sequence[str], out: str | Path, stream: int, lengths: dict
         task = make_task(cfg["task"])
         r = data["runs"].setdefault(
             str(run_dir),
-            {"step": int(extra["step"]), "method": cfg["model"]["method"], "seed": cfg["train"]["seed"]},
+            {"step": int(extra["step"]), "method": attention_of(cfg)["method"], "seed": cfg["train"]["seed"]},
         )
         for L, n in lengths.items():
             if str(L) in r:

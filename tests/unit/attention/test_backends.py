@@ -21,6 +21,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 from helpers.attention_grid import BIASES, HEADS, MAPPINGS, MASKS, ROWS, B, D, H, N, grid_case, run_with_grads
+from helpers.configs import decoder_section
 
 import longsparse as ls
 from longsparse.attention import BACKENDS, policy
@@ -449,18 +450,18 @@ def test_the_mappings_are_imported_from_their_own_package():
 
 
 def test_model_config_names_a_backend():
-    with pytest.raises(ValueError, match="unknown attn_backend 'flash'"):
-        ModelConfig.from_dict(dict(vocab_size=10, attn_backend="flash"))
+    with pytest.raises(ValueError, match="unknown attention.attn_backend 'flash'"):
+        ModelConfig.from_dict(decoder_section(vocab_size=10, attn_backend="flash"))
     cfg = dict(vocab_size=20, d_model=32, n_heads=4, n_layers=1, d_ff=64, method="entmax")
     ids = torch.randint(0, 20, (2, 12))
     torch.manual_seed(0)
-    auto = Transformer(ModelConfig.from_dict(cfg))
+    auto = Transformer(ModelConfig.from_dict(decoder_section(**cfg)))
     for name in ("reference", "chunked"):
-        model = Transformer(ModelConfig.from_dict(dict(**cfg, attn_backend=name)))
+        model = Transformer(ModelConfig.from_dict(decoder_section(**cfg, attn_backend=name)))
         model.load_state_dict(auto.state_dict())
         assert ModelConfig.from_dict(model.cfg.to_dict()).attention.attn_backend == name
         torch.testing.assert_close(model(ids), auto(ids), atol=1e-5, rtol=1e-5)
-    model = Transformer(ModelConfig.from_dict(dict(**cfg, attn_backend="sdpa")))
+    model = Transformer(ModelConfig.from_dict(decoder_section(**cfg, attn_backend="sdpa")))
     with pytest.raises(ValueError, match="'sdpa' cannot take this call: mapping 'entmax'"):
         model(ids)
 

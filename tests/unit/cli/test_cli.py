@@ -75,7 +75,7 @@ def test_print_config_and_presets(capsys):
         == 0
     )
     cfg = json.loads(capsys.readouterr().out)
-    assert cfg["train"]["lr"] == 3e-4 and cfg["model"]["method"] == "softmax"
+    assert cfg["train"]["lr"] == 3e-4 and cfg["model"]["attention"]["method"] == "softmax"
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
     assert "mqmtar" in out and "cpu, paper" in out

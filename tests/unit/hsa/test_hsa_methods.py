@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def make(seed=0, dtype=torch.float64, **kw) -> HSAModel:
     torch.manual_seed(seed)
-    m = HSAModel(tiny_hsa(**{"attn_topk": 2, **kw})).to(dtype).eval()  # attn_topk: the k of the top-k method
+    m = HSAModel(tiny_hsa(**{"attention": {"topk": 2}, **kw})).to(dtype).eval()  # the k of the top-k method
     with torch.no_grad():  # scalers away from their init and α per head away from 1.5
         for name, p in m.named_parameters():
             if "scaler" in name or "learned_alpha" in name:

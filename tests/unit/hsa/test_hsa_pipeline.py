@@ -44,7 +44,7 @@ def test_hsa_config_resolution():
     cfg = tiny(extra=["model.fusion=standard", "model.landmark=mean", "model.encoder_layers=0"])
     m = cfg["model"]
     assert m["arch"] == "hsa" and m["fusion"] == "standard"
-    assert (m["method"], m["positions"]) == ("softmax", "rope")  # the token attention of [B] by default
+    assert (m["attention"]["method"], m["attention"]["positions"]) == ("softmax", "rope")  # [B]'s, by default
     assert "n_layers" not in m  # the Transformer's [model] table is not used
     label = run_label(cfg)  # hsa + the switches that differ from HSAConfig's defaults
     assert label.startswith("hsa[") and "landmark=mean" in label and "fusion=standard" in label
@@ -56,10 +56,11 @@ def test_hsa_config_resolution():
         tiny(extra=["model.n_layers=3"])
     # the same preset still builds the baselines
     base = build_config("passkey", preset="cpu", method="softmax", steps=2)
-    assert base["model"]["method"] == "softmax" and "n_layers" in base["model"] and "arch" not in base["model"]
+    assert base["model"]["attention"]["method"] == "softmax" and "n_layers" in base["model"]
+    assert "arch" not in base["model"]
     # method and positions are the token attention of HSA too: the preset's per-method table applies
     asn = build_config("passkey", preset="cpu", arch="hsa", method="asentmax", steps=2, sets=TINY)
-    assert (asn["model"]["method"], asn["model"]["positions"]) == ("asentmax", "nape")
+    assert (asn["model"]["attention"]["method"], asn["model"]["attention"]["positions"]) == ("asentmax", "nape")
     assert run_label(asn).startswith("hsa[method=asentmax,positions=nape")
 
 

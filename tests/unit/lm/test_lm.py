@@ -124,7 +124,8 @@ def test_committed_sample_and_real_corpus_manifest():
 def test_loss_by_position_matches_brute_force(method):
     torch.manual_seed(0)
     model = build_model(
-        {"d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 32, "method": method, "positions": "nape"}, 50
+        {"d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 32, "attention": {"method": method, "positions": "nape"}},
+        50,
     )
     stream = torch.randint(0, 50, (200,), generator=torch.Generator().manual_seed(1))
     fast = loss_by_position(model, stream, 12, 3)

@@ -16,12 +16,20 @@ import pytest
 from helpers.paths import DATA, REPO_ROOT
 
 from longsparse.cli import main
-from longsparse.migrate import MigrateError, convert_file, migrate, migrate_run_config
+from longsparse.migrate import (
+    MigrateError,
+    convert_file,
+    flat_attention,
+    migrate,
+    migrate_run_config,
+    nest_attention,
+    schema2_hash,
+)
 from longsparse.models import read_checkpoint
 from longsparse.report import PNG_KEY, PNG_VALUE, png_text
 from longsparse.train import ConfigError, build_config, resolve
 from longsparse.train.config import SCHEMA_VERSION, RunConfig, config_hash, run_identity
-from longsparse.train.rundir import RunDirError, check_run_dir
+from longsparse.train.rundir import RunDirError, check_run_dir, normalise
 
 LEGACY = DATA / "hsa_legacy"
 ROOT = REPO_ROOT
@@ -58,11 +66,11 @@ def test_resolved_configs_carry_the_schema_version_outside_their_hash():
     "change, message",
     [
         (
-            {"schema_version": 1},
-            r"schema_version 1; this longsparse reads 2: rewrite the file once with `longsparse migrate",
+            {"schema_version": 2},
+            r"schema_version 2; this longsparse reads 3: rewrite the file once with `longsparse migrate",
         ),
-        ({"schema_version": 3}, r"schema_version 3, newer than this longsparse reads \(2\)"),
-        ({"schema_version": "2"}, r"schema_version must be an integer, got '2'"),
+        ({"schema_version": 4}, r"schema_version 4, newer than this longsparse reads \(3\)"),
+        ({"schema_version": "3"}, r"schema_version must be an integer, got '3'"),
         ({"legacy_hash": "xyz"}, r"legacy_hash must be a 16-digit hex config hash, got 'xyz'"),
         ({"extra": {}}, r"unknown config section\(s\) \['extra'\]"),
     ],
@@ -91,13 +99,13 @@ def test_an_hsa_config_of_older_code_is_rewritten_with_the_hash_it_had(tmp_path)
     new = migrate_run_config(old)
     m = new["model"]
     assert new["schema_version"] == SCHEMA_VERSION
-    assert (m["arch"], m["method"], m["positions"]) == ("hsa", "softmax", "rope")  # the attention HSA then had
+    assert (m["arch"], m["attention"]["method"], m["attention"]["positions"]) == ("hsa", "softmax", "rope")
     # the hash it had is the one its checkpoint recorded; its hash now is another one
     recorded = read_checkpoint(str(LEGACY / "run" / "checkpoints" / "last.pt"))["extra"]["config_hash"]
     assert new["legacy_hash"] == config_hash(old) == recorded != config_hash(new)
     assert run_identity(resolve(new)) == run_identity(new) and migrate_run_config(new) == new  # a fixed point
     assert all(new[s][k] == v for s in ("task", "train") for k, v in old[s].items())  # as they were
-    with pytest.raises(ConfigError, match="`longsparse migrate FILE` rewrites it"):
+    with pytest.raises(ConfigError, match="`longsparse migrate FILE` rewrites a run config of older code"):
         resolve(old)  # only the migration reads the older form
     # the file as the command writes it; a second run leaves it byte-identical
     path = tmp_path / "config.json"
@@ -120,6 +128,131 @@ def test_a_config_in_todays_form_without_a_version_gets_only_the_version(tmp_pat
     got = json.loads(path.read_text())
     assert got == {**bare, "schema_version": SCHEMA_VERSION} and "legacy_hash" not in got
     assert migrate([tmp_path]) == {}
+
+
+def _schema2(cfg: dict) -> dict:
+    """A resolved config of today as the code of schema 2 wrote it: its attention settings flat."""
+    return {**cfg, "schema_version": 2, "model": flat_attention(cfg["model"])}
+
+
+@pytest.mark.parametrize("arch", ["transformer", "hsa"])
+def test_a_schema2_config_gets_its_attention_nested_and_keeps_the_hash_it_had(tmp_path, arch):
+    task = "copy" if arch == "transformer" else "passkey"
+    cfg = build_config(task, arch=arch, method="entmax", positions="alibi", steps=2, sets=["model.attention.topk=5"])
+    old = _schema2(cfg)
+    if arch == "hsa":  # schema 2 named the top-k mapping's k attn_topk beside HSA's own topk (retrieved chunks)
+        assert (old["model"]["attn_topk"], old["model"]["topk"]) == (5, cfg["model"]["topk"])
+    assert old["model"]["method"] == "entmax" and "attention" not in old["model"]
+    # the hash schema-2 code filed it under: its identity, which left out model.attn_backend (a run folder's
+    # config.json, which holds the identity only, hashes to it as it is)
+    filed = schema2_hash(cfg)
+    assert config_hash(_schema2(normalise(cfg))) == filed != config_hash(cfg)
+    new = migrate_run_config(old)
+    assert new == {**normalise(cfg), "legacy_hash": filed}  # as a run folder's config.json holds it
+    assert config_hash(new) == config_hash(cfg) and schema2_hash(new) == filed
+    assert migrate_run_config(new) == new  # a fixed point
+    with pytest.raises(ConfigError, match=r"schema_version 2; this longsparse reads 3"):
+        resolve(old)
+    # a config migrated before (schema 1 -> 2) keeps the hash it was first filed under
+    first = {**old, "legacy_hash": "0123456789abcdef"}
+    assert migrate_run_config(first)["legacy_hash"] == "0123456789abcdef"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
+    assert list(migrate([tmp_path])) == [path] and json.loads(path.read_text()) == new
+    assert migrate([tmp_path]) == {}
+    with pytest.raises(ConfigError, match=r"model.method is now model.attention.method"):
+        resolve({k: v for k, v in old.items() if k != "schema_version"})  # the flat form without its version
+
+
+def test_the_legacy_hsa_run_folder_keeps_the_hash_of_schema_1():
+    """tests/data/hsa_legacy/run/config.json, migrated 1 -> 2 and then 2 -> 3: its legacy_hash stays the hash
+    its checkpoint was saved under (schema 1), which the trainer accepts."""
+    stored = json.loads((LEGACY / "run" / "config.json").read_text())
+    old = json.loads((LEGACY / "config_schema1.json").read_text())
+    assert stored["schema_version"] == SCHEMA_VERSION and stored["legacy_hash"] == config_hash(old)
+    assert stored == migrate_run_config(old) and "method" in stored["model"]["attention"]
+    assert RunConfig.from_dict(stored).legacy_hash == config_hash(old)
+
+
+def test_a_flat_key_in_a_set_a_preset_or_an_override_is_refused_naming_the_new_key(tmp_path, capsys):
+    msg = r"model.alpha is now model.attention.alpha"
+    with pytest.raises(ConfigError, match=msg):
+        build_config("copy", sets=["model.alpha=1.3"])
+    with pytest.raises(ConfigError, match=msg):
+        build_config("copy", overrides={"model": {"alpha": 1.3}})
+    with pytest.raises(ConfigError, match=r"model.attn_topk is now model.attention.topk"):
+        build_config("passkey", arch="hsa", sets=["model.attn_topk=3"])
+    assert build_config("passkey", arch="hsa", sets=["model.topk=3"], steps=2)["model"]["topk"] == 3  # HSA's own
+    preset = tmp_path / "p.toml"
+    preset.write_text('[task]\nname = "copy"\n[model]\nmethod = "softmax"\n')
+    with pytest.raises(ConfigError, match=rf"{preset}: model.method is now model.attention.method"):
+        build_config("copy", config_file=str(preset))
+    assert main(["train", "--task", "copy", "--set", "model.alpha=1.3", "--out", str(tmp_path / "r")]) == 2
+    assert "model.alpha is now model.attention.alpha" in _err_line(capsys) and not (tmp_path / "r").exists()
+    assert build_config("copy", sets=["model.attention.alpha=1.3"])["model"]["attention"]["alpha"] == 1.3
+
+
+def test_a_schema2_record_gets_its_config_nested_and_its_hash_with_the_old_one_kept(tmp_path):
+    """A store record of version 1 holding its run config (as the HSA study records) gets the config in today's
+    form, config_hash the hash of that config and legacy_hash the one it was filed under; a record without a
+    config keeps its hash (the schema-2 identity, matched by schema2_hash); a second run writes nothing."""
+    from longsparse.report.store import RECORD_VERSION, new_record, read_records
+
+    cfg = build_config("copy", method="entmax", positions="nape", steps=2)
+    old_cfg = _schema2(cfg)
+    common = dict(
+        study="s",
+        method="entmax",
+        positions="nape",
+        seed=0,
+        results=[{"checkpoint": "last", "length": 8, "n": 2, "exact_match": 0.5}],
+    )
+    with_config = {**new_record(run="s/a", config_hash=schema2_hash(cfg), **common), "config": old_cfg}
+    bare = new_record(run="s/b", config_hash=schema2_hash(cfg), **common)
+    store = tmp_path / "records.jsonl"
+    store.write_text("".join(json.dumps({**r, "version": 1}) + "\n" for r in (with_config, bare)))
+    assert list(migrate([tmp_path])) == [store]
+    a, b = read_records(tmp_path)
+    assert a["version"] == b["version"] == RECORD_VERSION == 2
+    assert a["config"] == migrate_run_config(old_cfg) and a["config_hash"] == config_hash(cfg)
+    assert a["legacy_hash"] == b["config_hash"] == schema2_hash(cfg) and "legacy_hash" not in b
+    written = store.read_bytes()
+    assert migrate([tmp_path]) == {} and store.read_bytes() == written
+    store.write_text(json.dumps({**bare, "version": 9}) + "\n")
+    with pytest.raises(MigrateError, match=r"record 1 has version 9, not one this longsparse knows"):
+        migrate([tmp_path])
+
+
+def test_an_archived_store_keeps_every_hash_it_had_as_legacy_hash(tmp_path):
+    """A copy of a committed store whose records hold their configs (results/hsa): after migrate every record's
+    legacy_hash (or, where the hash did not change, its config_hash) is the hash it had before."""
+    src = ROOT / "results" / "hsa" / "records.jsonl"
+    before = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+    old_form = [{**r, "version": 1, "config": _schema2(r["config"])} if r["version"] == 2 else r for r in before]
+    for r, o in zip(before, old_form):  # the committed store migrated, or the one before its migration
+        if r["version"] == 2 and "legacy_hash" not in r:
+            o["config_hash"] = schema2_hash(r["config"])
+        elif r["version"] == 2:
+            o["config_hash"] = r["legacy_hash"]
+            o.pop("legacy_hash")
+    store = tmp_path / "records.jsonl"
+    store.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in old_form))
+    migrate([tmp_path])
+    after = [json.loads(line) for line in store.read_text().splitlines()]
+    assert len(after) == len(old_form) > 0
+    for o, n in zip(old_form, after):
+        assert n.get("legacy_hash", n["config_hash"]) == o["config_hash"]
+        assert n["config_hash"] == config_hash(n["config"]) and n["config"]["schema_version"] == SCHEMA_VERSION
+    assert after == before  # the committed store is the migrated one
+
+
+def test_an_older_study_tables_flat_attention_sets_are_read_nested():
+    from longsparse.migrate import read_study_sets
+
+    table = read_study_sets("f.toml", "study #1", {"sets": ["model.alpha=1.3", "model.d_model=64", "train.steps=5"]})
+    assert table == {"overrides": {"model": {"d_model": 64, "attention": {"alpha": 1.3}}, "train": {"steps": 5}}}
+    methods = read_study_sets("f.toml", "study #1", {"method_sets": {"entmax": ["model.positions=rope"]}})
+    assert methods == {"method_overrides": {"entmax": {"model": {"attention": {"positions": "rope"}}}}}
 
 
 # ------------------------------------------------------------------------------------- stores, archives, reports
@@ -147,7 +280,12 @@ def test_a_sharded_checkpoints_state_of_older_code_is_upgraded_once_and_the_lega
     from longsparse.migrate import ADDED_KEYS
     from longsparse.train.state import RECORD_KEYS, STATE_KEYS, split_extra
 
-    legacy = read_checkpoint(str(LEGACY / "run" / "checkpoints" / "last.pt"))["extra"]  # older code's layout
+    # the committed legacy run's checkpoint as its code wrote it: checkpoint version 1, the model config flat,
+    # the training state without the keys added since (the committed file is migrated: it has them, as added)
+    committed = torch.load(LEGACY / "run" / "checkpoints" / "last.pt", weights_only=True)
+    legacy = {k: v for k, v in committed["extra"].items() if k not in ADDED_KEYS}
+    assert all(committed["extra"][k] == v for k, v in ADDED_KEYS.items())
+    old_payload = {**committed, "version": 1, "config": flat_attention(committed["config"], "hsa"), "extra": legacy}
     assert set(ADDED_KEYS) == set(STATE_KEYS) - set(legacy)
     with pytest.raises(ValueError, match=r"`longsparse migrate here` rewrites it once"):
         split_extra(legacy, "here")
@@ -167,10 +305,13 @@ def test_a_sharded_checkpoints_state_of_older_code_is_upgraded_once_and_the_lega
     run = tmp_path / "legacy"
     shutil.copytree(LEGACY / "run", run)
     last = run / "checkpoints" / "last.pt"
+    torch.save(old_payload, last)
     assert list(migrate([run])) == [last]
-    old, got = read_checkpoint(str(LEGACY / "run" / "checkpoints" / "last.pt")), read_checkpoint(str(last))
-    assert all(torch.equal(got["model"][k], w) for k, w in old["model"].items()) and got["config"] == old["config"]
+    got = read_checkpoint(str(last))
+    assert all(torch.equal(got["model"][k], w) for k, w in old_payload["model"].items())
+    assert got["config"] == committed["config"] == nest_attention(old_payload["config"], "hsa")
     assert got["extra"]["config_hash"] == legacy["config_hash"]  # the hash its config had, kept
+    assert torch.load(LEGACY / "run" / "checkpoints" / "last.pt", weights_only=True)["version"] == 2
     for bad in ({**legacy, "momentum": 1}, {k: v for k, v in legacy.items() if k != "best"}):
         torch.save(bad, extra)
         before = extra.read_bytes()
@@ -248,7 +389,7 @@ def test_a_report_folder_of_older_code_gets_its_markers(tmp_path):
         (
             "config.json",
             json.dumps({"task": {"name": "copy"}, "model": {"method": "entmax15"}}),
-            r"config.json: cannot be read in schema 2: unknown method 'entmax15'",
+            r"config.json: cannot be read in schema 3: unknown method 'entmax15'",
         ),
     ],
 )

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers.configs import decoder_section
 
 from longsparse.models import load_checkpoint, read_checkpoint, save_checkpoint
 from longsparse.nn import EntmaxMultiheadAttention, ModelConfig, Transformer
@@ -10,7 +11,7 @@ from longsparse.nn import EntmaxMultiheadAttention, ModelConfig, Transformer
 def _model(**kw):
     cfg = dict(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_ff=32, method="asentmax", positions="nape")
     cfg.update(kw)
-    return Transformer(ModelConfig.from_dict(cfg))
+    return Transformer(ModelConfig.from_dict(decoder_section(**cfg)))
 
 
 def test_checkpoint_roundtrip(tmp_path):

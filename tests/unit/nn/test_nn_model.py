@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from helpers.configs import decoder_section
 
 from longsparse.nn import METHODS, POSITIONS, ModelConfig, Transformer, capture
 
@@ -14,7 +15,7 @@ V = 23
 def tiny(method, positions, **kw):
     base = dict(vocab_size=V, d_model=32, n_layers=2, n_heads=4, d_ff=64, method=method, positions=positions, topk=4)
     base.update(kw)
-    return ModelConfig.from_dict(base)
+    return ModelConfig.from_dict(decoder_section(**base))
 
 
 @pytest.mark.parametrize("method,positions", COMBOS)
@@ -116,9 +117,9 @@ def test_eos_fills_rest():
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="unknown method"):
+    with pytest.raises(ValueError, match="unknown attention.method .flash."):
         tiny("flash", "nape")
-    with pytest.raises(ValueError, match="unknown positions"):
+    with pytest.raises(ValueError, match="unknown attention.positions .xpos."):
         tiny("entmax", "xpos")
     with pytest.raises(ValueError, match="even n_heads"):
         tiny("entmax", "nape", n_heads=3)

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.configs import decoder_section
 
 from longsparse.nn import (
     ASEntmaxScaler,
@@ -143,7 +144,7 @@ def test_attention_map_matches_bruteforce(method, positions):
     """The layer's attention map = mapping((s_i q_i)·k_j/√d − m_h(i − j)), scale only on the scalable heads."""
     torch.manual_seed(1)
     cfg = ModelConfig.from_dict(
-        dict(
+        decoder_section(
             vocab_size=11,
             d_model=16,
             n_layers=1,

@@ -119,7 +119,13 @@ def lm_config(cache, **train):
             "name": "lm",
             "params": {"corpus": "sample", "tokenizer_vocab": 320, "passkey_frac": 0.25, "cache_dir": cache},
         },
-        "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "method": "asentmax", "positions": "nape"},
+        "model": {
+            "d_model": 16,
+            "n_layers": 1,
+            "n_heads": 2,
+            "d_ff": 32,
+            "attention": {"method": "asentmax", "positions": "nape"},
+        },
         "train": {
             "steps": 4,
             "batch_size": 4,
@@ -162,7 +168,7 @@ def test_run_config_round_trips_and_keeps_the_identity(cache):
         run = RunConfig.from_dict(cfg)
         assert run.as_dict() == cfg and run.hash == config_hash(cfg)
         assert isinstance(run.train, TrainConfig) and run.train.lr == cfg["train"]["lr"]
-        assert run.model.attention.method == cfg["model"]["method"]
+        assert run.model.attention.method == cfg["model"]["attention"]["method"]
     with pytest.raises(ConfigError, match="unknown train key"):
         RunConfig.from_dict({**lm_config(cache), "train": {"stepz": 3}})
 

@@ -202,7 +202,7 @@ def test_different_config_is_refused_and_nothing_changes(tiny_run):
         steps=6,
         sets=TINY + ["train.val_lengths=[16]", "train.ckpt_every=3"],
     )
-    with pytest.raises(RunDirError, match=r"DIFFERENT config(.|\n)*model.method: 'softmax' -> 'entmax'"):
+    with pytest.raises(RunDirError, match=r"DIFFERENT config(.|\n)*model.attention.method: 'softmax' -> 'entmax'"):
         train(other, str(out), printer=lambda s: None)
     p = _cli(["train", "--task", "two_back", "--out", str(out), "--steps", "7"], check=False)
     assert p.returncode == 2 and "DIFFERENT config" in p.stderr and "train.steps: 6 -> 7" in p.stderr
@@ -288,7 +288,7 @@ def test_every_preset_resolves():
     for task in TASKS:
         for preset in ("cpu", "paper"):
             cfg = build_config(task, preset=preset)
-            assert cfg["task"]["name"] == task and cfg["model"]["method"] == "asentmax"
+            assert cfg["task"]["name"] == task and cfg["model"]["attention"]["method"] == "asentmax"
     paper = build_config("mqmtar", preset="paper")
     assert (
         paper["model"]["n_layers"],
@@ -617,6 +617,47 @@ def test_a_checkpoint_saved_under_the_configs_legacy_hash_resumes(reference_run,
     migrated = json.loads((out / "config.json").read_text()) | {"legacy_hash": "1" * 16}
     (out / "config.json").write_text(json.dumps(migrated))
     train(migrated, str(out), printer=lambda s: None)
+    _same_weights(ref / "checkpoints" / "last.pt", last)
+
+
+def test_a_run_folder_of_schema_2_is_refused_then_migrated_and_resumes_bit_for_bit(reference_run, tmp_path):
+    """A run folder as the code of run config schema 2 wrote it, built here from one stopped at step 3: config.json
+    with the attention settings flat, last.pt of checkpoint version 1 (the model config flat) saved under the
+    schema-2 hash. Training refuses it naming `longsparse migrate`; migrated (once: a second run leaves every
+    file byte-identical), the config keeps that hash as `legacy_hash` and the run resumes to the weights of an
+    uninterrupted run."""
+    from longsparse.cli import main as cli_main
+    from longsparse.migrate import flat_attention, schema2_hash
+
+    ref, cfg = reference_run
+    out, last = _stopped_at_3(tmp_path, cfg)
+    stored = json.loads((out / "config.json").read_text())
+    old_cfg = {**stored, "schema_version": 2, "model": flat_attention(stored["model"])}
+    (out / "config.json").write_text(json.dumps(old_cfg, indent=2, sort_keys=True) + "\n")
+    payload = torch.load(last, weights_only=True)
+    old_hash = schema2_hash(stored)
+    assert old_hash != config_hash(stored)
+    extra = {**payload["extra"], "config_hash": old_hash}
+    torch.save({**payload, "version": 1, "config": flat_attention(payload["config"]), "extra": extra}, last)
+    best = out / "checkpoints" / "best.pt"
+    best_payload = torch.load(best, weights_only=True)
+    best_extra = {**best_payload["extra"], "config_hash": old_hash}
+    torch.save(
+        {**best_payload, "version": 1, "config": flat_attention(best_payload["config"]), "extra": best_extra}, best
+    )
+    with pytest.raises(RunDirError, match=r"schema_version 2; this longsparse reads 3: .*`longsparse migrate"):
+        train(cfg, str(out), printer=lambda s: None)
+    assert cli_main(["migrate", str(out)]) == 0
+    migrated = json.loads((out / "config.json").read_text())
+    assert migrated == {**stored, "legacy_hash": old_hash}
+    files = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert cli_main(["migrate", str(out)]) == 0
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == files  # once
+    assert read_checkpoint(str(last))["config"] == payload["config"]  # nested again, as today's code saves it
+    migrated_best = read_checkpoint(str(best))
+    assert migrated_best["config"] == best_payload["config"] and migrated_best["extra"] == best_extra
+    res = train(migrated, str(out), printer=lambda s: None)
+    assert res["resumed"] and res["trained_steps"] == 3
     _same_weights(ref / "checkpoints" / "last.pt", last)
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from longsparse.models import ARCHITECTURES, DEFAULT_ARCH
+from longsparse.nn.config import ATTENTION_KEY
 from longsparse.train.config.errors import ConfigError
 from longsparse.train.config.presets import load_toml, parse_value, preset_path, task_name
-from longsparse.train.config.resolve import SECTIONS, not_a_method, resolve
+from longsparse.train.config.resolve import SECTIONS, attention_of, check_nested_attention, not_a_method, resolve
 
 
 def deep_merge(base: dict, over: Mapping) -> dict:
@@ -111,7 +112,7 @@ def build_config(
         )
     if method is not None and method in ARCHITECTURES:
         raise ConfigError(not_a_method(method))
-    asked = _arch_override(overrides, sets, "method")  # before resolve reads an old run's method "hsa" as its arch
+    asked = _arch_override(overrides, sets, f"{ATTENTION_KEY}.method")
     if isinstance(asked, str) and asked in ARCHITECTURES:
         raise ConfigError(not_a_method(asked))
     cfg = {s: copy.deepcopy(raw.get(s, {})) for s in SECTIONS}
@@ -119,21 +120,18 @@ def build_config(
     cfg["task"].setdefault("name", task)
     if task_name(cfg["task"]["name"]) != want:
         raise ConfigError(f"{source} is a config for task {cfg['task']['name']!r}, not for the requested task {want!r}")
-    if method is not None:
-        cfg["model"]["method"] = method
-    if positions is not None:
-        cfg["model"]["positions"] = positions
-    m, p = cfg["model"].get("method"), cfg["model"].get("positions")
-    cfg = deep_merge(cfg, raw.get("methods", {}).get(m, {}))
-    cfg = deep_merge(cfg, raw.get("positions", {}).get(p, {}))
+    check_nested_attention(cfg["model"], f"{source}: ")
+    flags = {k: v for k, v in (("method", method), ("positions", positions)) if v is not None}
+    flag_tables = {"model": {ATTENTION_KEY: flags}} if flags else {}
+    cfg = deep_merge(cfg, flag_tables)
+    settings = attention_of(cfg)
+    cfg = deep_merge(cfg, raw.get("methods", {}).get(settings.get("method"), {}))
+    cfg = deep_merge(cfg, raw.get("positions", {}).get(settings.get("positions"), {}))
     cfg = apply_overrides(cfg, overrides)
     cfg = apply_sets(cfg, sets)
     if task_name(cfg["task"].get("name")) != want:
         raise ConfigError(f"an override sets task.name={cfg['task'].get('name')!r}, not the requested task {want!r}")
-    if method is not None:
-        cfg["model"]["method"] = method
-    if positions is not None:
-        cfg["model"]["positions"] = positions
+    cfg = apply_overrides(cfg, flag_tables)  # the flags win over every table
     if seed is not None:
         cfg["train"]["seed"] = seed
     if steps is not None:
@@ -142,11 +140,12 @@ def build_config(
 
 
 def _arch_override(overrides: Mapping | None, sets: Iterable[str], key: str = "arch") -> str | None:
-    """The architecture the overrides ask for (``key`` = "method": the method), or None: the last ``--set
-    model.arch=NAME``, else ``model.arch`` of ``overrides`` (the order ``build_config`` applies them in). A
-    malformed ``overrides`` asks for none here; ``apply_overrides`` refuses it."""
-    model = overrides.get("model") if isinstance(overrides, Mapping) else None
-    found = model.get(key) if isinstance(model, Mapping) else None
+    """The architecture the overrides ask for (``key`` = "attention.method": the method), or None: the last
+    ``--set model.arch=NAME``, else ``model.arch`` of ``overrides`` (the order ``build_config`` applies them in).
+    A malformed ``overrides`` asks for none here; ``apply_overrides`` refuses it."""
+    found = overrides.get("model") if isinstance(overrides, Mapping) else None
+    for part in key.split("."):
+        found = found.get(part) if isinstance(found, Mapping) else None
     for item in sets or ():
         name, sep, text = item.partition("=")
         if sep and name.strip() == f"model.{key}":

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 # The form of the run configs this code writes and reads (the key ``schema_version`` of a resolved config). A
 # config in an older form is rewritten once by ``longsparse migrate`` (``longsparse.migrate``), which keeps the hash
 # it had as ``legacy_hash`` where the rewrite changes it.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Keys of a run config that say how it is written, not what it computes: its schema version and the hash it had
 # before a migration. config.json keeps them; the identity, and so the hash, does not.
@@ -22,7 +22,7 @@ FORM_KEYS = ("schema_version", "legacy_hash")
 # result stays valid, under another choice, and configs written before such a setting existed keep their identity.
 # Each entry is a key path into the resolved config.
 NOT_IDENTITY = (
-    ("model", "attn_backend"),
+    ("model", "attention", "attn_backend"),
     ("task", "params", "cache_dir"),
     ("train", "compile"),
     ("train", "parallel"),

@@ -10,11 +10,15 @@ from typing import Any
 
 from longsparse.models import ARCHITECTURES, DEFAULT_ARCH, config_section, get_architecture, model_config
 from longsparse.models import build_model as _build_model
+from longsparse.nn.config import ATTENTION_KEY
 from longsparse.train.config.errors import ConfigError
 from longsparse.train.config.identity import FORM_KEYS, SCHEMA_VERSION
 from longsparse.train.config.training import TRAIN_DEFAULTS, TrainConfig
 
 SECTIONS = ("task", "model", "train")
+# Keys of a model section that named an attention setting otherwise before the settings were a table (HSA's
+# ``attn_topk``, beside its own ``topk``): refused naming the setting.
+RENAMED_SETTINGS = {"attn_topk": "topk"}
 
 
 def resolve(cfg: Mapping) -> dict:
@@ -90,6 +94,34 @@ def not_a_method(name: str) -> str:
     )
 
 
+def attention_of(cfg: Mapping) -> dict:
+    """The attention settings of a run config (resolved, or being built): ``cfg["model"]["attention"]`` ({} when
+    the section or the table is absent). The one accessor for readers of the settings (method, positions, α,
+    ...)."""
+    model = cfg.get("model")
+    settings = model.get(ATTENTION_KEY) if isinstance(model, Mapping) else None
+    return settings if isinstance(settings, dict) else {}
+
+
+def check_nested_attention(model: Mapping, where: str = "", *, any_arch: bool = False) -> None:
+    """ConfigError (prefixed by ``where``) naming the new key for an attention setting given flat in a model
+    section (``model.alpha``, the form before schema 3): the settings are the table ``model.attention``
+    (``model.attention.alpha``). An architecture whose own field shares a setting's name (HSA's chunk ``topk``)
+    keeps it: the one ``model.arch`` names, or with ``any_arch`` (a table that may not name it, as a study's
+    overrides) any registered one."""
+    from longsparse.nn.config import ATTENTION_FIELDS
+
+    archs = list(ARCHITECTURES) if any_arch else [model.get("arch", DEFAULT_ARCH)]
+    own = {k for a in archs if a in ARCHITECTURES for k in get_architecture(a).config_cls.STORED_KEYS}
+    flat = [k for k in model if (k in ATTENTION_FIELDS and k not in own) or k in RENAMED_SETTINGS]
+    if flat:
+        k = flat[0]
+        raise ConfigError(
+            f"{where}model.{k} is now model.{ATTENTION_KEY}.{RENAMED_SETTINGS.get(k, k)} (the attention settings "
+            "are a table; `longsparse migrate FILE` rewrites a run config of older code)"
+        )
+
+
 def _resolve_model(model: dict, task) -> dict:
     """The model section with every field of its architecture's config, validated (``arch`` kept only when it
     is not the default)."""
@@ -98,15 +130,19 @@ def _resolve_model(model: dict, task) -> dict:
     name = model.pop("arch", DEFAULT_ARCH)
     if name not in ARCHITECTURES:
         raise ConfigError(f"unknown model.arch {name!r}; choose one of {', '.join(ARCHITECTURES)}")
+    check_nested_attention({**model, "arch": name})
+    settings = model.get(ATTENTION_KEY, {})
+    if not isinstance(settings, Mapping):
+        raise ConfigError(f"model.{ATTENTION_KEY} must be a table of attention settings, got {settings!r}")
     # the two axes every architecture has: named here so that a typo gets the list of valid values
-    if "method" in model and model["method"] not in METHODS:
+    if "method" in settings and settings["method"] not in METHODS:
         raise ConfigError(
-            not_a_method(model["method"]) + " (a run config older code wrote so: `longsparse migrate FILE` rewrites it)"
-            if model["method"] in ARCHITECTURES
-            else f"unknown method {model['method']!r}; valid methods: {', '.join(METHODS)}"
+            not_a_method(settings["method"])
+            if settings["method"] in ARCHITECTURES
+            else f"unknown method {settings['method']!r}; valid methods: {', '.join(METHODS)}"
         )
-    if "positions" in model and model["positions"] not in POSITIONS:
-        raise ConfigError(f"unknown positions {model['positions']!r}; valid positions: {', '.join(POSITIONS)}")
+    if "positions" in settings and settings["positions"] not in POSITIONS:
+        raise ConfigError(f"unknown positions {settings['positions']!r}; valid positions: {', '.join(POSITIONS)}")
     try:
         config = model_config({**model, "arch": name}, task.vocab_size)
     except (TypeError, ValueError) as e:
@@ -126,13 +162,16 @@ def run_label(cfg: Mapping) -> str:
     """Series label of a resolved run config: ``method/positions`` for the default architecture; for another one
     its name plus the fields of its ``label_keys`` that differ from its config's defaults, e.g.
     ``hsa[landmark=mean,fusion=standard]``."""
-    m = cfg["model"]
+    m, a = cfg["model"], attention_of(cfg)
     name = m.get("arch", DEFAULT_ARCH)
     if name == DEFAULT_ARCH:
-        return f"{m['method']}/{m['positions']}"
+        return f"{a['method']}/{a['positions']}"
     arch = get_architecture(name)
     default = arch.config_cls(vocab_size=2).to_dict()
-    diff = [f"{k}={m[k]}" for k in arch.label_keys if k in m and m[k] != default[k]]
+    # a label key names the model's own field, or (``attention.X``) a setting; the label shows the field's name
+    have = {**{f"{ATTENTION_KEY}.{k}": v for k, v in a.items()}, **m}
+    want = {**{f"{ATTENTION_KEY}.{k}": v for k, v in default[ATTENTION_KEY].items()}, **default}
+    diff = [f"{k.rpartition('.')[2]}={have[k]}" for k in arch.label_keys if k in have and have[k] != want[k]]
     return name + (f"[{','.join(diff)}]" if diff else "")
 
 
