@@ -1,8 +1,7 @@
 """Config overrides as tables: ``build_config(overrides=...)`` against its oracle, the ``--set`` strings it
 replaces (same resolved config, precedence, architecture selection, bad input), and the study files: every cell
 of every study file in the package, the demo's runs and the figures' runs resolve to the config hashes recorded
-in tests/data/study_cell_hashes.json (recorded with the ``--set``-string form of these files), and a study file
-in the older ``sets`` form reads as the same tables.
+in tests/data/study_cell_hashes.json, and a study file in the older ``sets`` form reads as the same tables.
 
 Regenerate the recorded hashes only when a recipe changes on purpose:
 ``PYTHONPATH=tests python tests/experiments/test_study_overrides.py``."""
@@ -14,18 +13,16 @@ from pathlib import Path
 import pytest
 from helpers.paths import DATA
 
-from longsparse.migrate import schema2_hash
 from longsparse.train import ConfigError, build_config
-from longsparse.train.config import resolve
+from longsparse.train.config import config_hash, resolve
 from longsparse_experiments.study import load_study
 
 RECORDED = DATA / "study_cell_hashes.json"
 
 
 def current_hashes() -> dict:
-    """{"studies": {file: {cell run: hash}}, "demo": {...}, "figures": {...}} as the code resolves them now, each
-    the hash its config has in the flat form of run config schema 2, the form the hashes were recorded in
-    (``longsparse.migrate.schema2_hash``): the same configs, the attention settings nested."""
+    """{"studies": {file: {cell run: config hash}}, "demo": {...}, "figures": {...}} as the code resolves them
+    now."""
     from longsparse_experiments import demo
     from longsparse_experiments.figures.context import default_run_configs
     from longsparse_experiments.presets import presets_dir
@@ -34,15 +31,15 @@ def current_hashes() -> dict:
     for f in sorted((presets_dir() / "reproduce").glob("*.toml")):
         spec = load_study(path=str(f))
         out["studies"][f.name] = {
-            c.run: schema2_hash(resolve(s.cell_config(c))) for s in spec.studies for c in s.cells()
+            c.run: config_hash(resolve(s.cell_config(c))) for s in spec.studies for c in s.cells()
         }
     for quick in (False, True):
         scale = "quick" if quick else "full"
         for seed in (0, 1):
             for (method, positions), cfg in demo.run_configs(quick, seed).items():
-                out["demo"][f"{scale}/seed{seed}/{method}-{positions}"] = schema2_hash(cfg)
+                out["demo"][f"{scale}/seed{seed}/{method}-{positions}"] = config_hash(cfg)
         for name, cfg in default_run_configs(quick).items():
-            out["figures"][f"{scale}/{name}"] = schema2_hash(cfg)
+            out["figures"][f"{scale}/{name}"] = config_hash(cfg)
     return out
 
 
@@ -56,8 +53,8 @@ def test_every_study_cell_demo_and_figure_run_keeps_its_config():
 
 def test_the_preregistered_study_file_stays_as_registered_and_reads_nested():
     """prereg_mqmtar.toml (the older ``sets`` form) is byte for byte the registered file; it is read through the
-    one converter (``longsparse.migrate.read_study_sets``) into today's nested configs, whose schema-2 hashes are
-    the recorded ones (test above)."""
+    one converter (``longsparse.migrate.read_study_sets``) into today's nested configs, whose hashes are the
+    recorded ones (test above)."""
     import hashlib
 
     from longsparse_experiments.presets import presets_dir
@@ -72,7 +69,7 @@ def test_the_preregistered_study_file_stays_as_registered_and_reads_nested():
         for c in s.cells():
             cfg = resolve(s.cell_config(c))
             assert cfg["model"]["attention"]["method"] == c.method and "method" not in cfg["model"]
-            assert schema2_hash(cfg) == recorded[c.run]
+            assert config_hash(cfg) == recorded[c.run]
 
 
 def test_a_flat_attention_key_in_a_study_override_is_refused_naming_the_new_key(tmp_path):
