@@ -57,7 +57,14 @@ def test_model_makes_nothing_on_the_default_device(method, positions):
     torch.manual_seed(0)
     model = Transformer(
         ModelConfig.from_dict(
-            dict(vocab_size=50, d_model=32, n_heads=4, n_layers=2, d_ff=64, method=method, positions=positions)
+            dict(
+                vocab_size=50,
+                d_model=32,
+                n_heads=4,
+                n_layers=2,
+                d_ff=64,
+                attention=dict(method=method, positions=positions),
+            )
         )
     )
     x = torch.randint(0, 50, (2, 40))
