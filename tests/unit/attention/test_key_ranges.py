@@ -198,9 +198,7 @@ def _model(backend="auto", method="asentmax", positions="nape", dtype=torch.floa
             n_layers=2,
             n_heads=2,
             d_ff=64,
-            method=method,
-            positions=positions,
-            attn_backend=backend,
+            attention=dict(method=method, positions=positions, attn_backend=backend),
         )
     )
     return Transformer(cfg).to(dtype).eval()

@@ -739,9 +739,7 @@ def test_torch_compile_traces_a_model_that_calls_it():
                 n_layers=1,
                 n_heads=2,
                 d_ff=64,
-                method="asentmax",
-                positions="nape",
-                attn_backend="triton",
+                attention=dict(method="asentmax", positions="nape", attn_backend="triton"),
             )
         )
     )
