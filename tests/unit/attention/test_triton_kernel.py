@@ -351,6 +351,15 @@ def _output_and_grads(leaves, up, **kw):
     return [out.float(), *(g.float() for g in torch.autograd.grad((out.float() * up).sum(), leaves))]
 
 
+def _solve_with(monkeypatch, constants: dict, q, k, v, qs, **kw):
+    """(output, stats, tile mask, solver counts) of the forward with the triton_ops ``constants`` set (they stay
+    set for the rest of the test)."""
+    for name, value in constants.items():
+        monkeypatch.setattr(ops, name, value)
+    out, stats, mask = te.threshold_stats(q, k, v, q_scale=qs, **kw)
+    return out, stats, mask, te.solver_counts(q, k, v, q_scale=qs, **kw)
+
+
 @pytest.mark.parametrize(
     "dtype, fold_from",
     [
@@ -374,15 +383,11 @@ def test_folded_output_equals_the_output_pass(dtype, fold_from, monkeypatch):
     q, k, v, qs = (t.detach() for t in leaves)
     for is_causal, ranges in ((True, {"key_start": torch.tensor([9])}), (False, {"key_end": torch.tensor([60])})):
         kw = dict(alpha=1.5, is_causal=is_causal, alibi_slopes=slopes, **ranges)
-        monkeypatch.setattr(ops, "FOLD_FROM", -1)
-        base = te.threshold_stats(q, k, v, q_scale=qs, **kw)
-        base_counts = te.solver_counts(q, k, v, q_scale=qs, **kw)
+        *base, base_counts = _solve_with(monkeypatch, {"FOLD_FROM": -1}, q, k, v, qs, **kw)
         base_grads = _output_and_grads(leaves, up, **kw)
         # the float32 kernel (equal to the float64 reference: test_matches_reference) on the same rounded inputs
         want = _output_and_grads([t.float().detach().requires_grad_() for t in leaves], up, **kw)
-        monkeypatch.setattr(ops, "FOLD_FROM", fold_from)
-        out, stats, mask = te.threshold_stats(q, k, v, q_scale=qs, **kw)
-        counts = te.solver_counts(q, k, v, q_scale=qs, **kw)
+        out, stats, mask, counts = _solve_with(monkeypatch, {"FOLD_FROM": fold_from}, q, k, v, qs, **kw)
         assert torch.equal(mask, base[2])
         assert torch.equal(stats[:2], base[1][:2])  # row max and τ: the same solve
         assert torch.allclose(stats[2], base[1][2], rtol=1e-5, atol=0)
@@ -419,12 +424,8 @@ def test_top_scores_certify_rows_before_any_sweep(dtype, is_causal, monkeypatch)
     q, k, v, qs = (t.detach() for t in leaves)
     ranges = {"key_start": torch.tensor([9])} if is_causal else {"key_end": torch.tensor([60])}
     kw = dict(alpha=1.5, is_causal=is_causal, alibi_slopes=NAPE2, **ranges)
-    monkeypatch.setattr(ops, "TOP_SCORES", 0)
-    base = te.threshold_stats(q, k, v, q_scale=qs, **kw)
-    base_counts = te.solver_counts(q, k, v, q_scale=qs, **kw)
-    monkeypatch.setattr(ops, "TOP_SCORES", 16)
-    out, stats, mask = te.threshold_stats(q, k, v, q_scale=qs, **kw)
-    counts = te.solver_counts(q, k, v, q_scale=qs, **kw)
+    *base, base_counts = _solve_with(monkeypatch, {"TOP_SCORES": 0}, q, k, v, qs, **kw)
+    out, stats, mask, counts = _solve_with(monkeypatch, {"TOP_SCORES": 16}, q, k, v, qs, **kw)
     assert torch.equal(mask, base[2])
     assert torch.equal(stats[0], base[1][0])
     assert (stats[1] - base[1][1]).abs().max() <= 1e-6
@@ -447,19 +448,14 @@ def test_top_scores_and_folding_compose(monkeypatch):
     where a sweep folds; float32 outputs and gradients equal the float64 reference. FOLD_FROM = 1, the first
     sweep after the one at P0 points, so that these small blocks fold (the causal blocks of these inputs certify
     before it)."""
-    is_causal = False
     monkeypatch.setattr(ops, "INTERPRETER_BLOCK", 16)
     monkeypatch.setattr(ops, "BAND_MIN_KEYS", 0)
     leaves, up = _inputs(B=1, H=2, Hkv=1, Nq=77, Nk=77, q_scale=True, seed=23)
     q, k, v, qs = (t.detach() for t in leaves)
     ranges = {"key_end": torch.tensor([60])}
-    kw = dict(alpha=1.5, is_causal=is_causal, alibi_slopes=NAPE2, **ranges)
-    monkeypatch.setattr(ops, "TOP_SCORES", 16)
-    base = te.threshold_stats(q, k, v, q_scale=qs, **kw)
-    base_counts = te.solver_counts(q, k, v, q_scale=qs, **kw)
-    monkeypatch.setattr(ops, "FOLD_FROM", 1)
-    out, stats, mask = te.threshold_stats(q, k, v, q_scale=qs, **kw)
-    counts = te.solver_counts(q, k, v, q_scale=qs, **kw)
+    kw = dict(alpha=1.5, is_causal=False, alibi_slopes=NAPE2, **ranges)
+    *base, base_counts = _solve_with(monkeypatch, {"TOP_SCORES": 16}, q, k, v, qs, **kw)
+    out, stats, mask, counts = _solve_with(monkeypatch, {"FOLD_FROM": 1}, q, k, v, qs, **kw)
     assert torch.equal(mask, base[2])
     assert torch.equal(stats[:2], base[1][:2])
     assert torch.allclose(stats[2], base[1][2], rtol=1e-5, atol=0)
@@ -468,7 +464,7 @@ def test_top_scores_and_folding_compose(monkeypatch):
     assert (counts["uncertified"] == 0).all()
     saved = base_counts["tiles_visited"] - counts["tiles_visited"]
     assert (saved >= 0).all() and (saved > 0).any()
-    _compare(leaves, up, alpha=1.5, is_causal=is_causal, slopes=NAPE2, **ranges)
+    _compare(leaves, up, alpha=1.5, is_causal=False, slopes=NAPE2, **ranges)
 
 
 def test_solver_counts_bound_the_passes():
