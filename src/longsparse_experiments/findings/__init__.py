@@ -3,13 +3,19 @@ cannot compute, each written into ``docs/findings/<name>/`` (``analysis.json``, 
 
     longsparse findings cross-study [--root .] [--out docs/findings]   # C2: comparisons across studies and stores
     longsparse findings interval-coverage [--out docs/findings]        # C14: coverage of the seed-level intervals
+    longsparse findings mechanism measure|summary|figure ...           # attention mass on the queried pair
+    longsparse findings hsa-seeds [--store results/hsa_seeds] [--out DIR]
 
 * ``sources``            the committed results stores relabelled into the study-view shape ``paired.analyse`` reads.
 * ``cross_study``        C2: NAPE vs RoPE, init, reruns, best checkpoint, the 256x / 1,024x records, the HSA and LM
                          studies, and the combined forest plot (``docs/findings/forest.png``).
 * ``interval_coverage``  C14: a seeded simulation of how often the t- and bootstrap intervals cover the truth.
+* ``mechanism``          the attention mass on the queried pair in trained models (``longsparse findings mechanism``).
+* ``hsa_seeds``          the HSA six-seed study: how often each variant trains, rows B1-B7
+                         (``longsparse findings hsa-seeds``).
 
-Both read committed files only; their tests re-render the committed outputs byte for byte.
+``cross-study`` and ``interval-coverage`` read committed files only, and their tests re-render the committed outputs
+byte for byte; ``mechanism measure`` reads run folders (trained models), the rest read its measured files.
 """
 
 from longsparse_experiments.findings.cli import add_cli

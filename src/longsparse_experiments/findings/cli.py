@@ -1,5 +1,6 @@
 """The ``longsparse findings`` command: ``cross-study`` (row command C2 of docs/findings.md),
-``interval-coverage`` (C14) and ``mechanism`` (attention mass on the queried pair in trained models)."""
+``interval-coverage`` (C14), ``mechanism`` (attention mass on the queried pair in trained models) and ``hsa-seeds``
+(the HSA six-seed study)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import argparse
 
 
 def add_cli(sub) -> None:
-    """Register ``longsparse findings cross-study|interval-coverage`` on the top-level subparsers."""
+    """Register ``longsparse findings cross-study|interval-coverage|mechanism|hsa-seeds`` on the top-level subparsers."""
     f = sub.add_parser("findings", help="the cross-study analyses of docs/findings.md (C2, C14) from committed records")
-    fsub = f.add_subparsers(dest="findings_command", required=True, metavar="cross-study|interval-coverage|mechanism")
+    fsub = f.add_subparsers(
+        dest="findings_command", required=True, metavar="cross-study|interval-coverage|mechanism|hsa-seeds"
+    )
     c = fsub.add_parser(
         "cross-study", help="C2: comparisons --analyse cannot make (across studies, HSA, LM) and the combined forest"
     )
@@ -20,6 +23,10 @@ def add_cli(sub) -> None:
     i.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
     i.set_defaults(func=_interval_coverage)
     _add_mechanism(fsub)
+    h = fsub.add_parser("hsa-seeds", help="the HSA six-seed study: how often each variant trains, rows B1-B7")
+    h.add_argument("--store", default="results/hsa_seeds", help="the study's results store (default results/hsa_seeds)")
+    h.add_argument("--out", default=None, help="also write analysis.json and analysis.md into this folder")
+    h.set_defaults(func=_hsa_seeds)
 
 
 def _add_mechanism(fsub) -> None:
@@ -51,6 +58,12 @@ def _cross_study(args: argparse.Namespace) -> int:
     out = run_cross_study(args.root, args.out)
     print(f"wrote the cross-study analyses to {out}")
     return 0
+
+
+def _hsa_seeds(args: argparse.Namespace) -> int:
+    from longsparse_experiments.findings.hsa_seeds import main
+
+    return main(args)
 
 
 def _interval_coverage(args: argparse.Namespace) -> int:
