@@ -64,7 +64,8 @@ COMPILE_SCRIPT = textwrap.dedent("""
                 ("_dec_scores_kernel", dec, cfg["dec"], stages),
                 ("_dec_filter_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode), cfg["dec"], stages),
                 ("_dec_solve_kernel", dict(BLOCK_J=cfg["dec_BJ"], BLOCK_S=64, MODE=mode, **solve), cfg["dec"], stages),
-                ("_dec_out_kernel", dict(dec, MODE=mode), cfg["dec"], stages)]
+                ("_dec_out_kernel", dict(dec, MODE=mode), cfg["dec"], stages),
+                ("_dec_combine_kernel", dict(D=D, BLOCK_S=16), cfg["dec_combine"], stages)]
         if mode == 1 and p1 == 1:  # the options off by default: the certifying sweep as the output pass, and
             # the largest scores kept by the max pass
             plan.append(("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True, FOLD_FROM=2), cfg["fwd_fold"], stages))
@@ -85,7 +86,7 @@ COMPILE_SCRIPT = textwrap.dedent("""
             sig = {}
             for p in names:
                 sig[p] = ("constexpr" if p in consts else POINTERS.get(p) or
-                          (tdt if p in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else
+                          (tdt if p in ("Q", "K", "V", "O", "Out", "DO", "DQ", "DK", "DV") else
                            "fp32" if p in FLOATS else "i32"))
             attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in names
                      if sig[p].startswith("*") or p in STRIDES_16}

@@ -219,3 +219,23 @@ def test_a_kind_is_one_registration(tmp_path):
     path.write_text(json.dumps({"benchmark": "probe-kind", "rows": [], "env": {}}))
     with pytest.raises(ValueError, match="has no table"):
         bench.markdown(str(path))
+
+
+def test_decode_host_benchmark_counts_launches_and_restores_the_kernels(tmp_path):
+    """benchmarks/decode_host.py at a tiny size: the decode path launches its five kernels (scores, filter, solve,
+    output, combine) and runs no torch operation between them but allocations; the real kernels are back after
+    it (the stubs never leak into the process); the table renders; a stored result is never overwritten."""
+    mod = benchmark_script("decode_host")
+    from longsparse.attention import triton_ops
+
+    triton_ops._kernels()
+    before = triton_ops._dec_combine_kernel
+    out = tmp_path / "dh.json"
+    assert mod.main(["--out", str(out), "--keys", "2048", "--heads", "4", "--calls", "2", "--repeats", "1"]) == 0
+    assert triton_ops._dec_combine_kernel is before
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["triton_launches"] == 5 and set(row["ops"]) == {"empty"}
+    assert row["H"] == 4 and row["Nk"] == 2048 and row["us_per_call"] > 0
+    assert "| current | 1 × 4 × 1 × 2048 × 64 | 5 |" in bench.markdown(str(out))
+    with pytest.raises(SystemExit):
+        mod.main(["--out", str(out), "--keys", "2048"])

@@ -14,7 +14,13 @@ from torch import Tensor
 from .band import ROUNDING_MARGIN
 from .triton_kernels import build
 from .triton_kernels.backward import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_prep_kernel
-from .triton_kernels.decode import _dec_filter_kernel, _dec_out_kernel, _dec_scores_kernel, _dec_solve_kernel
+from .triton_kernels.decode import (
+    _dec_combine_kernel,
+    _dec_filter_kernel,
+    _dec_out_kernel,
+    _dec_scores_kernel,
+    _dec_solve_kernel,
+)
 from .triton_kernels.forward import _fwd_kernel
 from .triton_kernels.lang import TRITON_ERROR as _TRITON_ERROR
 from .triton_kernels.lang import triton
@@ -84,6 +90,11 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def _cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉ of host integers (triton.cdiv is a jitted function: called on the host it costs microseconds)."""
+    return -(-a // b)
+
+
 def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
     """Launch configuration: BM, BN (shared by the forward and the backward, since the tile mask is
     indexed in these tiles), num_warps per kernel, the dot precision, and the decode tiles (dec_BN for
@@ -109,6 +120,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "dkdv": 4,
             "dq": 4,
             "dec": 4,
+            "dec_combine": 4,
             "dec_BN": b,
             "dec_BJ": 2 * b,
             "stages": 1,
@@ -125,6 +137,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "dkdv": 4,
             "dq": 4,
             "dec": 4,
+            "dec_combine": 4,
             "dec_BN": 64,
             "dec_BJ": 512,
             "stages": 2,
@@ -141,6 +154,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
             "dkdv": 8,
             "dq": 4,
             "dec": 4,
+            "dec_combine": 4,
             "dec_BN": 64,
             "dec_BJ": 512,
             "stages": 3,
@@ -156,6 +170,7 @@ def _config(D: int, dtype: torch.dtype, device_type: str) -> dict:
         "dkdv": 8,
         "dq": 8,
         "dec": 4,
+        "dec_combine": 4,
         "dec_BN": 64,
         "dec_BJ": 512,
         "stages": 2,
@@ -270,7 +285,7 @@ def _forward_impl(
     empty = torch.empty((0,), dtype=torch.float32, device=q.device)
     if not decode:
         BM, BN = cfg["BM"], cfg["BN"]
-        n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
+        n_qb, n_kt = _cdiv(Nq, BM), _cdiv(Nk, BN)
         # the output pass writes the bits of the tiles it visits: the others must read "no support"
         tile_mask = torch.zeros((B, H, n_qb, n_kt), dtype=torch.int8, device=q.device)
         uv = torch.empty((B, H, Nq, D), dtype=torch.float32, device=q.device) if need_uv else empty
@@ -327,14 +342,14 @@ def _forward_impl(
         )
         return o, stats, tile_mask, uv
 
-    # decode: split-K logits → per-row threshold → split-K output → reduction
+    # decode: split-K logits → per-split candidates → per-row threshold → split-K output → combine
     BN, BJ = cfg["dec_BN"], cfg["dec_BJ"]
     hpp = group if group * Nq <= 64 else 1  # query heads per program (they share one kv head)
     BMd = max(16, _next_pow2(hpp * Nq))
     n_prog = B * (H // hpp)
-    n_split = max(1, min(triton.cdiv(Nk, BN), triton.cdiv(2 * _n_sm(q.device), n_prog)))
-    split = triton.cdiv(triton.cdiv(Nk, n_split), BN) * BN
-    n_split = triton.cdiv(Nk, split)
+    n_split = max(1, min(_cdiv(Nk, BN), _cdiv(2 * _n_sm(q.device), n_prog)))
+    split = _cdiv(_cdiv(Nk, n_split), BN) * BN
+    n_split = _cdiv(Nk, split)
     rows = B * H * Nq
     z = torch.empty((rows, Nk), dtype=torch.float32, device=q.device)
     mpart = torch.empty((rows, n_split), dtype=torch.float32, device=q.device)
@@ -363,7 +378,7 @@ def _forward_impl(
         DOT_PREC=cfg["prec"],
         num_warps=cfg["dec"],
     )
-    cap = max(16, triton.cdiv(split, DECODE_CANDIDATE_DIVISOR))
+    cap = max(16, _cdiv(split, DECODE_CANDIDATE_DIVISOR))
     cand = torch.empty((rows, n_split, cap), dtype=torch.float32, device=q.device)
     cand_n = torch.empty((rows, n_split), dtype=torch.int32, device=q.device)
     _dec_filter_kernel[(n_split, rows)](
@@ -437,10 +452,9 @@ def _forward_impl(
         DOT_PREC=cfg["prec"],
         num_warps=cfg["dec"],
     )
-    lsum = lpart.sum(1)
-    inv = torch.where(lsum > 0, 1.0 / lsum, torch.zeros_like(lsum))
-    o.copy_((opart.sum(1) * inv[:, None]).view(B, H, Nq, D))
-    stats[2].copy_(inv.view(B, H, Nq))
+    _dec_combine_kernel[(rows,)](
+        opart, lpart, o, stats, n_split, D=D, BLOCK_S=min(16, _next_pow2(n_split)), num_warps=cfg["dec_combine"]
+    )
     return o, stats, torch.empty((0,), dtype=torch.int8, device=q.device), empty
 
 
@@ -493,7 +507,7 @@ def _backward_impl(
     group = H // Hkv
     cfg = _config(D, q.dtype, q.device.type)
     BM, BN = cfg["BM"], cfg["BN"]
-    n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
+    n_qb, n_kt = _cdiv(Nq, BM), _cdiv(Nk, BN)
     mode = _mode(alpha, alpha_heads)
     alphas, slopes, starts, ends = _runtime_args(q, k, alpha, alpha_heads, slopes, key_start, key_end)
     do = do.contiguous()
@@ -556,7 +570,7 @@ def _visible_tiles(q: Tensor, k: Tensor, starts: Tensor, ends: Tensor, is_causal
     """(B, H, n_qb, n_kt) int8: 1 for the key tiles holding a key some row of the query block can see."""
     B, H, Nq, _ = q.shape
     Nk = k.shape[2]
-    n_qb, n_kt = triton.cdiv(Nq, BM), triton.cdiv(Nk, BN)
+    n_qb, n_kt = _cdiv(Nq, BM), _cdiv(Nk, BN)
     dev = q.device
     first_key = torch.arange(n_kt, device=dev) * BN  # (n_kt,)
     last_row = torch.clamp(torch.arange(n_qb, device=dev) * BM + BM - 1, max=Nq - 1) + (Nk - Nq)  # (n_qb,)

@@ -86,6 +86,7 @@ for _bench in (
     Bench("alibi_band", tables.alibi_band_table, help="benchmarks/alibi_band.py"),
     Bench("train_step_compile", tables.compile_table, help="benchmarks/compile_cpu.py"),
     Bench("sm90_compile", tables.sm90_compile_table, help="benchmarks/sm90_compile.py"),
+    Bench("decode_host", tables.decode_host_table, help="benchmarks/decode_host.py"),
 ):
     register_bench(_bench)
 

@@ -150,3 +150,19 @@ def sm90_compile_table(rows: list[dict]) -> list[str]:
             f"{r['shared'] / 1024:.1f} | {r['async_copies']} | {ctas_per_sm(r)} |"
         )
     return out
+
+
+def decode_host_table(rows: list[dict]) -> list[str]:
+    """benchmarks/decode_host.py: host cost of one decoding call, the kernels' launches stubbed."""
+    out = [
+        "| version | B × H × Nq × Nk × D | Triton launches | torch ops | µs per call, median [min, max] | vs baseline |",
+        "|---|---|---:|---:|---|---:|",
+    ]
+    base = next((r["us_per_call"] for r in rows if r["version"] == "baseline"), None)
+    for r in rows:
+        ratio = f"{r['us_per_call'] / base:.2f}" if base else "-"
+        out.append(
+            f"| {r['version']} | {r['B']} × {r['H']} × {r['Nq']} × {r['Nk']} × {r['D']} | {r['triton_launches']} | "
+            f"{r['torch_ops']} | {r['us_per_call']:.0f} [{r['us_min']:.0f}, {r['us_max']:.0f}] | {ratio} |"
+        )
+    return out

@@ -187,6 +187,29 @@ def test_decode_candidates_and_their_overflow(divisor, monkeypatch):
         _compare(leaves, up, alpha=alpha, is_causal=True, slopes=NAPE2, decode=True, key_start=torch.tensor([0, 37]))
 
 
+def test_decode_combine_over_more_splits_than_one_read(monkeypatch):
+    """The combine kernel reads a row's splits 16 at a time: with as many SMs as a large GPU, one query row of
+    330 keys takes one split per 16-key tile (21 splits), so the sum runs over two reads, the second partly
+    masked. A left-padded row, whose leading splits hold no key, and GQA; the result is the reference."""
+    monkeypatch.setattr(ops, "_n_sm", lambda device: 132)
+    monkeypatch.setattr(ops, "INTERPRETER_BLOCK", 16)
+    ops._kernels()
+    combine, splits = ops._dec_combine_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(opart, lpart, out, stats, n_split, **kw):
+                splits.append(n_split)
+                return combine[grid](opart, lpart, out, stats, n_split, **kw)
+
+            return launch
+
+    monkeypatch.setattr(ops, "_dec_combine_kernel", Spy())
+    leaves, up = _inputs(B=2, H=2, Hkv=1, Nq=1, Nk=330, q_scale=True, seed=13)
+    _compare(leaves, up, alpha=1.5, is_causal=True, slopes=NAPE2, decode=True, key_start=torch.tensor([0, 70]))
+    assert splits and all(n == 21 for n in splits)
+
+
 @pytest.mark.parametrize("is_causal", [True, False])
 @pytest.mark.parametrize("decode", [False, True], ids=["block", "decode"])
 def test_key_ranges_left_and_right_padding(is_causal, decode):

@@ -1,5 +1,5 @@
 """Decoding (few queries, a long KV cache): split-K logits, per-split candidates, a per-row solve over them,
-split-K output.
+split-K output, and the combine of the splits' partial sums into the output (five launches, nothing between).
 
 Raw functions: `build.kernels()` wraps them with triton.jit at first use (see attention/triton_ops.py)."""
 
@@ -276,3 +276,25 @@ def _dec_out_kernel(
     out = srow * n_split + s
     tl.store(Opart + out[:, None] * D + tl.arange(0, D)[None, :], acc, mask=rvalid[:, None])
     tl.store(Lpart + out, lsum, mask=rvalid)
+
+
+def _dec_combine_kernel(Opart, Lpart, Out, Stats, n_split, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Grid (rows,): a row's output Σ_s Opart / Σ_s Lpart over the splits, in Out's dtype (zeros for a row that
+    attends to nothing: Σp = 0), and 1/Σp into the stats' third plane. Rows are (b, h, i) in Out's
+    contiguous (B, H, Nq, D) order, as the other decode kernels number them. The splits are read BLOCK_S at a
+    time, so the registers stay (BLOCK_S, D) however many splits there are."""
+    row = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, D)
+    acc = tl.zeros([D], tl.float32)
+    lsum = tl.zeros([BLOCK_S], tl.float32)
+    for s0 in range(0, n_split, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        live = s < n_split
+        lsum += tl.load(Lpart + row * n_split + s, mask=live, other=0.0)
+        part = tl.load(Opart + (row * n_split + s)[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+        acc += tl.sum(part, 0)
+    total = tl.sum(lsum, 0)
+    inv = tl.where(total > 0, 1.0 / total, 0.0)
+    tl.store(Out + row * D + d, (acc * inv).to(Out.dtype.element_ty))
+    one = tl.arange(0, 1)
+    tl.store(Stats + 2 * tl.num_programs(0).to(tl.int64) + row + one, inv + tl.zeros([1], tl.float32))
