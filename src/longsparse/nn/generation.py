@@ -62,22 +62,20 @@ class KVCacheDecoding:
 
 class StaticCacheDecoding:
     """A decoder with a static KV cache (``longsparse.nn.Transformer``): the prompt runs once through the KV
-    cache, which is then copied into a `StaticKVCache` with room for every new token, and each new token is
-    one `decode_step` of fixed shapes, writing the token into a fixed input buffer first. With ``cuda_graph``
-    the step is captured once in a CUDA graph (`CapturedStep`) and replayed per token: the host then launches
-    one graph per token instead of every kernel. Exact: the same logits as `KVCacheDecoding` (see
-    `StaticKVCache`)."""
+    cache, which is then copied into a static one with room for every new token (``new_static_cache``:
+    `longsparse.nn.StaticKVCache`), and each new token is one `decode_step` of fixed shapes, writing the token
+    into a fixed input buffer first. With ``cuda_graph`` the step is captured once in a CUDA graph
+    (`CapturedStep`) and replayed per token: the host then launches one graph per token instead of every
+    kernel. Exact: the same logits as `KVCacheDecoding` (see `StaticKVCache`)."""
 
     def __init__(self, model, prompt_ids: Tensor, mask: Tensor, max_new_tokens: int, cuda_graph: bool):
-        from longsparse.nn.model import StaticKVCache
-
         cache = model.new_cache()
         self.logits = model(prompt_ids, attention_mask=mask, cache=cache, logits_for="last")[:, -1]
         self.tokens = torch.zeros((prompt_ids.shape[0], 1), dtype=torch.long, device=prompt_ids.device)
         self.step = None
         # the last new token is never fed back: room for the prompt and the others
         if max_new_tokens >= 2:
-            static = StaticKVCache.from_prefill(cache, prompt_ids.shape[1] + max_new_tokens - 1)
+            static = model.new_static_cache(cache, prompt_ids.shape[1] + max_new_tokens - 1)
 
             def step() -> Tensor:
                 return model.decode_step(self.tokens, static)

@@ -230,6 +230,11 @@ class Transformer(GreedyGeneration, nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layers)
 
+    def new_static_cache(self, prefilled: KVCache, capacity: int) -> StaticKVCache:
+        """The static cache of room ``capacity`` holding the prompt of ``prefilled`` (`StaticKVCache.from_prefill`),
+        for `decode_step`."""
+        return StaticKVCache.from_prefill(prefilled, capacity)
+
     def forward(
         self,
         input_ids: Tensor,
