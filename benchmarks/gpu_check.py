@@ -26,8 +26,9 @@ mean nothing):
     on. `--rescore FILE` judges a stored file by the float32 rule on the CPU (for files written before
     the rule, it recomputes the float32 reference's errors). One more check generates greedily from a
     tiny model with a left-padded batch of 1,100-token prompts (so the cached steps take the split-K
-    decode path): auto must run every attention call on triton, and each row must give the tokens and
-    logits of the row generated alone. The cases run
+    decode path): auto must run every attention call on triton, each row must give the tokens and
+    logits of the row generated alone, and the static cache (eagerly, and replayed from a CUDA graph)
+    the batch's tokens and logits. The cases run
     in a pool of worker processes, so that Triton compiles the kernel variants on several CPU cores at once
     (compilation, not the GPU, bounds this phase); the pool also compiles the timing phase's kernels, which
     land in Triton's on-disk cache.
@@ -41,7 +42,10 @@ mean nothing):
     causal bf16, B = 1, H = 16, groups N:D:direction in priority order (--groups). Each group's methods are
     timed interleaved (rounds of triton.testing.do_bench, each call after an L2 flush), medians; peak memory
     above the inputs from the first (warm-up) call. Decoding one query at 32K and 128K keys, eagerly and
-    replayed from a CUDA graph (the difference is host time). torch.profiler's time per kernel of one
+    replayed from a CUDA graph (the difference is host time). The model-level decode (`generate`'s steps on a
+    2-layer d = 256 ASEntmax / NAPE model, bf16, prompts of --model-decode-lengths tokens, 32 new tokens): the
+    dynamic KV cache eagerly against the static cache eagerly and replayed from a CUDA graph, decode steps per
+    second in interleaved rounds. torch.profiler's time per kernel of one
     forward + backward at N = 4096. No group starts after --budget-s − --train-reserve-s seconds.
 (d) training and evaluation (`longsparse_experiments.bench_gpu_train`): steps/s of the GPU-scale model's
     training step, eager against compiled (`train.compile`), softmax and ASEntmax; seconds per example of
@@ -418,6 +422,21 @@ def timing_tables(path: str) -> str:
             lines.append(
                 f"| {r['Nk']} | {r['method']} | {r.get('replay', 'eager')} | {1e3 * r['median_s']:.3f} | {_ratio(ratio)} |"
             )
+    model_rows = data.get("model_decode") or []
+    if model_rows:
+        lines += [
+            "",
+            "| model decode: prompt | mode | new tokens | decode steps/s | rate / dynamic eager | setup s | tokens equal |",
+            "|---:|---|---:|---:|---:|---:|---|",
+        ]
+        for r in model_rows:
+            if r.get("tokens_per_s") is None:
+                lines.append(f"| {r.get('N')} | {r.get('mode')} | {r.get('error', 'not timed')[:60]} | | | | |")
+                continue
+            lines.append(
+                f"| {r['N']} | {r['mode']} | {r['new_tokens']} | {r['tokens_per_s']:.1f} | "
+                f"{_ratio(r.get('vs_dynamic_eager'))} | {r['setup_median_s']:.3f} | {r.get('tokens_equal_dynamic')} |"
+            )
     counts = data.get("solver_counts") or []
     if counts:
         lines += [
@@ -503,7 +522,9 @@ def generation_check(name: str, device: str, dry: bool) -> dict:
     `generate` runs on CUDA: every attention call must run on triton (auto on the GPU; named in the dry run,
     where auto keeps CPU tensors off triton), and each row must give the tokens of the row generated alone
     and, teacher-forced through the cache, its logits. Prompts of 1,100 tokens put the cached steps on the
-    split-K decode path (Nk ≥ 1024)."""
+    split-K decode path (Nk ≥ 1024). The static cache (`generate(static_cache=True)`) and, on CUDA, its step
+    replayed from a CUDA graph (`cuda_graph=True`) must give the batch's tokens and, teacher-forced, its
+    logits."""
     from longsparse.nn import ModelConfig, Transformer
 
     t0 = time.perf_counter()
@@ -536,25 +557,41 @@ def generation_check(name: str, device: str, dry: bool) -> dict:
             out += [model(steps[:, t : t + 1], cache=cache, logits_for="last") for t in range(steps.shape[1])]
             return torch.cat(out, 1)
 
+        def teacher_forced_static(graph):
+            decoding = model.static_decoding(ids, mask, follow.shape[1] + 1, graph)
+            out = [decoding.last_logits()]
+            for t in range(follow.shape[1]):
+                decoding.extend(follow[:, t : t + 1])
+                out.append(decoding.last_logits().clone())  # a graph's logits are overwritten by its next replay
+            return torch.stack(out, 1)
+
+        static_modes = {"static": False, **({"graph": True} if device == "cuda" else {})}
         with torch.no_grad(), backends_used() as used:
             tokens = model.generate(ids, new, attention_mask=mask)
             logits = teacher_forced(ids, mask, follow)
+            static_tokens, errors = {}, {}
+            for mode, graph in static_modes.items():
+                got = model.generate(ids, new, attention_mask=mask, static_cache=True, cuda_graph=graph)
+                static_tokens[mode] = bool(torch.equal(got, tokens))
+                errors[f"{mode}_logits"] = (teacher_forced_static(graph) - logits).abs().max().item()
         err, same = 0.0, True
         with torch.no_grad():
             for b, s in enumerate(pads):
                 same &= torch.equal(tokens[b : b + 1], model.generate(ids[b : b + 1, s:], new))
                 alone = teacher_forced(ids[b : b + 1, s:], None, follow[b : b + 1])
                 err = max(err, (logits[b : b + 1] - alone).abs().max().item())
+        errors = {"logits": err, **errors}
         row.update(
             prompt=n,
             pads=list(pads),
             new_tokens=new,
             backends=dict(used),
             tokens_equal=bool(same),
-            errors={"logits": err},
+            static_tokens_equal=static_tokens,
+            errors=errors,
             tolerance=1e-4,
             tolerance_kind="abs",
-            ok=bool(same) and err <= 1e-4 and set(used) == {"triton"},
+            ok=bool(same) and all(static_tokens.values()) and max(errors.values()) <= 1e-4 and set(used) == {"triton"},
         )
     except Exception as exc:  # noqa: BLE001 - recorded, and the run goes on
         row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], traceback=traceback.format_exc()[-3000:])
@@ -1049,6 +1086,86 @@ def time_decode(Nk: int, D: int, rounds: int, deadline: float, device: str, H: i
     return list(rows.values())
 
 
+MODEL_DECODE = {"vocab_size": 512, "d_model": 256, "n_layers": 2, "n_heads": 4, "d_ff": 1024}
+MODEL_DECODE_DRY = {"vocab_size": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 128}
+
+
+def _greedy_steps(decoding, first_logits: torch.Tensor, steps: int) -> torch.Tensor:
+    """The greedy loop of `generate` on a `Decoding` whose prompt gave ``first_logits`` (its one
+    ``last_logits()`` call so far): ``steps`` decoding steps; returns the tokens (B, steps + 1)."""
+    tokens = [first_logits.argmax(-1)]
+    for _ in range(steps):
+        decoding.extend(tokens[-1][:, None])
+        tokens.append(decoding.last_logits().argmax(-1))
+    return torch.stack(tokens, 1)
+
+
+def time_model_decode(N: int, new_tokens: int, rounds: int, deadline: float, device: str, dry: bool) -> list:
+    """The model-level decode: `Transformer.generate`'s steps for one prompt of N tokens (a 2-layer d = 256
+    ASEntmax / NAPE model, bf16 on CUDA), dynamic KV cache eager against the static cache eager and replayed from
+    a CUDA graph (CUDA), in interleaved rounds. Per mode: decode tokens per second (the steps after the prompt,
+    host and device, synchronised at the end), the median setup seconds (prefill, copy into the static cache,
+    warm-up and capture) and whether its tokens equal the dynamic cache's. The first round of each mode warms up
+    (kernel compilation) and is not counted."""
+    from longsparse.nn import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    shape = MODEL_DECODE_DRY if dry else MODEL_DECODE
+    cfg = ModelConfig.from_dict({**shape, "attention": {"method": "asentmax", "positions": "nape"}})
+    dtype = torch.float32 if dry else torch.bfloat16
+    model = Transformer(cfg).to(device=device, dtype=dtype).eval()
+    ids = torch.randint(0, shape["vocab_size"], (1, N), generator=torch.Generator().manual_seed(N)).to(device)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    steps = new_tokens - 1  # the last new token is never fed back
+    modes = {
+        "dynamic_eager": lambda: model.cached_decoding(ids, mask),
+        "static_eager": lambda: model.static_decoding(ids, mask, new_tokens, False),
+    }
+    if device == "cuda":
+        modes["static_graph"] = lambda: model.static_decoding(ids, mask, new_tokens, True)
+    base = {"N": N, "new_tokens": new_tokens, "batch": 1, "dtype": str(dtype).replace("torch.", ""), **shape}
+    rows = {mode: {**base, "method": "asentmax_nape", "mode": mode} for mode in modes}
+    setup, decode, tokens = ({mode: [] for mode in modes} for _ in range(3))
+    for r in range(rounds + 1):  # round 0 warms up
+        for mode, make in modes.items():
+            if time.perf_counter() > deadline or "error" in rows[mode]:
+                continue
+            try:
+                with torch.no_grad():
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    decoding = make()
+                    first = decoding.last_logits()  # the prompt (the dynamic cache runs it here)
+                    _sync(device)
+                    t1 = time.perf_counter()
+                    out = _greedy_steps(decoding, first, steps)
+                    _sync(device)
+                    t2 = time.perf_counter()
+            except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
+                rows[mode]["error"] = f"{type(exc).__name__}: {exc}"[:500]
+                continue
+            del decoding
+            tokens[mode].append(out)
+            if r > 0:
+                setup[mode].append(t1 - t0)
+                decode[mode].append(t2 - t1)
+    for mode, row in rows.items():
+        if decode[mode]:
+            row["setup_median_s"] = statistics.median(setup[mode])
+            row["decode_median_s"] = statistics.median(decode[mode])
+            row["tokens_per_s"] = steps / row["decode_median_s"]
+            row["rounds"] = len(decode[mode])
+        if tokens[mode] and tokens["dynamic_eager"]:
+            row["tokens_equal_dynamic"] = bool(torch.equal(tokens[mode][0], tokens["dynamic_eager"][0]))
+    dyn = rows["dynamic_eager"].get("tokens_per_s")
+    for row in rows.values():
+        if dyn and row.get("tokens_per_s"):
+            row["vs_dynamic_eager"] = row["tokens_per_s"] / dyn
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return list(rows.values())
+
+
 def profile_kernels(N: int, D: int, device: str, H: int) -> dict:
     """GPU time per kernel (ms, summed over one call) of the current kernel's forward + backward with NAPE,
     from torch.profiler: which stage costs what."""
@@ -1316,6 +1433,14 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=None, help="processes for the checks (compilation in parallel)")
     ap.add_argument("--groups", type=_parse_group, nargs="*", default=[_parse_group(g) for g in DEFAULT_GROUPS])
     ap.add_argument("--decode-lengths", type=int, nargs="*", default=[32768, 131072])
+    ap.add_argument(
+        "--model-decode-lengths",
+        type=int,
+        nargs="*",
+        default=[4096, 32768],
+        help="prompt lengths of the model-level decode rows (generate: dynamic cache against a CUDA graph)",
+    )
+    ap.add_argument("--model-decode-new-tokens", type=int, default=32, help="new tokens of each model-level decode")
     ap.add_argument("--cases", nargs="*", default=None, help="run only the checks whose name contains one of these")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--skip-timing", action="store_true")
@@ -1367,6 +1492,7 @@ def main(argv=None) -> int:
         "solver_counts": [],
         "timings": [],
         "decode": [],
+        "model_decode": [],
         "profile": None,
         "hf_model": None,
         "training": [],
@@ -1432,8 +1558,10 @@ def main(argv=None) -> int:
 
     # (b) timings; the dry run goes through the same code once at tiny sizes (its times mean nothing)
     groups, decode_lengths, rounds, heads = args.groups, args.decode_lengths, 3, 16
+    model_decode_lengths, model_new_tokens = args.model_decode_lengths, args.model_decode_new_tokens
     if dry:
         groups, decode_lengths, rounds, heads = [(32, 16, False), (32, 16, True)], [48], 1, 2
+        model_decode_lengths, model_new_tokens = [24], 4
     if not args.skip_timing:
         for Nk in decode_lengths:
             if time.perf_counter() > timing_deadline:
@@ -1448,6 +1576,23 @@ def main(argv=None) -> int:
                 print(
                     f"[{_elapsed():6.1f}s] decode Nk={Nk} {r.get('method')} {r.get('replay')}: "
                     f"{r.get('median_s', r.get('error'))} vs_sdpa={r.get('vs_sdpa_eager')}",
+                    flush=True,
+                )
+            _write(out_path, data)
+        for N in model_decode_lengths:
+            if time.perf_counter() > timing_deadline:
+                data["notes"].append(f"budget reached before the model decode at N={N}")
+                continue
+            try:
+                rows = time_model_decode(N, model_new_tokens, rounds, timing_deadline, device, dry)
+            except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
+                rows = [{"N": N, "error": f"{type(exc).__name__}: {exc}"[:500]}]
+            data["model_decode"] += rows
+            for r in rows:
+                print(
+                    f"[{_elapsed():6.1f}s] model decode N={N} {r.get('mode')}: "
+                    f"{r.get('tokens_per_s', r.get('error'))} tokens/s vs dynamic={r.get('vs_dynamic_eager')} "
+                    f"tokens equal={r.get('tokens_equal_dynamic')}",
                     flush=True,
                 )
             _write(out_path, data)

@@ -144,6 +144,15 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"more queries ({Nq}) than keys ({k.shape[2]}): queries sit at the end of the keys")
 
 
+def tracing_or_capturing(device: torch.device) -> bool:
+    """Whether the running code is traced by torch.compile or captured into a CUDA graph on ``device``: then it
+    may neither read a device value on the host (a CUDA graph refuses the sync; a trace would break its graph)
+    nor keep a tensor it makes for later calls (a captured one holds its value only once the graph replays)."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def _check_finite_inputs(**tensors: Optional[Tensor]) -> None:
     """Refuses NaN and ±inf in the given tensors (the attn_mask may hold −inf) with one host sync.
 
@@ -151,11 +160,9 @@ def _check_finite_inputs(**tensors: Optional[Tensor]) -> None:
     kernels turn the NaN row of a NaN query into zeros, and the logits' row-max check of the others misses
     v and entries under a mask. One min/max reduction per tensor (a single pass, no temporary of the
     input's size; NaN propagates through it) and one sync: O(N·D) work for q, k, v against the
-    attention's O(N²·D). Skipped under torch.compile (no data-dependent branches)."""
-    if torch.compiler.is_compiling():
-        return
+    attention's O(N²·D). Skipped under torch.compile and CUDA-graph capture (`tracing_or_capturing`)."""
     given = {name: t for name, t in tensors.items() if t is not None and t.numel() and t.is_floating_point()}
-    if not given:
+    if not given or tracing_or_capturing(next(iter(given.values())).device):
         return
     with torch.no_grad():
         stats = []  # (stack promotes mixed dtypes to the widest: finiteness is kept)

@@ -43,7 +43,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from longsparse.attention.call import AttentionCall
+from longsparse.attention.call import AttentionCall, tracing_or_capturing
 from longsparse.mappings.variants import temperature_of_entropy
 
 # Query rows and keys per tile of the block mask (FlexAttention's default and its kernels' largest tile).
@@ -200,7 +200,7 @@ def _full_ranges(B: int, Nk: int, device) -> Tuple[Tensor, Tensor]:
     def make():
         return torch.zeros(B, dtype=torch.long, device=device), torch.full((B,), Nk, dtype=torch.long, device=device)
 
-    if torch.compiler.is_compiling():
+    if tracing_or_capturing(device):
         return make()
     key = (B, Nk, str(device))
     if key not in _FULL_RANGES:
@@ -235,14 +235,17 @@ class _Kernel:
     def _masks(self, lo: int, hi: int, device) -> tuple:
         """(block mask tiles, bounds tensor) of this call's mask with the bounds lo, hi. Without key ranges they
         depend on the shape alone and are kept (`_MASKS`), so repeated calls (training steps, layers) launch
-        no work for them; inside a compiled model they are computed in its graph."""
+        no work for them; inside a compiled model or a CUDA graph they are computed in it."""
         key = (self.B, self.Nq, self.Nk, lo, hi, str(device))
-        if self.ranged or torch.compiler.is_compiling() or key not in _MASKS:
+        fresh = self.ranged or tracing_or_capturing(device)
+        if fresh or key not in _MASKS:
             blocks = block_mask_tensors(
                 self.B, self.Nq, self.Nk, self.first, self.key_start, self.key_end, lo, hi, device
             )
-            masks = (blocks, torch.tensor([lo, hi], dtype=torch.long, device=device))
-            if self.ranged or torch.compiler.is_compiling():
+            # [lo, hi] made on the device: a copy from the host is no operation a CUDA graph can capture
+            bounds = torch.arange(2, dtype=torch.long, device=device).mul_(hi - lo).add_(lo)
+            masks = (blocks, bounds)
+            if fresh:
                 return masks
             if len(_MASKS) >= _MASKS_KEPT:
                 _MASKS.pop(next(iter(_MASKS)))

@@ -406,6 +406,10 @@ class HSAModel(GreedyGeneration, nn.Module):
     a left-padded batch is decoded one row at a time without its pads (``decodes_padded_rows = False``)."""
 
     decodes_padded_rows = False
+    static_decoding_refusal = (
+        "HSA decodes through its long-context evaluator, whose steps select chunks and grow their chunk memory "
+        "(no step of fixed shapes)"
+    )
 
     def __init__(self, cfg: HSAConfig):
         super().__init__()

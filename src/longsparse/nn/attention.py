@@ -4,7 +4,7 @@ introspection hook (see longsparse.nn.introspect.capture)."""
 from __future__ import annotations
 
 import math
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -101,14 +101,36 @@ class LayerCache:
         return self.k, self.v
 
 
+class StaticLayerCache:
+    """Keys (RoPE already applied) and values of one layer in buffers of fixed capacity, (B, H, capacity, Dh)
+    each, for a decoding step of fixed shapes (``longsparse.nn.StaticKVCache``): ``append`` writes the step's
+    one token at ``slot`` ((1,) long, a device tensor the whole cache shares and advances) and returns the whole
+    buffers, so no shape and no host value changes from step to step (CUDA graphs, torch.compile). The slots
+    not written yet hold zeros and lie outside every row's key range."""
+
+    def __init__(self, k: Tensor, v: Tensor, slot: Tensor):
+        self.k, self.v, self.slot = k, v, slot
+
+    def append(self, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+        if k.shape[2] != 1:
+            raise ValueError(f"a static cache takes one token per step, got {k.shape[2]}")
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            # a buffer written in place step after step cannot keep the graph of an earlier step's keys
+            raise ValueError("the static cache is for inference: run its decoding steps under torch.no_grad()")
+        self.k.index_copy_(2, self.slot, k)
+        self.v.index_copy_(2, self.slot, v)
+        return self.k, self.v
+
+
 class Attention(nn.Module):
     """MHA: q, k, v, o projections without bias, attention scale 1/√head_dim.
 
     ``forward(h, positions, padding=None, cache=None, n_query=None)``:
       h (B, N, d_model) the normalised layer input; positions (B, N) absolute positions of these
-      tokens; padding a `KeyPadding` of the N_cache + N keys (None = all real); cache a
-      LayerCache extended in place; n_query: compute only the last n_query query rows (exact:
-      keys/values still come from all N tokens). Returns (B, n_query or N, d_model).
+      tokens; padding a `KeyPadding` of the keys the cache returns (None = all real); cache a
+      `LayerCache` extended in place (N_cache + N keys), or a `StaticLayerCache` (N = 1, its whole
+      capacity of keys, the padding's key ranges marking the written ones); n_query: compute only the last
+      n_query query rows (exact: keys/values still come from all N tokens). Returns (B, n_query or N, d_model).
     """
 
     def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
@@ -190,7 +212,7 @@ class Attention(nn.Module):
         h: Tensor,
         positions: Tensor,
         padding: Optional[KeyPadding] = None,
-        cache: Optional[LayerCache] = None,
+        cache: Union[LayerCache, StaticLayerCache, None] = None,
         n_query: Optional[int] = None,
     ) -> Tensor:
         B, N, _ = h.shape

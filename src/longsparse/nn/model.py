@@ -21,15 +21,15 @@ with a cache) goes as a dense (B, 1, 1, Nk) mask.
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import List, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from longsparse.nn.attention import Attention, KeyPadding, LayerCache, key_padding
+from longsparse.nn.attention import Attention, KeyPadding, LayerCache, StaticLayerCache, key_padding
 from longsparse.nn.config import ModelConfig
-from longsparse.nn.generation import GreedyGeneration, KVCacheDecoding
+from longsparse.nn.generation import GreedyGeneration, KVCacheDecoding, StaticCacheDecoding
 from longsparse.nn.scalers import ASEntmaxScaler
 
 
@@ -76,7 +76,7 @@ class Block(nn.Module):
         x: Tensor,
         positions: Tensor,
         padding: Optional[KeyPadding] = None,
-        cache: Optional[LayerCache] = None,
+        cache: Union[LayerCache, StaticLayerCache, None] = None,
         n_query: Optional[int] = None,
     ) -> Tensor:
         a = self.attn(self.pre_attn_norm(x), positions, padding, cache, n_query)
@@ -98,6 +98,93 @@ class KVCache:
         return 0 if self.key_mask is None else self.key_mask.shape[1]
 
 
+class StaticKVCache:
+    """A KV cache of fixed capacity for decoding steps of fixed shapes (`Transformer.decode_step`): per layer a
+    `StaticLayerCache` (B, H, capacity, Dh), and per row, as device tensors that each step advances in place,
+    the key range of its real keys [key_start, key_end) and the position of its next token. Built from a
+    prompt's dynamic cache (`from_prefill`), whose rows are left-padded: every row's real keys are one run
+    ending at the last prompt slot, so the rows write their new tokens at the same slot and key_end, one past
+    that slot, is the same for every row.
+
+    Exact: a step computes what the dynamic cache computes for the same token (a query over the row's real
+    keys at its true position; RoPE and the q-scales use that position). Only ALiBi's distances count from
+    the last slot of the capacity instead of the query's own slot: every key of a row gets the same extra
+    bias −m·(capacity − 1 − slot), which leaves every mapping unchanged (each is invariant to adding a
+    constant to a row: softmax, α-entmax, top-k, adaptive temperature) up to the rounding of that offset
+    (m·(max_new_tokens − 2) at most in ``generate``; the kernels add it in float32, SDPA's bias holds it in
+    the model's dtype).
+
+    A cache takes capacity − prompt length steps: the step after those writes past its buffers (an index
+    error; on CUDA a device-side assert), which no step may check without reading the slot on the host."""
+
+    def __init__(self, layers: List[StaticLayerCache], key_start: Tensor, key_end: Tensor, next_pos: Tensor, slot):
+        self.layers = layers
+        self.key_start = key_start  # (B,) long: the row's first real key (its left padding)
+        self.key_end = key_end  # (B,) long: one past the last key the step's attention reads, slot + 1
+        self.next_pos = next_pos  # (B,) long: the position of the row's next token (its real tokens so far)
+        self.slot = slot  # (1,) long: where the next token's key and value are written, in every layer
+        self.key_index = torch.arange(self.capacity, device=slot.device)
+
+    @property
+    def capacity(self) -> int:
+        return self.layers[0].k.shape[2]
+
+    @property
+    def batch_size(self) -> int:
+        return self.key_start.shape[0]
+
+    @classmethod
+    def from_prefill(cls, cache: KVCache, capacity: int) -> "StaticKVCache":
+        """The static cache of room ``capacity`` (≥ the prompt's length) holding a prompt's dynamic cache (its
+        buffers copied, then released). ValueError unless every row's real prompt tokens are one run at its
+        end (left padding)."""
+        if cache.key_mask is None:
+            raise ValueError("the static cache is built from a cache that holds a prompt; this one is empty")
+        B, N = cache.key_mask.shape
+        if capacity < N:
+            raise ValueError(f"a static cache of capacity {capacity} cannot hold the {N} prompt keys")
+        real = cache.key_mask.sum(1)
+        start = N - real
+        left_padded = cache.key_mask == (torch.arange(N, device=real.device) >= start[:, None])
+        if not bool(left_padded.all()):
+            raise ValueError(
+                "the static cache takes left-padded prompts: each row's real tokens one run at its end "
+                "(pads only before them)"
+            )
+        slot = torch.full((1,), N, dtype=torch.long, device=real.device)
+        layers = []
+        for i, layer in enumerate(cache.layers):
+            k, v = layer.k, layer.v
+            # zeros, not empty: an unwritten slot is masked, but a NaN there would still reach the output as 0·NaN
+            shape = (*k.shape[:2], capacity, k.shape[3])
+            big_k, big_v = k.new_zeros(shape), v.new_zeros(shape)
+            big_k[:, :, :N], big_v[:, :, :N] = k, v
+            cache.layers[i] = LayerCache()  # the prompt's buffers are released layer by layer, once copied
+            layers.append(StaticLayerCache(big_k, big_v, slot))
+        key_end = torch.full((B,), N + 1, dtype=torch.long, device=real.device)
+        return cls(layers, start, key_end, cache.next_pos.clone(), slot)
+
+    def key_mask(self) -> Tensor:
+        """(B, capacity) bool: the keys a step's attention may read (its KeyPadding's mask: shape checks and
+        introspection; attention itself takes the key ranges)."""
+        j = self.key_index
+        return (j >= self.key_start[:, None]) & (j < self.key_end[:, None])
+
+    def advance(self) -> None:
+        """After a step: the next token goes one slot further, one position later, and its key is read too."""
+        self.slot.add_(1)
+        self.key_end.add_(1)
+        self.next_pos.add_(1)
+
+    def counters(self) -> tuple:
+        """Copies of what `advance` changes, for `restore` (a CUDA graph's warm-up steps are undone)."""
+        return tuple(t.clone() for t in (self.slot, self.key_end, self.next_pos))
+
+    def restore(self, counters: tuple) -> None:
+        for t, saved in zip((self.slot, self.key_end, self.next_pos), counters):
+            t.copy_(saved)
+
+
 LOGITS_FOR = ("all", "last")
 
 
@@ -105,7 +192,10 @@ class Transformer(GreedyGeneration, nn.Module):
     """Decoder-only LM. ``forward(input_ids, attention_mask=None, position_ids=None, cache=None,
     logits_for="all")`` → logits (B, N, V), or (B, 1, V) with logits_for="last" (the last layer then
     computes only the last row: exact, and the cache still receives every key/value). ``generate``: greedy
-    decoding with the KV cache (``longsparse.nn.generation``)."""
+    decoding with the KV cache (``longsparse.nn.generation``), or with a static cache whose step
+    (`decode_step`) a CUDA graph can capture (``static_cache=True``, ``cuda_graph=True``)."""
+
+    static_decoding_refusal = None  # generate(static_cache=True / cuda_graph=True): `decode_step`
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -139,6 +229,11 @@ class Transformer(GreedyGeneration, nn.Module):
 
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layers)
+
+    def new_static_cache(self, prefilled: KVCache, capacity: int) -> StaticKVCache:
+        """The static cache of room ``capacity`` holding the prompt of ``prefilled`` (`StaticKVCache.from_prefill`),
+        for `decode_step`."""
+        return StaticKVCache.from_prefill(prefilled, capacity)
 
     def forward(
         self,
@@ -197,6 +292,27 @@ class Transformer(GreedyGeneration, nn.Module):
     def cached_decoding(self, prompt_ids: Tensor, mask: Tensor) -> KVCacheDecoding:
         """Greedy decoding's incremental path (``GreedyGeneration.generate``): the KV cache."""
         return KVCacheDecoding(self, prompt_ids, mask)
+
+    def static_decoding(self, prompt_ids: Tensor, mask: Tensor, max_new_tokens: int, cuda_graph: bool):
+        """Greedy decoding with a static cache (``GreedyGeneration.generate(static_cache=True)``): the prompt
+        through the KV cache, then `decode_step` per token, replayed from a CUDA graph if ``cuda_graph``."""
+        return StaticCacheDecoding(self, prompt_ids, mask, max_new_tokens, cuda_graph)
+
+    def decode_step(self, token_ids: Tensor, cache: StaticKVCache) -> Tensor:
+        """One decoding step on a static cache: token_ids (B, 1) → logits (B, V) of the token that follows each
+        row; the token's keys and values are written into the cache, whose ranges and positions advance in
+        place. Fixed shapes, no host sync and no branch on device values: torch.compile(fullgraph=True) traces it
+        and a CUDA graph captures it. Equal to ``forward(token_ids, cache=dynamic_cache, logits_for="last")`` on
+        the dynamic cache it was built from (`StaticKVCache`)."""
+        if token_ids.shape != (cache.batch_size, 1):
+            raise ValueError(f"token_ids must have shape ({cache.batch_size}, 1), got {tuple(token_ids.shape)}")
+        positions = cache.next_pos[:, None]
+        padding = KeyPadding(cache.key_mask(), cache.key_start, cache.key_end, one_run=True)
+        x = self.embed(token_ids) * self.embed_scale
+        for block, layer in zip(self.blocks, cache.layers):
+            x = block(x, positions, padding, layer)
+        cache.advance()
+        return self.lm_head(self.final_norm(x))[:, -1]
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import longsparse as ls
 from longsparse.attention import BACKENDS
+from longsparse.attention import call as attention_call
 from longsparse.attention.call import make_call
 from longsparse.mappings.variants import ADATEMP_POLY
 
@@ -337,3 +338,17 @@ def test_runs_under_bf16_autocast(mapping):
     out.float().sum().backward()
     assert torch.isfinite(q.grad).all()
     torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_attention_skips_its_host_checks_while_a_cuda_graph_captures(monkeypatch):
+    """The finiteness check of every attention call reads a device value on the host: skipped while a CUDA graph
+    captures (a graph refuses the sync), as under torch.compile; CPU tensors are never captured."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert attention_call.tracing_or_capturing(torch.device("cuda")) and not attention_call.tracing_or_capturing(
+        torch.device("cpu")
+    )
+    nan = torch.full((1, 1, 2, 16), float("nan"))
+    with pytest.raises(ValueError, match="q contains NaN"):
+        attention_call._check_finite_inputs(q=nan)  # CPU: still checked
+    monkeypatch.setattr(attention_call, "tracing_or_capturing", lambda device: True)
+    attention_call._check_finite_inputs(q=nan)  # captured: nothing read back

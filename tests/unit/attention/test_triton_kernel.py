@@ -780,8 +780,8 @@ def test_gpu_check_script_dry_run(tmp_path):
     """benchmarks/gpu_check.py runs end to end on CPU: the interpreter, tiny shapes, four checks (the
     kernel tests above cover the rest; left padding on the decode path and in a model's cached generation
     among them) through its worker pool, the kernel's own counts, its timing code once beside a baseline
-    kernel (a copy of the attention folder; times unused), the profile and the converted Hugging Face model (the
-    training rows' dry run is tests/experiments/test_bench_gpu_train.py)."""
+    kernel (a copy of the attention folder; times unused), the model-level decode rows, the profile and the
+    converted Hugging Face model (the training rows' dry run is tests/experiments/test_bench_gpu_train.py)."""
     out = tmp_path / "gpu_check.json"
     baseline = tmp_path / "baseline_attention"  # a copy of a version's attention folder, as from git archive
     shutil.copytree(ROOT / "src" / "longsparse" / "attention", baseline, ignore=shutil.ignore_patterns("__pycache__"))
@@ -835,6 +835,10 @@ def test_gpu_check_script_dry_run(tmp_path):
     assert data["profile"]["ms_by_kernel"]
     generation = next(c for c in checks if c["case"] == "model_generate_left_padded")
     assert generation["tokens_equal"] and set(generation["backends"]) == {"triton"}
+    assert generation["static_tokens_equal"] == {"static": True} and generation["errors"]["static_logits"] <= 1e-4
+    # the model-level decode rows: the dynamic and the static cache (a CUDA graph needs CUDA), the same tokens
+    assert {r["mode"] for r in data["model_decode"]} == {"dynamic_eager", "static_eager"}
+    assert all(r["tokens_per_s"] > 0 and r["tokens_equal_dynamic"] for r in data["model_decode"]), data["model_decode"]
     # (e) the converted Hugging Face Llama: a training step's and cached generation's attention calls all take the
     # Triton kernels (named here: a dense mask would make it raise), and its steps/s beside transformers' sdpa
     hf = data["hf_model"]
