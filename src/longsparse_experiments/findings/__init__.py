@@ -5,6 +5,7 @@ cannot compute, each written into ``docs/findings/<name>/`` (``analysis.json``, 
     longsparse findings interval-coverage [--out docs/findings]        # C14: coverage of the seed-level intervals
     longsparse findings mechanism measure|summary|figure ...           # attention mass on the queried pair
     longsparse findings hsa-seeds [--store results/hsa_seeds] [--out DIR]
+    longsparse findings matched-convergence [--prereg DIR] [--matched DIR] [--out DIR]
 
 * ``sources``            the committed results stores relabelled into the study-view shape ``paired.analyse`` reads.
 * ``cross_study``        C2: NAPE vs RoPE, init, reruns, best checkpoint, the 256x / 1,024x records, the HSA and LM
@@ -13,6 +14,8 @@ cannot compute, each written into ``docs/findings/<name>/`` (``analysis.json``, 
 * ``mechanism``          the attention mass on the queried pair in trained models (``longsparse findings mechanism``).
 * ``hsa_seeds``          the HSA six-seed study: how often each variant trains, rows B1-B7
                          (``longsparse findings hsa-seeds``).
+* ``matched_convergence`` the matched-convergence study: each (method, seed) at the budget that fits 1×, ASEntmax −
+                         softmax at equal fit and the protocol's decision (``longsparse findings matched-convergence``).
 
 ``cross-study`` and ``interval-coverage`` read committed files only, and their tests re-render the committed outputs
 byte for byte; ``mechanism measure`` reads run folders (trained models), the rest read its measured files.

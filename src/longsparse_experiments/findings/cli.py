@@ -1,6 +1,6 @@
 """The ``longsparse findings`` command: ``cross-study`` (row command C2 of docs/findings.md),
-``interval-coverage`` (C14), ``mechanism`` (attention mass on the queried pair in trained models) and ``hsa-seeds``
-(the HSA six-seed study)."""
+``interval-coverage`` (C14), ``mechanism`` (attention mass on the queried pair in trained models), ``hsa-seeds``
+(the HSA six-seed study) and ``matched-convergence`` (ASEntmax − softmax at equal fit)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import argparse
 
 
 def add_cli(sub) -> None:
-    """Register ``longsparse findings cross-study|interval-coverage|mechanism|hsa-seeds`` on the top-level subparsers."""
+    """Register ``longsparse findings cross-study|interval-coverage|mechanism|hsa-seeds|matched-convergence`` on the top-level subparsers."""
     f = sub.add_parser("findings", help="the cross-study analyses of docs/findings.md (C2, C14) from committed records")
     fsub = f.add_subparsers(
-        dest="findings_command", required=True, metavar="cross-study|interval-coverage|mechanism|hsa-seeds"
+        dest="findings_command",
+        required=True,
+        metavar="cross-study|interval-coverage|mechanism|hsa-seeds|matched-convergence",
     )
     c = fsub.add_parser(
         "cross-study", help="C2: comparisons --analyse cannot make (across studies, HSA, LM) and the combined forest"
@@ -27,6 +29,13 @@ def add_cli(sub) -> None:
     h.add_argument("--store", default="results/hsa_seeds", help="the study's results store (default results/hsa_seeds)")
     h.add_argument("--out", default=None, help="also write analysis.json and analysis.md into this folder")
     h.set_defaults(func=_hsa_seeds)
+    mc = fsub.add_parser(
+        "matched-convergence", help="the matched-convergence study: matched runs, ASEntmax − softmax at equal fit"
+    )
+    mc.add_argument("--prereg", default="results/prereg_mqmtar", help="the pre-registered study's archive folder")
+    mc.add_argument("--matched", default="results/matched_convergence", help="the retrained runs' archive folder")
+    mc.add_argument("--out", default=None, help="also write analysis.json and analysis.md into this folder")
+    mc.set_defaults(func=_matched_convergence)
 
 
 def _add_mechanism(fsub) -> None:
@@ -62,6 +71,12 @@ def _cross_study(args: argparse.Namespace) -> int:
 
 def _hsa_seeds(args: argparse.Namespace) -> int:
     from longsparse_experiments.findings.hsa_seeds import main
+
+    return main(args)
+
+
+def _matched_convergence(args: argparse.Namespace) -> int:
+    from longsparse_experiments.findings.matched_convergence import main
 
     return main(args)
 
