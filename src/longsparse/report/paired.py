@@ -104,6 +104,21 @@ def sign_flip_p(xs: Sequence[float]) -> float:
     return hits / 2**n
 
 
+def seed_summary(d: Sequence[float]) -> dict:
+    """Per-seed differences ``d`` summarised: n, and when there are any the mean, the Student-t interval
+    (`t_mean_interval`, None for one value), the exact sign-flip p and the counts of positive and negative seeds."""
+    out: dict = {"n": len(d)}
+    if d:
+        out.update(
+            mean=statistics.fmean(d),
+            t_ci=t_mean_interval(d),
+            p=sign_flip_p(d),
+            positive=sum(x > 0 for x in d),
+            negative=sum(x < 0 for x in d),
+        )
+    return out
+
+
 def intercept_interval(
     d: Sequence[float],
     delta: Sequence[float],

@@ -20,13 +20,12 @@ A study still running is analysed as far as its records go: every count says of 
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 from typing import Optional, Sequence
 
 from longsparse.io import atomic_write_text, claim_outputs
 from longsparse.report import store
-from longsparse.report.paired import sign_flip_p, t_mean_interval
+from longsparse.report.paired import seed_summary
 from longsparse.stats import wilson_interval
 
 WRITER = "longsparse findings hsa-seeds"
@@ -120,17 +119,7 @@ def verdict(t_ci: Optional[Sequence[float]], p: Optional[float]) -> str:
 
 
 def _paired(per_seed: list[dict]) -> dict:
-    d = [r["d"] for r in per_seed]
-    out: dict = {"seeds": [r["seed"] for r in per_seed], "n": len(d)}
-    if d:
-        out.update(
-            mean=statistics.fmean(d),
-            t_ci=t_mean_interval(d),
-            p=sign_flip_p(d),
-            positive=sum(x > 0 for x in d),
-            negative=sum(x < 0 for x in d),
-        )
-    return out
+    return {"seeds": [r["seed"] for r in per_seed], **seed_summary([r["d"] for r in per_seed])}
 
 
 def compare_row(runs: dict, a: str, b: str, length: int = ENDPOINT) -> dict:

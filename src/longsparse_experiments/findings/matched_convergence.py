@@ -21,12 +21,11 @@ reads the two study archives (``results.json``: the pre-registered runs at 4,000
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 from typing import Optional
 
 from longsparse.io import atomic_write_text, claim_outputs, read_json
-from longsparse.report.paired import sign_flip_p, t_mean_interval
+from longsparse.report.paired import seed_summary
 
 WRITER = "longsparse findings matched-convergence"
 METHODS = ("softmax", "asentmax", "adatemp")
@@ -85,19 +84,6 @@ def _em(run: dict, L: int) -> Optional[float]:
     return None if r is None else 100 * r["exact_match"]
 
 
-def _summary(d: list[float]) -> dict:
-    out: dict = {"n": len(d)}
-    if d:
-        out.update(
-            mean=statistics.fmean(d),
-            t_ci=t_mean_interval(d),
-            p=sign_flip_p(d),
-            positive=sum(x > 0 for x in d),
-            negative=sum(x < 0 for x in d),
-        )
-    return out
-
-
 def pair(runs: dict, status: dict, a: str, b: str, L: int) -> dict:
     """A − B at length L (points) over the seeds where both are matched: per seed, the summary and "robust"
     (same sign in every seed and disjoint Wilson intervals in each)."""
@@ -119,7 +105,7 @@ def pair(runs: dict, status: dict, a: str, b: str, L: int) -> dict:
                 "disjoint": ra["ci"][0] > rb["ci"][1] or rb["ci"][0] > ra["ci"][1],
             }
         )
-    summary = _summary([r["d"] for r in per_seed])
+    summary = seed_summary([r["d"] for r in per_seed])
     robust = bool(per_seed) and all(r["disjoint"] for r in per_seed)
     robust = robust and summary["n"] in (summary["positive"], summary["negative"])
     return {"a": a, "b": b, "length": L, "per_seed": per_seed, **summary, "robust": robust}
@@ -135,7 +121,7 @@ def gain(runs: dict, status: dict, method: str, L: int) -> dict:
         now, before = _em(runs[method][s][st["steps"]], L), _em(runs[method][s][min(runs[method][s])], L)
         if now is not None and before is not None:
             per_seed.append({"seed": s, "steps": st["steps"], "d": now - before})
-    return {"method": method, "length": L, "per_seed": per_seed, **_summary([r["d"] for r in per_seed])}
+    return {"method": method, "length": L, "per_seed": per_seed, **seed_summary([r["d"] for r in per_seed])}
 
 
 def decide(primary: dict, softmax_gain: dict, pending: list) -> str:
