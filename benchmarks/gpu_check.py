@@ -37,7 +37,8 @@ mean nothing):
 (c) timings, side by side in one process: the current kernel (`triton_*`) and, with --baseline PATH (an
     earlier version's src/longsparse/attention folder, or its one triton_entmax.py from before the kernels
     moved to attention/triton_kernels/: `load_baseline`), the earlier one (`prev_*`), at α = 1.5 without and with NAPE slopes (and α = 1.25, per-head α at two
-    shapes), against SDPA flash (the anchor), AdaSplash-2 (forward + backward; its autotuning runs in the
+    shapes; in some groups launch and solver variants beside the default, KERNEL_VARIANTS, `autotune` among
+    them, whose picks the JSON keeps as `autotune_choices`), against SDPA flash (the anchor), AdaSplash-2 (forward + backward; its autotuning runs in the
     worker pool with Triton's autotuning cache) and softmax with NAPE through the flex and sdpa backends:
     causal bf16, B = 1, H = 16, groups N:D:direction in priority order (--groups). Each group's methods are
     timed interleaved (rounds of triton.testing.do_bench, each call after an L2 flush), medians; peak memory
@@ -650,7 +651,8 @@ def warm_kernels(spec: dict, device: str, baseline: str | None) -> dict:
     base = load_baseline(baseline) if baseline else None
     n = 1024  # ≥ triton_entmax.BAND_MIN_KEYS: the ALiBi rows compile their banded variants
     for backward in (False, True):
-        variants = () if backward else tuple({v for (_, d), vs in VARIANT_GROUPS.items() if d == D for v in vs})
+        groups = BACKWARD_VARIANT_GROUPS if backward else VARIANT_GROUPS
+        variants = tuple(sorted({v for (_, d), vs in groups.items() if d == D for v in vs}))
         methods = _methods(n, D, H, device, backward, base, True, False, softmax=D == 64, variants=variants)
         for name, f in methods.items():
             leaves = [
@@ -840,13 +842,16 @@ KERNEL_VARIANTS = {  # name: (α = 1.5 solver points, launch-configuration overr
     "top32": (None, {}, {"TOP_SCORES": 32}),
     # both: the sweeps a block the 32 largest scores left open folds the output pass into, from the third on
     "top32_fold2": (None, {}, {"TOP_SCORES": 32, "FOLD_FROM": 2}),
+    # warps and stages of the forward and the backward's dk/dv and dq timed per key at first use (triton_ops.AUTOTUNE)
+    "autotune": (None, {}, {"AUTOTUNE": True}),
 }
 VARIANT_GROUPS = {
-    (4096, 64): ("p0_4", "p0_2", "stages2", "fold2", "fold1", "top16", "top32", "top32_fold2"),
-    (16384, 64): ("p0_4", "p0_2", "fold2", "top16", "top32", "top32_fold2"),
-    (4096, 128): ("fwd_warps4", "d128_bn32", "fold2", "top16"),
-    (16384, 128): ("d128_bn32",),
+    (4096, 64): ("p0_4", "p0_2", "stages2", "fold2", "fold1", "top16", "top32", "top32_fold2", "autotune"),
+    (16384, 64): ("p0_4", "p0_2", "fold2", "top16", "top32", "top32_fold2", "autotune"),
+    (4096, 128): ("fwd_warps4", "d128_bn32", "fold2", "top16", "autotune"),
+    (16384, 128): ("d128_bn32", "autotune"),
 }
+BACKWARD_VARIANT_GROUPS = {(4096, 64): ("autotune",), (4096, 128): ("autotune",)}  # forward + backward
 
 
 @contextlib.contextmanager
@@ -930,6 +935,7 @@ def _methods(
             with kernel_variant(triton_ops, variant):
                 return te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes)
 
+        run.variant = variant  # a backward timed through it runs under the variant as well (time_group)
         methods[f"triton_entmax15_nape_{variant}"] = run
     if adasplash and backward:
         try:
@@ -988,6 +994,8 @@ def time_group(
 ) -> list:
     """Every method at one (N, D, direction), interleaved; rows with median seconds, the ratio to SDPA flash
     (and, in the tables, to adasplash and to the baseline kernel), peak memory above the inputs."""
+    from longsparse.attention import triton_ops
+
     g = torch.Generator(device=device).manual_seed(N + D)
     q, k, v = (torch.randn(1, H, N, D, device=device, dtype=torch.bfloat16, generator=g) for _ in range(3))
     up = torch.randn(q.shape, device=device, dtype=q.dtype, generator=g)
@@ -1003,7 +1011,9 @@ def time_group(
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
 
             def call(f=f, leaves=leaves):
-                torch.autograd.grad(f(*leaves), leaves, up)
+                variant = getattr(f, "variant", None)
+                with kernel_variant(triton_ops, variant) if variant else contextlib.nullcontext():
+                    torch.autograd.grad(f(*leaves), leaves, up)
         else:
 
             def call(f=f):
@@ -1614,7 +1624,7 @@ def main(argv=None) -> int:
                     extras=(N, D) in EXTRA_ROWS,
                     adasplash=not dry and (N, D) in ADASPLASH_SHAPES,
                     softmax=D == 64 or dry,
-                    variants=VARIANT_GROUPS.get((N, D), ()) if not backward else (),
+                    variants=(BACKWARD_VARIANT_GROUPS if backward else VARIANT_GROUPS).get((N, D), ()),
                 )
             except Exception as exc:  # noqa: BLE001 - recorded in the JSON; the run goes on
                 rows = [{"N": N, "D": D, "direction": direction, "error": f"{type(exc).__name__}: {exc}"[:500]}]
@@ -1628,6 +1638,10 @@ def main(argv=None) -> int:
             _write(out_path, data)
             if device == "cuda":
                 torch.cuda.empty_cache()
+        if device == "cuda":  # what the `autotune` variant's rows chose, per kernel and key
+            from longsparse.attention import triton_ops
+
+            data["autotune_choices"] = triton_ops.autotune_choices()
         if time.perf_counter() < timing_deadline:
             try:
                 data["profile"] = profile_kernels(32 if dry else 4096, 16 if dry else 64, device, heads)

@@ -5,7 +5,7 @@ benchmarks/gpu_check.py's launch variants over it. tests/unit/attention/test_tri
 configuration's facts (no more than a few spilled bytes, async copies in every K/V loop) with the same code.
 
     python benchmarks/sm90_compile.py [--out benchmarks/results/FILE.json] [--variants 128:bfloat16:1 ...]
-        [--launch-variant d128_bn32]
+        [--launch-variant d128_bn32 | --tune-space]
     longsparse bench table --out benchmarks/results/FILE.json      # the table of a stored result
 """
 
@@ -73,7 +73,10 @@ COMPILE_SCRIPT = textwrap.dedent("""
                          cfg["fwd"], stages))
             plan.append(("_fwd_kernel", dict(fwd, BAND=True, STORE_UV=True, ANCHOR=False, TOP=min(32, cfg["BN"]),
                                              FOLD_FROM=2), cfg["fwd_fold"], stages))
+        only = json.loads(sys.argv[3]) if len(sys.argv) > 3 else []  # kernel names (empty: all)
         for name, consts, warps, stages in plan:
+            if only and name not in only:
+                continue
             fn = getattr(ops, name)
             names = list(inspect.signature(fn.fn).parameters)
             # as a launch specialises them: the head dims' strides (1: a constant), 16-byte aligned pointers
@@ -103,7 +106,7 @@ COMPILE_SCRIPT = textwrap.dedent("""
             results.append(dict(kernel=name, D=D, dtype=dtype_name, mode=mode, ptxas_rc=r.returncode,
                                 consts={k: v for k, v in consts.items() if k in ("BAND", "STORE_UV", "FTOL", "FOLD_FROM", "TOP")},
                                 shared=ck.metadata.shared, spill_bytes=max(spills, default=0),
-                                registers=max(regs, default=0), warps=warps,
+                                registers=max(regs, default=0), warps=warps, stages=stages,
                                 async_copies=ptx.count("cp.async.cg") + ptx.count("cp.async.ca")
                                 + ptx.count("cp.async.bulk")))
     print(json.dumps(results))
@@ -114,12 +117,20 @@ class PtxasMissing(RuntimeError):
     """Triton's bundled ptxas is not installed (a Triton build without the NVIDIA backend's binaries)."""
 
 
-def compile_for_sm90(variants, overrides=None) -> list[dict]:
-    """Compile every kernel of each (D, dtype name, mode) of ``variants`` for sm_90 with the CUDA launch
-    configuration (``overrides``: entries replacing some of it); one result dict per kernel compiled."""
+def compile_for_sm90(variants, overrides=None, kernels=()) -> list[dict]:
+    """Compile every kernel (or those named in ``kernels``) of each (D, dtype name, mode) of ``variants`` for
+    sm_90 with the CUDA launch configuration (``overrides``: entries replacing some of it); one result dict per
+    kernel compiled."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-c", COMPILE_SCRIPT, json.dumps(variants), json.dumps(overrides or {})],
+        [
+            sys.executable,
+            "-c",
+            COMPILE_SCRIPT,
+            json.dumps(variants),
+            json.dumps(overrides or {}),
+            json.dumps(list(kernels)),
+        ],
         check=False,
         capture_output=True,
         text=True,
@@ -131,6 +142,23 @@ def compile_for_sm90(variants, overrides=None) -> list[dict]:
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-4000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# the launch-configuration entries holding the warps of the kernels the opt-in autotuner launches
+TUNED_WARPS = ("fwd", "fwd_fold", "fwd_general", "dkdv", "dq")
+
+
+def compile_tune_space(variants) -> list[dict]:
+    """The autotuned kernels compiled at every (num_warps, num_stages) of triton_ops.TUNE_CONFIGS: one result
+    dict per kernel and configuration, with its `tune_config` "w{warps}s{stages}"."""
+    from longsparse.attention import triton_ops
+
+    rows = []
+    for warps, stages in triton_ops.TUNE_CONFIGS:
+        overrides = dict.fromkeys(TUNED_WARPS, warps) | {"stages": stages}
+        for r in compile_for_sm90(variants, overrides, tuple(triton_ops._TUNE_KEYS)):
+            rows.append(dict(r, tune_config=f"w{warps}s{stages}"))
+    return rows
 
 
 def _variant(text: str) -> list:
@@ -147,7 +175,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="JSON file to write (default benchmarks/results/sm90_compile-cpu-DATE.json)")
     ap.add_argument("--variants", type=_variant, nargs="*", default=[[64, "bfloat16", 1], [128, "bfloat16", 1]])
     ap.add_argument("--launch-variant", default=None, help="a launch variant of benchmarks/gpu_check.py")
+    ap.add_argument(
+        "--tune-space",
+        action="store_true",
+        help="compile the autotuned kernels at every configuration the autotuner times (triton_ops.TUNE_CONFIGS)",
+    )
     args = ap.parse_args(argv)
+    if args.tune_space and args.launch_variant:
+        ap.error("--tune-space and --launch-variant: choose one")
     if args.out and Path(args.out).exists():
         ap.error(f"--out {args.out} exists: choose a new file (stored results are not overwritten)")
     overrides = {}
@@ -159,8 +194,12 @@ def main(argv=None) -> int:
             names = [n for n, v in KERNEL_VARIANTS.items() if v[1]]
             ap.error(f"--launch-variant {args.launch_variant}: choose one of {', '.join(names)}")
         overrides = KERNEL_VARIANTS[args.launch_variant][1]
-    rows = [dict(r, launch_variant=args.launch_variant) for r in compile_for_sm90(args.variants, overrides)]
-    path = write_result("sm90_compile", rows, args.out, {"variants": args.variants, "overrides": overrides})
+    if args.tune_space:
+        rows = compile_tune_space(args.variants)
+    else:
+        rows = [dict(r, launch_variant=args.launch_variant) for r in compile_for_sm90(args.variants, overrides)]
+    meta = {"variants": args.variants, "overrides": overrides, "tune_space": args.tune_space}
+    path = write_result("sm90_compile", rows, args.out, meta)
     print(markdown(str(path)))
     return 0
 

@@ -8,6 +8,8 @@ functions; `_kernels()` has them wrapped with triton.jit at first use (compiled,
 call. The custom ops have fake implementations, so ``torch.compile`` traces a model that calls them (fullgraph).
 """
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -55,6 +57,22 @@ FOLD_FROM = -1
 # per block on every input of that report, a diffuse trained layer included.
 TOP_SCORES = 0
 
+# Opt-in autotuning (LONGSPARSE_TRITON_AUTOTUNE=1 in the environment, or this set to True): on CUDA the block
+# forward and the backward's dk/dv and dq kernels time each (num_warps, num_stages) of TUNE_CONFIGS that does not
+# spill (`tune_spills`) at their first call per key (head dim, dtype, mode and flags, causality, ⌈log₂ Nk⌉) and keep the fastest, in memory and in
+# Triton's cache directory (`triton.autotune` with cache_results), so a machine tunes a key once. The tiles (BM,
+# BN) stay `_config`'s: the backward reads the forward's tile mask in them. Not tuned: decode (its key count grows
+# every step and its time is mostly the host's), the interpreter, instrumented calls (`counts`), and calls made
+# while a CUDA graph is captured (nothing can be timed inside a capture): those take `_config`'s choice.
+AUTOTUNE = os.environ.get("LONGSPARSE_TRITON_AUTOTUNE", "") == "1"
+TUNE_CONFIGS = tuple((warps, stages) for warps in (4, 8) for stages in (2, 3, 4))
+_TUNE_KEYS = {
+    "_fwd_kernel": ("len_class", "causal", "D", "MODE", "BAND", "STORE_UV", "FOLD_FROM", "TOP", "FTOL"),
+    "_bwd_dkdv_kernel": ("len_class", "causal", "D", "MODE"),
+    "_bwd_dq_kernel": ("len_class", "causal", "D", "MODE"),
+}
+_TUNED: dict = {}  # kernel name → its triton.autotune wrapper, built at first tuned launch
+
 _MODE_GENERAL, _MODE_15, _MODE_2 = 0, 1, 2
 INTERPRETER_BLOCK = 32  # query and key tile of the interpreter (CPU tensors): see `_config`
 
@@ -84,6 +102,55 @@ def _interpreter_mode() -> bool:
 
 
 # ============================================================================ launch configuration
+
+
+def _launcher(kernel, device: torch.device, warps: int, stages: int, tune: bool = True):
+    """(kernel, launch options) for a jitted ``kernel``: its `triton.autotune` wrapper and no options when
+    AUTOTUNE applies to this launch (see AUTOTUNE), else the kernel itself with ``warps`` and ``stages``."""
+    if not (AUTOTUNE and tune and device.type == "cuda" and not _BUILT) or torch.cuda.is_current_stream_capturing():
+        return kernel, {"num_warps": warps, "num_stages": stages}
+    name = kernel.fn.__name__
+    tuned = _TUNED.get(name)
+    if tuned is None:
+        configs = [triton.Config({}, num_warps=w, num_stages=s) for w, s in TUNE_CONFIGS]
+
+        def spill_free(configs, named_args, **consts):
+            return [c for c in configs if not tune_spills(name, c.num_warps, consts)]
+
+        tuned = _TUNED[name] = triton.autotune(
+            configs=configs,
+            key=list(_TUNE_KEYS[name]),
+            prune_configs_by={"early_config_prune": spill_free},
+            cache_results=True,
+        )(kernel)
+    return tuned, {}
+
+
+def tune_spills(kernel_name: str, warps: int, consts: dict) -> bool:
+    """Whether a tuned kernel at ``warps`` and its launch's constexprs ``consts`` (D, MODE, FOLD_FROM) spills more
+    than 64 bytes a thread compiled for sm_90 (16-bit inputs; the bound `_config`'s choices keep), at some
+    num_stages of TUNE_CONFIGS: 4 warps for the forward that folds the output pass (44–1,404 bytes) or solves
+    general α (180 bytes), and for dk/dv at D > 64 (128–176 bytes). The autotuner does not time those
+    (benchmarks/sm90_compile.py --tune-space; record benchmarks/results/sm90-compile-cpu-2026-11-28-tune-space.json)."""
+    if warps != 4:
+        return False
+    if kernel_name == "_fwd_kernel":
+        return consts["FOLD_FROM"] >= 0 or consts["MODE"] == _MODE_GENERAL
+    return kernel_name == "_bwd_dkdv_kernel" and consts["D"] > 64
+
+
+def autotune_choices() -> list[dict]:
+    """The autotuner's choices so far in this process: one dict per (kernel, key) with the key's values (in
+    _TUNE_KEYS's order, then the tensor arguments' dtypes), num_warps and num_stages."""
+    return [
+        {"kernel": name, "key": [str(v) for v in key], "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        for name, tuned in sorted(_TUNED.items())
+        for key, cfg in tuned.cache.items()
+    ]
+
+
+def _len_class(n_keys: int) -> int:
+    return max(0, int(n_keys) - 1).bit_length()
 
 
 def _next_pow2(n: int) -> int:
@@ -295,7 +362,8 @@ def _forward_impl(
         fold_from = FOLD_FROM if mode == _MODE_15 and p_later == 1 and tolerance == 0 else -1
         top = min(TOP_SCORES, BN) if mode == _MODE_15 and p_later == 1 else 0
         warps = cfg["fwd_fold"] if fold_from >= 0 else cfg["fwd_general" if mode == _MODE_GENERAL else "fwd"]
-        _fwd_kernel[(B * H, n_qb)](
+        kernel, launch = _launcher(_fwd_kernel, q.device, warps, cfg["stages"], tune=counts is None)
+        kernel[(B * H, n_qb)](
             q,
             k,
             v,
@@ -320,6 +388,7 @@ def _forward_impl(
             n_kt,
             scale,
             causal,
+            _len_class(Nk),
             D=D,
             BM=BM,
             BN=BN,
@@ -337,8 +406,7 @@ def _forward_impl(
             TOP=top,
             STORE_UV=need_uv,
             COUNT=counts is not None,
-            num_warps=warps,
-            num_stages=cfg["stages"],
+            **launch,
         )
         return o, stats, tile_mask, uv
 
@@ -526,7 +594,8 @@ def _backward_impl(
     if tile_mask.numel() == 0:  # the decode path keeps no tile mask: every tile a row can see
         tile_mask = _visible_tiles(q, k, starts, ends, is_causal, BM, BN)
     tiles, n_tiles, blocks, n_blocks = _live_lists(tile_mask, B, H, Nq, Nk, BM, BN)
-    _bwd_dkdv_kernel[(B * Hkv, n_kt)](
+    kernel, launch = _launcher(_bwd_dkdv_kernel, q.device, cfg["dkdv"], cfg["stages"])
+    kernel[(B * Hkv, n_kt)](
         q,
         k,
         v,
@@ -541,11 +610,12 @@ def _backward_impl(
         n_kt,
         scale,
         int(is_causal),
-        num_warps=cfg["dkdv"],
-        num_stages=cfg["stages"],
+        _len_class(Nk),
+        **launch,
         **flags,
     )
-    _bwd_dq_kernel[(B * H, n_qb)](
+    kernel, launch = _launcher(_bwd_dq_kernel, q.device, cfg["dq"], cfg["stages"])
+    kernel[(B * H, n_qb)](
         q,
         k,
         v,
@@ -559,8 +629,8 @@ def _backward_impl(
         n_kt,
         scale,
         int(is_causal),
-        num_warps=cfg["dq"],
-        num_stages=cfg["stages"],
+        _len_class(Nk),
+        **launch,
         **flags,
     )
     return dq, dk, dv

@@ -138,15 +138,16 @@ def ctas_per_sm(r: dict) -> int:
 
 def sm90_compile_table(rows: list[dict]) -> list[str]:
     out = [
-        "| launch | D | dtype | mode | kernel | options | warps | registers | spilled bytes | shared KiB "
+        "| launch | D | dtype | mode | kernel | options | warps | stages | registers | spilled bytes | shared KiB "
         "| async copies | CTAs/SM |",
-        "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         opts = ", ".join(f"{k}={v}" for k, v in r["consts"].items()) or "-"
+        launch = r.get("launch_variant") or (f"tune {r['tune_config']}" if r.get("tune_config") else "default")
         out.append(
-            f"| {r['launch_variant'] or 'default'} | {r['D']} | {r['dtype']} | {SM90_MODES[r['mode']]} | "
-            f"{r['kernel']} | {opts} | {r['warps']} | {r['registers']} | {r['spill_bytes']} | "
+            f"| {launch} | {r['D']} | {r['dtype']} | {SM90_MODES[r['mode']]} | "
+            f"{r['kernel']} | {opts} | {r['warps']} | {r.get('stages', '-')} | {r['registers']} | {r['spill_bytes']} | "
             f"{r['shared'] / 1024:.1f} | {r['async_copies']} | {ctas_per_sm(r)} |"
         )
     return out

@@ -957,6 +957,88 @@ def test_d128_bn32_candidate_compiles_without_spills_at_two_ctas_per_sm():
     assert exact and all(ctas_per_sm(r) >= 2 for r in exact), exact
 
 
+def test_autotune_off_cuda_launches_the_default_configuration(monkeypatch):
+    """AUTOTUNE on and the kernels interpreted (CPU tensors): the launches take `_config`'s warps and stages,
+    the outputs and gradients equal the default launch's bit for bit, and no autotuner is built."""
+    (q, k, v), up = _inputs(Nq=40, Nk=40)
+    slopes = torch.tensor([0.5, 0.0])
+
+    def run():
+        out = te.entmax_attention_triton(q, k, v, alpha=1.5, is_causal=True, alibi_slopes=slopes)
+        return (out, *torch.autograd.grad(out, (q, k, v), up))
+
+    ref = run()
+    monkeypatch.setattr(ops, "AUTOTUNE", True)
+    monkeypatch.setattr(ops, "_TUNED", {})
+    for got, want in zip(run(), ref):
+        assert torch.equal(got, want)
+    assert ops._TUNED == {}
+
+
+def test_autotune_launcher_on_cuda(monkeypatch):
+    """As compiled for CUDA (no GPU needed to build the wrappers): AUTOTUNE off gives the kernel with `_config`'s
+    options; on, each tuned kernel gets one `triton.autotune` wrapper over TUNE_CONFIGS whose key names are
+    kernel arguments (the wrapper's constructor rejects others); instrumented launches, CUDA-graph capture and
+    CPU devices keep the default configuration."""
+    ops._kernels()
+    monkeypatch.setattr(ops, "_BUILT", False)
+    monkeypatch.setattr(ops, "_TUNED", {})
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    cuda = torch.device("cuda")
+    kernels = (ops._fwd_kernel, ops._bwd_dkdv_kernel, ops._bwd_dq_kernel)
+    monkeypatch.setattr(ops, "AUTOTUNE", False)
+    assert ops._launcher(ops._fwd_kernel, cuda, 8, 3) == (ops._fwd_kernel, {"num_warps": 8, "num_stages": 3})
+    monkeypatch.setattr(ops, "AUTOTUNE", True)
+    for kernel in kernels:
+        tuned, options = ops._launcher(kernel, cuda, 4, 2)
+        assert options == {} and tuned.fn is kernel
+        assert [(c.num_warps, c.num_stages) for c in tuned.configs] == list(ops.TUNE_CONFIGS)
+        assert tuned.keys == list(ops._TUNE_KEYS[kernel.fn.__name__])
+        assert ops._launcher(kernel, cuda, 4, 2)[0] is tuned  # built once
+    assert sorted(ops._TUNED) == sorted(ops._TUNE_KEYS)
+    dkdv, fwd = ops._TUNED["_bwd_dkdv_kernel"], ops._TUNED["_fwd_kernel"]
+    consts = {"D": 128, "MODE": 1, "FOLD_FROM": -1}
+    assert {c.num_warps for c in dkdv.early_config_prune(dkdv.configs, {}, **consts)} == {8}  # 4 spills at D = 128
+    assert len(fwd.early_config_prune(fwd.configs, {}, **consts)) == len(ops.TUNE_CONFIGS)
+    assert ops._launcher(ops._fwd_kernel, cuda, 4, 2, tune=False)[0] is ops._fwd_kernel
+    assert ops._launcher(ops._fwd_kernel, torch.device("cpu"), 4, 2)[0] is ops._fwd_kernel
+    capturing[0] = True
+    assert ops._launcher(ops._fwd_kernel, cuda, 4, 2) == (ops._fwd_kernel, {"num_warps": 4, "num_stages": 2})
+    ops._TUNED["_bwd_dq_kernel"].cache[(12, 1, 64, 1, "torch.bfloat16")] = ops.triton.Config(
+        {}, num_warps=8, num_stages=3
+    )
+    assert ops.autotune_choices() == [
+        {"kernel": "_bwd_dq_kernel", "key": ["12", "1", "64", "1", "torch.bfloat16"], "num_warps": 8, "num_stages": 3}
+    ]
+
+
+def test_autotuned_configurations_that_time_are_those_the_compile_record_shows_spill_free():
+    """Every (kernel, options, warps, stages) of the stored sm_90 compile of the tuning space
+    (benchmarks/sm90_compile.py --tune-space) that `tune_spills` lets the autotuner time spills at most 64
+    bytes (16-bit inputs), and the record covers every configuration of TUNE_CONFIGS for every tuned kernel."""
+    record = json.loads((ROOT / "benchmarks/results/sm90-compile-cpu-2026-11-28-tune-space.json").read_text())
+    rows = record["rows"]
+    seen = {(r["kernel"], r["D"], r["warps"], r["stages"]) for r in rows}
+    assert seen == {(k, D, w, st) for k in ops._TUNE_KEYS for D in (64, 128) for w, st in ops.TUNE_CONFIGS}
+    timed = [
+        r
+        for r in rows
+        if not ops.tune_spills(
+            r["kernel"], r["warps"], {"D": r["D"], "MODE": r["mode"], "FOLD_FROM": r["consts"].get("FOLD_FROM", -1)}
+        )
+    ]
+    assert timed and all(r["spill_bytes"] <= 64 and r["ptxas_rc"] == 0 for r in timed), [
+        r for r in timed if r["spill_bytes"] > 64
+    ]
+
+
+@pytest.mark.parametrize("n_keys, expected", [(1, 0), (2, 1), (3, 2), (1024, 10), (1025, 11), (4096, 12)])
+def test_length_class_is_the_ceiling_of_log2(n_keys, expected):
+    """The autotuner's length key: one class per power of two of the key count."""
+    assert ops._len_class(n_keys) == expected
+
+
 ALL_VARIANTS = [(d, dt, 1) for d in (16, 32, 64, 128) for dt in ("bfloat16", "float16", "float32")]
 ALL_VARIANTS += [(d, dt, mode) for d in (64, 128) for dt in ("bfloat16", "float32") for mode in (0, 2)]
 

@@ -6,8 +6,9 @@ dot precision; whether a tile mask exists). Causality, ALiBi, key ranges and per
 min, a multiply-add and a few scalar loads per tile or program), so one compiled kernel serves every such call:
 each Triton specialisation costs seconds of compilation. Conventions: `Slopes` (H,) fp32 (zeros = no bias),
 `Starts`, `Ends` (B,) int32: batch row b's keys [start, end) (0 and Nk: no padding), `Alpha` (H,) fp32 (read in
-the general mode only), `causal` 0/1. Helpers are inlined by triton.jit, so factoring a kernel's prologue into
-them costs nothing."""
+the general mode only), `causal` 0/1, `len_class` ⌈log₂ Nk⌉, which no kernel reads: the key of the opt-in
+autotuner (triton_ops.AUTOTUNE), so that one tuned choice serves every length of a class. Helpers are
+inlined by triton.jit, so factoring a kernel's prologue into them costs nothing."""
 
 import os
 
@@ -17,7 +18,7 @@ from .lang import triton
 MODULES = (tiles, solve, forward, backward, decode)
 # Sizes stay runtime values: specialising on them (Triton does for 1 and multiples of 16) would
 # compile a kernel per sequence length; strides keep their specialisation (contiguous loads).
-SIZE_ARGS = ("H", "GROUP", "HPP", "Nq", "Nk", "n_qb", "n_kt", "split", "n_split", "cap", "causal")
+SIZE_ARGS = ("H", "GROUP", "HPP", "Nq", "Nk", "n_qb", "n_kt", "split", "n_split", "cap", "causal", "len_class")
 # every function a kernel module defines, as written (before `kernels` replaces the names)
 RAW = {
     name: fn

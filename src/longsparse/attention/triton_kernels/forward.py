@@ -57,6 +57,7 @@ def _fwd_kernel(
     n_kt,
     scale,
     causal,
+    len_class,
     D: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
