@@ -267,7 +267,7 @@ class Trainer:
         seconds (without a kernel build) to ``train_seconds``."""
         st, tr, d = self.state, self.tr, self.dist
         t_step, built = time.perf_counter(), cpu_kernel.build_seconds()
-        batch = self.task.batch(tuple(tr.train_lengths), tr.batch_size, rng=st.data_rng)
+        batch = self.task.batch(tr.lengths_at(st.step), tr.batch_size, rng=st.data_rng)
         n_global = int((batch.labels != IGNORE_INDEX).sum())
         per_rank = tr.batch_size // d.world
         mine = rank_rows(batch, d.rank * per_rank, (d.rank + 1) * per_rank)

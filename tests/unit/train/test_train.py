@@ -462,6 +462,13 @@ def test_train_compile_is_validated_and_not_part_of_the_run_identity():
         ("device", "gpu", r"^train.device must be auto, cpu or cuda, got 'gpu'$"),
         ("train_lengths", (8, 4), r"^train.train_lengths must be \[lo, hi\] integers with lo <= hi"),
         ("val_lengths", [], r"^train.val_lengths must be a non-empty list of integers, got \[\]$"),
+        ("length_curriculum", [], r"^train.length_curriculum must be a list of \[until_step, lo, hi\] integers"),
+        ("length_curriculum", [[10, 8]], r"^train.length_curriculum must be a list of \[until_step, lo, hi\]"),
+        ("length_curriculum", [[10, 8, 4]], r"^train.length_curriculum must be .* 1 <= lo <= hi, got"),
+        ("length_curriculum", [[0, 4, 8]], r"^train.length_curriculum must be .* until_step >= 1"),
+        ("length_curriculum", [[10, 4, 8], [10, 8, 16]], r"^train.length_curriculum must be .* increasing"),
+        ("length_curriculum", [[10, True, 8]], r"^train.length_curriculum must be a list of"),
+        ("length_curriculum", 5, r"^train.length_curriculum must be a list of"),
     ],
 )
 def test_train_config_validates_itself_naming_the_field(field, value, match):
@@ -481,6 +488,52 @@ def test_train_config_normalises_sequences_and_takes_the_task_lengths():
     assert filled.train_lengths == tuple(task.train_lengths) and filled.val_lengths == (hi, 2 * hi, 4 * hi)
     with pytest.raises(ConfigError, match="impossible length"):
         TrainConfig(train_lengths=(0, 4)).for_task(task)
+
+
+def test_length_curriculum_stages_the_training_range():
+    """Each stage's range holds for the steps before its until_step; train_lengths after the last stage. The
+    stages' lengths are checked against the task like the others, and are part of the run's identity, while a
+    config without the setting keeps the hash it had before the setting existed."""
+    from longsparse.train import make_task
+
+    tr = TrainConfig(train_lengths=(8, 64), length_curriculum=[[100, 8, 24], [300, 8, 40]])
+    assert tr.length_curriculum == ((100, 8, 24), (300, 8, 40))
+    assert tr.as_dict()["length_curriculum"] == [[100, 8, 24], [300, 8, 40]]
+    assert [tr.lengths_at(s) for s in (0, 99, 100, 299, 300, 10**6)] == [(8, 24)] * 2 + [(8, 40)] * 2 + [(8, 64)] * 2
+    assert TrainConfig(train_lengths=(8, 64)).lengths_at(0) == (8, 64)
+    task = make_task({"name": "two_back", "preset": "cpu"})
+    with pytest.raises(ConfigError, match="impossible length: two_back: length 2 is too short"):
+        TrainConfig(length_curriculum=[[10, 2, 4]]).for_task(task)
+    base = build_config("two_back", steps=1)
+    assert base["train"]["length_curriculum"] is None
+    without = {**base, "train": {k: v for k, v in base["train"].items() if k != "length_curriculum"}}
+    staged = build_config("two_back", steps=1, sets=["train.length_curriculum=[[1, 8, 16]]"])
+    assert config_hash(base) == config_hash(without) != config_hash(staged)
+
+
+def test_length_curriculum_draws_each_stage_and_resumes_bit_for_bit(tmp_path, monkeypatch):
+    """The trainer draws each update's batch from its stage's range, and a run stopped inside the first stage
+    resumes to the same weights as one trained straight through."""
+    sets = [*STATE_SETS, "train.train_lengths=[24, 32]", "train.length_curriculum=[[4, 8, 12]]"]
+    cfg = build_config("two_back", method="softmax", positions="nape", steps=6, sets=sets)
+    from longsparse.tasks.base import Task
+
+    drawn = []
+
+    real_batch = Task.batch
+
+    def spy(self, length, *args, **kwargs):
+        if isinstance(length, tuple):  # the training stream's ranges (validation asks for single lengths)
+            drawn.append(length)
+        return real_batch(self, length, *args, **kwargs)
+
+    monkeypatch.setattr(Task, "batch", spy)
+    straight = tmp_path / "straight"
+    train(cfg, str(straight), printer=lambda s: None)
+    assert drawn == [(8, 12)] * 4 + [(24, 32)] * 2
+    stopped, _ = _stopped_at_3(tmp_path, cfg)
+    train(cfg, str(stopped), printer=lambda s: None)
+    _same_weights(straight / "checkpoints" / "last.pt", stopped / "checkpoints" / "last.pt")
 
 
 # ---- the training state and the checkpoint layout ---------------------------------------------------------------

@@ -30,15 +30,22 @@ NOT_IDENTITY = (
 )
 
 
+# Settings added after run configs were first written, with the value that leaves them unused: the identity
+# leaves such a setting out at that value, so that the configs written before it existed keep their identity.
+ABSENT_AT = ((("train", "length_curriculum"), None),)
+
+
 def run_identity(cfg: Mapping) -> dict:
-    """``cfg`` as plain JSON data without the ``NOT_IDENTITY`` settings: what two runs must share to be one run."""
+    """``cfg`` as plain JSON data without the ``NOT_IDENTITY`` settings and the ``ABSENT_AT`` ones at their
+    unused value: what two runs must share to be one run."""
     out = json.loads(json.dumps(cfg, sort_keys=True))
-    for *parents, key in NOT_IDENTITY:
+    dropped = [(path, None, False) for path in NOT_IDENTITY] + [(path, v, True) for path, v in ABSENT_AT]
+    for (*parents, key), unused, only_at_unused in dropped:
         node = out
         for p in parents:
             node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(key, None)
+        if isinstance(node, dict) and key in node and (not only_at_unused or node[key] == unused):
+            del node[key]
     return out
 
 

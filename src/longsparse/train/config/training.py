@@ -31,6 +31,9 @@ class TrainConfig:
     bf16: bool = False  # bfloat16 autocast for the forward pass
     seed: int = 0  # model init and training data stream
     train_lengths: Optional[tuple] = None  # [lo, hi] inclusive; None = the task's own training range
+    # [[until_step, lo, hi], ...], until_step increasing: the training range is [lo, hi] of the first stage whose
+    # until_step is above the step, train_lengths from the last until_step on. None: train_lengths throughout
+    length_curriculum: Optional[tuple] = None
     log_every: int = 25
     val_every: int = 200  # 0 = only at the end
     val_lengths: Optional[tuple] = None  # None = [hi, 2*hi, 4*hi] of the training range
@@ -82,6 +85,23 @@ class TrainConfig:
             ):
                 raise ConfigError(f"train.train_lengths must be [lo, hi] integers with lo <= hi, got {tl!r}")
             object.__setattr__(self, "train_lengths", tuple(tl))
+        lc = self.length_curriculum
+        if lc is not None:
+            ok = isinstance(lc, (list, tuple)) and len(lc) > 0
+            ok = ok and all(
+                isinstance(st, (list, tuple))
+                and len(st) == 3
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in st)
+                and st[0] >= 1
+                and 1 <= st[1] <= st[2]
+                for st in lc
+            )
+            if not ok or any(a[0] >= b[0] for a, b in zip(lc, lc[1:])):
+                raise ConfigError(
+                    "train.length_curriculum must be a list of [until_step, lo, hi] integers with until_step >= 1 "
+                    f"increasing and 1 <= lo <= hi, got {lc!r}"
+                )
+            object.__setattr__(self, "length_curriculum", tuple(tuple(st) for st in lc))
         vl = self.val_lengths
         if vl is not None:
             if isinstance(vl, int) and not isinstance(vl, bool):
@@ -106,16 +126,29 @@ class TrainConfig:
         if out.val_lengths is None:
             hi = out.train_lengths[1]
             out = dataclasses.replace(out, val_lengths=(hi, 2 * hi, 4 * hi))
-        for n in (*out.train_lengths, *out.val_lengths):
+        staged = [n for st in out.length_curriculum or () for n in st[1:]]
+        for n in (*out.train_lengths, *staged, *out.val_lengths):
             try:
                 task.check_length(n)
             except ValueError as e:
                 raise ConfigError(f"impossible length: {e}") from None
         return out
 
+    def lengths_at(self, step: int) -> tuple:
+        """The inclusive (lo, hi) training range of the update at 0-based ``step`` (``length_curriculum``'s
+        stage, else ``train_lengths``; call on a config ``for_task`` has filled)."""
+        for until, lo, hi in self.length_curriculum or ():
+            if step < until:
+                return (lo, hi)
+        return tuple(self.train_lengths)
+
     def as_dict(self) -> dict:
         """The JSON form (``config.json``'s ``train`` section): sequences as lists."""
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
+        return {f.name: _as_json(getattr(self, f.name)) for f in fields(self)}
+
+
+def _as_json(v: Any) -> Any:
+    return [_as_json(x) for x in v] if isinstance(v, tuple) else v
 
 
 def _is_number(v: Any) -> bool:
