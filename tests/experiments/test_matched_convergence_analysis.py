@@ -90,6 +90,17 @@ def test_a_complete_study_by_hand():
     assert g["t_ci"] == pytest.approx((10.8, 43.8), abs=0.1)
     assert a["decision"] == "explained by convergence"
     assert a["adatemp_softmax"]["4096"]["n"] == 2
+    # robust: D(64x) positive in both seeds (+50, +11) with disjoint Wilson intervals only in s0 (n = 200 each)
+    assert [r["disjoint"] for r in p["per_seed"]] == [True, False] and not p["robust"]
+
+
+def test_one_seed_is_never_robust():
+    """While the other seeds are pending, a pair over one matched seed has no seed-level evidence."""
+    retrained = _archive(
+        "matched", {("softmax", 0): (8000, _ems(99.5, 10.0)), ("asentmax", 0): (8000, _ems(100.0, 90.0))}
+    )
+    p = mc.analyse(_prereg(), retrained)["primary"]
+    assert p["n"] == 1 and p["per_seed"][0]["disjoint"] and not p["robust"]
 
 
 def test_decisions():
