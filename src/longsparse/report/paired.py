@@ -11,7 +11,8 @@ points) at one test length is summarised by
   it is reported beside the t-interval, never alone;
 * an exact two-sided sign-flip test: under "no difference" every D_s is as likely to have either sign, so p is the
   fraction of the 2^n sign patterns whose mean is at least as far from 0 as the observed one (exact for n ≤ 16);
-* "robust": the same sign in every seed with the two runs' Wilson intervals disjoint in every seed;
+* "robust" (`is_robust`): the same sign in every seed with the two runs' Wilson intervals disjoint in every seed,
+  over at least two seeds (over one seed "every seed" holds trivially);
 * the intercept of D_s(L) = a + b·Δ_s, Δ_s the same difference at the in-distribution length: the difference at
   equal in-distribution accuracy, separating "extrapolates better" from "converged better".
 
@@ -119,6 +120,18 @@ def seed_summary(d: Sequence[float]) -> dict:
     return out
 
 
+#: "Robust" is a statement over seeds: fewer than this many seeds are never called robust.
+ROBUST_MIN_SEEDS = 2
+
+
+def is_robust(per_seed: Sequence[dict], min_seeds: int = ROBUST_MIN_SEEDS) -> bool:
+    """Whether per-seed records (each with the difference ``d`` and whether the two runs' intervals are
+    ``disjoint``) are "robust": at least ``min_seeds`` of them, ``d`` of one sign in all, disjoint in every one."""
+    d = [r["d"] for r in per_seed]
+    same_sign = all(x > 0 for x in d) or all(x < 0 for x in d)
+    return len(d) >= min_seeds and same_sign and all(r["disjoint"] for r in per_seed)
+
+
 def intercept_interval(
     d: Sequence[float],
     delta: Sequence[float],
@@ -215,17 +228,9 @@ def compare(
     if not per_seed:
         return out
     d = [r["d"] for r in per_seed]
-    out.update(
-        mean=statistics.fmean(d),
-        ci=bootstrap_mean_interval(d),
-        t_ci=t_mean_interval(d),
-        p=sign_flip_p(d),
-        positive=sum(x > 0 for x in d),
-        negative=sum(x < 0 for x in d),
-    )
-    out["robust"] = bool(
-        all(r["disjoint"] for r in per_seed) and (out["positive"] == len(d) or out["negative"] == len(d))
-    )
+    s = seed_summary(d)  # in the stored analyses' key order, the bootstrap interval after the mean
+    out.update(mean=s["mean"], ci=bootstrap_mean_interval(d), t_ci=s["t_ci"], p=s["p"])
+    out.update(positive=s["positive"], negative=s["negative"], robust=is_robust(per_seed))
     if id_length is not None and id_length != length:
         ia, ib = records(a, id_length), records(b, id_length)
         both = [r for r in per_seed if str(r["seed"]) in ia and str(r["seed"]) in ib]

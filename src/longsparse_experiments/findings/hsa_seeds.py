@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 from longsparse.io import atomic_write_text, claim_outputs
 from longsparse.report import store
-from longsparse.report.paired import seed_summary
+from longsparse.report.paired import is_robust, seed_summary
 from longsparse.stats import wilson_interval
 
 WRITER = "longsparse findings hsa-seeds"
@@ -147,11 +147,7 @@ def compare_row(runs: dict, a: str, b: str, length: int = ENDPOINT) -> dict:
         )
     both = [r for r in per_seed if r["a_trains"] and r["b_trains"]]
     all_seeds, both_train = _paired(per_seed), _paired(both)
-    robust = (
-        len(both) >= ROBUST_MIN_SEEDS
-        and all(r["disjoint"] for r in both)
-        and (both_train["positive"] == len(both) or both_train["negative"] == len(both))
-    )
+    robust = is_robust(both, ROBUST_MIN_SEEDS)
     return {
         "a": a,
         "b": b,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from longsparse.io import atomic_write_text, claim_outputs, read_json
-from longsparse.report.paired import seed_summary
+from longsparse.report.paired import is_robust, seed_summary
 
 WRITER = "longsparse findings matched-convergence"
 METHODS = ("softmax", "asentmax", "adatemp")
@@ -35,8 +35,6 @@ LENGTHS = (1024, 4096, 16384)
 ENDPOINT = 4096
 #: The largest budget of the protocol (its cap): a seed under the bar there is never matched.
 CAP = 16000
-#: "Robust" is a statement over seeds: one seed (while the others are pending) is never called robust.
-ROBUST_MIN_SEEDS = 2
 
 
 def runs_by_seed(*archives: dict) -> dict[str, dict[int, dict[int, dict]]]:
@@ -88,7 +86,7 @@ def _em(run: dict, L: int) -> Optional[float]:
 
 def pair(runs: dict, status: dict, a: str, b: str, L: int) -> dict:
     """A − B at length L (points) over the seeds where both are matched: per seed, the summary and "robust"
-    (same sign in every seed and disjoint Wilson intervals in each, over at least ROBUST_MIN_SEEDS seeds)."""
+    (`longsparse.report.paired.is_robust`: one seed, while the others are pending, is never robust)."""
     per_seed = []
     for s in sorted(set(status.get(a, {})) & set(status.get(b, {}))):
         sa, sb = status[a][s], status[b][s]
@@ -108,9 +106,7 @@ def pair(runs: dict, status: dict, a: str, b: str, L: int) -> dict:
             }
         )
     summary = seed_summary([r["d"] for r in per_seed])
-    robust = len(per_seed) >= ROBUST_MIN_SEEDS and all(r["disjoint"] for r in per_seed)
-    robust = robust and summary["n"] in (summary["positive"], summary["negative"])
-    return {"a": a, "b": b, "length": L, "per_seed": per_seed, **summary, "robust": robust}
+    return {"a": a, "b": b, "length": L, "per_seed": per_seed, **summary, "robust": is_robust(per_seed)}
 
 
 def gain(runs: dict, status: dict, method: str, L: int) -> dict:

@@ -111,6 +111,20 @@ def _archive(em: dict[str, dict[int, list[float]]], n: int = 200, study: str = "
     return {"format": "longsparse-reproduce", "studies": {study: {"series": series}}}
 
 
+def test_robust_needs_one_sign_disjoint_intervals_and_two_seeds():
+    """`is_robust`, the one rule every seed-level analysis uses: over one seed "every seed" holds trivially, so
+    one seed is never robust, however far apart its runs are; a caller may ask for more seeds."""
+    far = {"d": 50.0, "disjoint": True}
+    assert not paired.is_robust([far])
+    assert paired.is_robust([far, far]) and not paired.is_robust([far, far], min_seeds=3)
+    assert not paired.is_robust([far, {"d": -50.0, "disjoint": True}])  # signs differ
+    assert not paired.is_robust([far, {"d": 1.0, "disjoint": False}])  # one seed's intervals overlap
+    assert not paired.is_robust([far, {"d": 0.0, "disjoint": False}])  # a tie has no sign
+    one = _archive({"asentmax": {4096: [0.9]}, "softmax": {4096: [0.1]}})
+    r = paired.compare(one["studies"], "asentmax", "softmax", 4096)
+    assert r["per_seed"][0]["disjoint"] and not r["robust"]
+
+
 def test_compare_and_analyse():
     arch = _archive(
         {
