@@ -39,14 +39,21 @@ def run_identity(cfg: Mapping) -> dict:
     """``cfg`` as plain JSON data without the ``NOT_IDENTITY`` settings and the ``ABSENT_AT`` ones at their
     unused value: what two runs must share to be one run."""
     out = json.loads(json.dumps(cfg, sort_keys=True))
-    dropped = [(path, None, False) for path in NOT_IDENTITY] + [(path, v, True) for path, v in ABSENT_AT]
-    for (*parents, key), unused, only_at_unused in dropped:
-        node = out
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, dict) and key in node and (not only_at_unused or node[key] == unused):
-            del node[key]
+    for path in NOT_IDENTITY:
+        _parent(out, path).pop(path[-1], None)
+    for path, unused in ABSENT_AT:
+        parent = _parent(out, path)
+        if path[-1] in parent and parent[path[-1]] == unused:
+            del parent[path[-1]]
     return out
+
+
+def _parent(cfg: dict, path: tuple) -> dict:
+    """The table holding ``path``'s last key ({} where a table on the way is missing)."""
+    node = cfg
+    for p in path[:-1]:
+        node = node.get(p) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else {}
 
 
 def config_hash(cfg: Mapping) -> str:
