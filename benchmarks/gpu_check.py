@@ -36,9 +36,10 @@ mean nothing):
     passes, solver sweeps, blocks at the sweep cap, uncertified rows, key tiles per pass on ALiBi heads.
 (c) timings, side by side in one process: the current kernel (`triton_*`) and, with --baseline PATH (an
     earlier version's src/longsparse/attention folder, or its one triton_entmax.py from before the kernels
-    moved to attention/triton_kernels/: `load_baseline`), the earlier one (`prev_*`), at α = 1.5 without and with NAPE slopes (and α = 1.25, per-head α at two
-    shapes; in some groups launch and solver variants beside the default, KERNEL_VARIANTS, `autotune` among
-    them, whose picks the JSON keeps as `autotune_choices`), against SDPA flash (the anchor), AdaSplash-2 (forward + backward; its autotuning runs in the
+    moved to attention/triton_kernels/: `load_baseline`), the earlier one (`prev_*`), at α = 1.5 without and
+    with NAPE slopes (and α = 1.25, per-head α at two shapes; in some groups launch and solver variants beside
+    the default, KERNEL_VARIANTS, `autotune` among them, whose picks the JSON keeps as `autotune_choices`),
+    against SDPA flash (the anchor), AdaSplash-2 (forward + backward; its autotuning runs in the
     worker pool with Triton's autotuning cache) and softmax with NAPE through the flex and sdpa backends:
     causal bf16, B = 1, H = 16, groups N:D:direction in priority order (--groups). Each group's methods are
     timed interleaved (rounds of triton.testing.do_bench, each call after an L2 flush), medians; peak memory

@@ -59,11 +59,12 @@ TOP_SCORES = 0
 
 # Opt-in autotuning (LONGSPARSE_TRITON_AUTOTUNE=1 in the environment, or this set to True): on CUDA the block
 # forward and the backward's dk/dv and dq kernels time each (num_warps, num_stages) of TUNE_CONFIGS that does not
-# spill (`tune_spills`) at their first call per key (head dim, dtype, mode and flags, causality, ⌈log₂ Nk⌉) and keep the fastest, in memory and in
-# Triton's cache directory (`triton.autotune` with cache_results), so a machine tunes a key once. The tiles (BM,
-# BN) stay `_config`'s: the backward reads the forward's tile mask in them. Not tuned: decode (its key count grows
-# every step and its time is mostly the host's), the interpreter, instrumented calls (`counts`), and calls made
-# while a CUDA graph is captured (nothing can be timed inside a capture): those take `_config`'s choice.
+# spill (`tune_spills`) at their first call per key (head dim, dtype, mode and flags, causality, ⌈log₂ Nk⌉) and
+# keep the fastest, in memory and in Triton's cache directory (`triton.autotune` with cache_results), so a machine
+# tunes a key once. The tiles (BM, BN) stay `_config`'s: the backward reads the forward's tile mask in them. Not
+# tuned: decode (its key count grows every step and its time is mostly the host's), the interpreter, instrumented
+# calls (`counts`), and calls made while a CUDA graph is captured (nothing can be timed inside a capture): those
+# take `_config`'s choice.
 AUTOTUNE = os.environ.get("LONGSPARSE_TRITON_AUTOTUNE", "") == "1"
 TUNE_CONFIGS = tuple((warps, stages) for warps in (4, 8) for stages in (2, 3, 4))
 _TUNE_KEYS = {
@@ -130,8 +131,9 @@ def tune_spills(kernel_name: str, warps: int, consts: dict) -> bool:
     """Whether a tuned kernel at ``warps`` and its launch's constexprs ``consts`` (D, MODE, FOLD_FROM) spills more
     than 64 bytes a thread compiled for sm_90 (16-bit inputs; the bound `_config`'s choices keep), at some
     num_stages of TUNE_CONFIGS: 4 warps for the forward that folds the output pass (44–1,404 bytes) or solves
-    general α (180 bytes), and for dk/dv at D > 64 (128–176 bytes). The autotuner does not time those
-    (benchmarks/sm90_compile.py --tune-space; record benchmarks/results/sm90-compile-cpu-2026-11-28-tune-space.json)."""
+    general α (136–324 bytes), and for dk/dv at D > 64 (124–488 bytes). The autotuner does not time those
+    (benchmarks/sm90_compile.py --tune-space; records in benchmarks/results/:
+    sm90-compile-cpu-2026-11-28-tune-space.json, α = 1.5, and ...-tune-space-general-alpha.json)."""
     if warps != 4:
         return False
     if kernel_name == "_fwd_kernel":

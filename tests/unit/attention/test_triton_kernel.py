@@ -1013,14 +1013,21 @@ def test_autotune_launcher_on_cuda(monkeypatch):
     ]
 
 
+TUNE_SPACE_RECORDS = (  # benchmarks/sm90_compile.py --tune-space: α = 1.5, then general α
+    "benchmarks/results/sm90-compile-cpu-2026-11-28-tune-space.json",
+    "benchmarks/results/sm90-compile-cpu-2026-11-28-tune-space-general-alpha.json",
+)
+
+
 def test_autotuned_configurations_that_time_are_those_the_compile_record_shows_spill_free():
-    """Every (kernel, options, warps, stages) of the stored sm_90 compile of the tuning space
-    (benchmarks/sm90_compile.py --tune-space) that `tune_spills` lets the autotuner time spills at most 64
-    bytes (16-bit inputs), and the record covers every configuration of TUNE_CONFIGS for every tuned kernel."""
-    record = json.loads((ROOT / "benchmarks/results/sm90-compile-cpu-2026-11-28-tune-space.json").read_text())
-    rows = record["rows"]
-    seen = {(r["kernel"], r["D"], r["warps"], r["stages"]) for r in rows}
-    assert seen == {(k, D, w, st) for k in ops._TUNE_KEYS for D in (64, 128) for w, st in ops.TUNE_CONFIGS}
+    """Every (kernel, options, warps, stages) of the stored sm_90 compiles of the tuning space that `tune_spills`
+    lets the autotuner time spills at most 64 bytes (16-bit inputs), and the records cover every configuration of
+    TUNE_CONFIGS for every tuned kernel, for α = 1.5 and general α."""
+    rows = [r for f in TUNE_SPACE_RECORDS for r in json.loads((ROOT / f).read_text())["rows"]]
+    seen = {(r["kernel"], r["mode"], r["D"], r["warps"], r["stages"]) for r in rows}
+    assert seen == {
+        (k, mode, D, w, st) for k in ops._TUNE_KEYS for mode in (0, 1) for D in (64, 128) for w, st in ops.TUNE_CONFIGS
+    }
     timed = [
         r
         for r in rows
