@@ -74,7 +74,8 @@ def test_a_row_by_hand_over_all_seeds_and_where_both_train():
     a = row["all_seeds"]
     assert a["n"] == 5 and a["mean"] == pytest.approx(sum(d_all) / 5) and a["positive"] == 5
     assert a["p"] == pytest.approx(2 / 32)  # all five positive: only the two all-same-sign patterns reach |Σ|
-    assert row["verdict"] == "inconclusive"  # p = 0.0625: five seeds cannot reach 0.05
+    assert a["t_ci"][0] > 0  # the interval excludes 0, but five seeds cannot reach p < 0.05
+    assert row["verdict"] == "not significant"
     both = row["both_train"]
     assert both["seeds"] == [0, 1, 2, 4] and both["mean"] == pytest.approx((99 + 97 + 95 + 91) / 4)
     assert row["robust"] is True  # 4 seeds where both train, all positive, all disjoint
@@ -144,3 +145,19 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert main(["findings", "hsa-seeds", "--store", str(st)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no hsa_seeds/<variant>_s<seed> runs" in err
+
+
+@pytest.mark.parametrize(
+    "t_ci, p, expected",
+    [
+        ((2.0, 9.0), 0.031, "supported"),
+        ((-9.0, -2.0), 0.031, "reversed"),
+        ((-1.0, 9.0), 0.031, "inconclusive"),  # every seed positive, yet the interval allows both signs
+        ((0.0, 9.0), 0.031, "inconclusive"),  # an interval that reaches 0 does not exclude it
+        ((2.0, 9.0), 0.0625, "not significant"),  # excludes 0, but the sign-flip test stays at 0.0625
+        ((-9.0, -2.0), 0.5, "not significant"),
+        (None, None, "inconclusive"),  # one seed: no interval
+    ],
+)
+def test_verdict_by_hand(t_ci, p, expected):
+    assert hsa_seeds.verdict(t_ci, p) == expected

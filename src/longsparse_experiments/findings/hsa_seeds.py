@@ -108,14 +108,15 @@ def pooled(seeds: dict[int, dict[int, dict]], length: int) -> dict:
 
 def verdict(t_ci: Optional[Sequence[float]], p: Optional[float]) -> str:
     """The protocol's rule on the six-seed interval: "supported" (A > B) where the t-interval excludes 0 from below
-    and p < 0.05, "reversed" (A < B) where it excludes 0 from above and p < 0.05, else "inconclusive"."""
-    if t_ci is None or p is None or p >= 0.05:
+    and p < 0.05, "reversed" (A < B) where it excludes 0 from above and p < 0.05, "inconclusive" where the interval
+    allows both signs (or there is none), and "not significant" where the interval excludes 0 but p ≥ 0.05 (a tie
+    or a seed of the other sign keeps the exact sign-flip test from 0.05), which the protocol's two words do not
+    cover."""
+    if t_ci is None or p is None or t_ci[0] <= 0 <= t_ci[1]:
         return "inconclusive"
-    if t_ci[0] > 0:
-        return "supported"
-    if t_ci[1] < 0:
-        return "reversed"
-    return "inconclusive"
+    if p >= 0.05:
+        return "not significant"
+    return "supported" if t_ci[0] > 0 else "reversed"
 
 
 def _paired(per_seed: list[dict]) -> dict:
