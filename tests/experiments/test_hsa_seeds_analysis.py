@@ -1,5 +1,6 @@
 """``longsparse findings hsa-seeds``: the HSA six-seed study's analysis (protocol
-docs/reports/2026-11-28-hsa-seeds.md) on hand-made records, each number checked by hand; bad input in one line."""
+docs/reports/2026-11-28-hsa-seeds.md) on hand-made records, each number checked by hand; the committed analysis
+re-rendered byte for byte; bad input in one line."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import math
 
 import pytest
+from helpers.paths import REPO_ROOT
 
 from longsparse.report import store
 from longsparse.stats import wilson_interval
@@ -161,3 +163,13 @@ def test_bad_input_is_one_line(tmp_path, capsys):
 )
 def test_verdict_by_hand(t_ci, p, expected):
     assert hsa_seeds.verdict(t_ci, p) == expected
+
+
+def test_the_committed_analysis_rerenders(tmp_path, monkeypatch):
+    """`longsparse findings hsa-seeds --out docs/findings/hsa_seeds` made the committed files from the committed
+    store; the same command today makes them byte for byte."""
+    monkeypatch.chdir(REPO_ROOT)
+    assert main(["findings", "hsa-seeds", "--out", str(tmp_path)]) == 0
+    for name in ("analysis.json", "analysis.md"):
+        committed = REPO_ROOT / "docs" / "findings" / "hsa_seeds" / name
+        assert (tmp_path / name).read_bytes() == committed.read_bytes(), f"{committed} differs from its re-rendering"
