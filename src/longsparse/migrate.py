@@ -57,8 +57,9 @@ KNOWN_NAMES = ("config.json", "records.jsonl", "results.json", "last.pt", "best.
 
 # Keys added to a checkpoint's training state after checkpoints existed, with the value that says what the code
 # before them did: ``train_seconds`` was not measured, ``cuda_rng`` not stored (the CUDA generator stays as seeded
-# on resume).
-ADDED_KEYS = {"train_seconds": 0.0, "cuda_rng": None}
+# on resume), ``loss_acc`` not stored (the loss of the logging window being summed restarted empty on resume: the
+# pre-registered studies' frozen code, 946520f, wrote such checkpoints).
+ADDED_KEYS = {"train_seconds": 0.0, "cuda_rng": None, "loss_acc": [0.0, 0]}
 
 # Study tables of the older form: each key a list of ``--set`` strings (``method_sets``: a table of such lists, one
 # per method), today the override table named by the value.

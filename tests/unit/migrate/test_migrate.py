@@ -283,10 +283,11 @@ def test_a_sharded_checkpoints_state_of_older_code_is_upgraded_once_and_the_lega
     # the committed legacy run's checkpoint as its code wrote it: checkpoint version 1, the model config flat,
     # the training state without the keys added since (the committed file is migrated: it has them, as added)
     committed = torch.load(LEGACY / "run" / "checkpoints" / "last.pt", weights_only=True)
-    legacy = {k: v for k, v in committed["extra"].items() if k not in ADDED_KEYS}
-    assert all(committed["extra"][k] == v for k, v in ADDED_KEYS.items())
+    added_since = ("train_seconds", "cuda_rng")  # the legacy run's code stored loss_acc already
+    legacy = {k: v for k, v in committed["extra"].items() if k not in added_since}
+    assert all(committed["extra"][k] == ADDED_KEYS[k] for k in added_since)
     old_payload = {**committed, "version": 1, "config": flat_attention(committed["config"], "hsa"), "extra": legacy}
-    assert set(ADDED_KEYS) == set(STATE_KEYS) - set(legacy)
+    assert set(added_since) == set(STATE_KEYS) - set(legacy) and set(added_since) < set(ADDED_KEYS)
     with pytest.raises(ValueError, match=r"`longsparse migrate here` rewrites it once"):
         split_extra(legacy, "here")
     extra = tmp_path / "checkpoints" / "last-3.dcp" / "extra.pt"
@@ -299,6 +300,15 @@ def test_a_sharded_checkpoints_state_of_older_code_is_upgraded_once_and_the_lega
         new["torch_rng"], legacy["torch_rng"]
     )
     split_extra(new, "here")  # today's layout
+    # older still (the pre-registered studies' frozen code): no loss_acc either; its loss window restarted empty
+    torch.save({k: v for k, v in legacy.items() if k != "loss_acc"}, extra)
+    assert main(["migrate", str(tmp_path)]) == 0
+    older = torch.load(extra, weights_only=True)
+    assert older["loss_acc"] == [0.0, 0] and split_extra(older, "here")[0]["loss_acc"] == [0.0, 0]
+    assert {k: v for k, v in older.items() if k not in ("loss_acc", "torch_rng")} == {
+        k: v for k, v in new.items() if k not in ("loss_acc", "torch_rng")
+    }
+    torch.save(new, extra)
     written = extra.read_bytes()
     assert migrate([tmp_path]) == {} and extra.read_bytes() == written
     # the committed run folder of older code, copied: its checkpoint is upgraded with its weights as they were
