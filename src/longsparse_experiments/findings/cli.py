@@ -1,6 +1,7 @@
 """The ``longsparse findings`` command: ``cross-study`` (row command C2 of docs/findings.md),
 ``interval-coverage`` (C14), ``mechanism`` (attention mass on the queried pair in trained models), ``hsa-seeds``
-(the HSA six-seed study) and ``matched-convergence`` (ASEntmax − softmax at equal fit)."""
+(the HSA six-seed study), ``matched-convergence`` (ASEntmax − softmax at equal fit) and ``per-method-lr`` (each
+method at the learning rate it selects)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import argparse
 
 
 def add_cli(sub) -> None:
-    """Register ``longsparse findings cross-study|interval-coverage|mechanism|hsa-seeds|matched-convergence`` on the top-level subparsers."""
+    """Register ``longsparse findings cross-study|interval-coverage|mechanism|hsa-seeds|matched-convergence|per-method-lr`` on the top-level subparsers."""
     f = sub.add_parser("findings", help="the cross-study analyses of docs/findings.md (C2, C14) from committed records")
     fsub = f.add_subparsers(
         dest="findings_command",
         required=True,
-        metavar="cross-study|interval-coverage|mechanism|hsa-seeds|matched-convergence",
+        metavar="cross-study|interval-coverage|mechanism|hsa-seeds|matched-convergence|per-method-lr",
     )
     c = fsub.add_parser(
         "cross-study", help="C2: comparisons --analyse cannot make (across studies, HSA, LM) and the combined forest"
@@ -36,6 +37,12 @@ def add_cli(sub) -> None:
     mc.add_argument("--matched", default="results/matched_convergence", help="the retrained runs' archive folder")
     mc.add_argument("--out", default=None, help="also write analysis.json and analysis.md into this folder")
     mc.set_defaults(func=_matched_convergence)
+    pl = fsub.add_parser(
+        "per-method-lr", help="the per-method lr study: each method's selected lr, then the comparison"
+    )
+    pl.add_argument("--store", default="results/per_method_lr", help="the study's results store")
+    pl.add_argument("--out", default=None, help="also write analysis.json and analysis.md into this folder")
+    pl.set_defaults(func=_per_method_lr)
 
 
 def _add_mechanism(fsub) -> None:
@@ -77,6 +84,12 @@ def _hsa_seeds(args: argparse.Namespace) -> int:
 
 def _matched_convergence(args: argparse.Namespace) -> int:
     from longsparse_experiments.findings.matched_convergence import main
+
+    return main(args)
+
+
+def _per_method_lr(args: argparse.Namespace) -> int:
+    from longsparse_experiments.findings.per_method_lr import main
 
     return main(args)
 
