@@ -124,6 +124,20 @@ def seed_summary(d: Sequence[float]) -> dict:
 ROBUST_MIN_SEEDS = 2
 
 
+def seed_difference(seed: int, x: dict, y: dict, **extra) -> dict:
+    """One seed's A − B in points from the two runs' results ``x`` and ``y`` (``exact_match`` in [0, 1], Wilson
+    ``ci``): both numbers, the difference ``d``, any ``extra`` fields, and whether the two intervals are
+    ``disjoint`` — the per-seed record ``is_robust`` reads."""
+    return {
+        "seed": seed,
+        "a": 100 * x["exact_match"],
+        "b": 100 * y["exact_match"],
+        "d": 100 * (x["exact_match"] - y["exact_match"]),
+        **extra,
+        "disjoint": x["ci"][0] > y["ci"][1] or y["ci"][0] > x["ci"][1],
+    }
+
+
 def is_robust(per_seed: Sequence[dict], min_seeds: int = ROBUST_MIN_SEEDS) -> bool:
     """Whether per-seed records (each with the difference ``d`` and whether the two runs' intervals are
     ``disjoint``) are "robust": at least ``min_seeds`` of them, ``d`` of one sign in all, disjoint in every one."""
@@ -206,17 +220,7 @@ def compare(
     per_seed = []
     for s in seeds:
         x, y = ra[s], rb[s]
-        disjoint = x["ci"][0] > y["ci"][1] or y["ci"][0] > x["ci"][1]
-        per_seed.append(
-            {
-                "seed": int(s),
-                "a": 100 * x["exact_match"],
-                "b": 100 * y["exact_match"],
-                "d": 100 * (x["exact_match"] - y["exact_match"]),
-                "n": [x["n"], y["n"]],
-                "disjoint": disjoint,
-            }
-        )
+        per_seed.append(seed_difference(int(s), x, y, n=[x["n"], y["n"]]))
     out = {
         "a": a,
         "b": b,

@@ -6,6 +6,7 @@ cannot compute, each written into ``docs/findings/<name>/`` (``analysis.json``, 
     longsparse findings mechanism measure|summary|figure ...           # attention mass on the queried pair
     longsparse findings hsa-seeds [--store results/hsa_seeds] [--out DIR]
     longsparse findings matched-convergence [--prereg DIR] [--matched DIR] [--out DIR]
+    longsparse findings per-method-lr [--store results/per_method_lr] [--out DIR]
 
 * ``sources``            the committed results stores relabelled into the study-view shape ``paired.analyse`` reads.
 * ``cross_study``        C2: NAPE vs RoPE, init, reruns, best checkpoint, the 256x / 1,024x records, the HSA and LM
@@ -16,6 +17,9 @@ cannot compute, each written into ``docs/findings/<name>/`` (``analysis.json``, 
                          (``longsparse findings hsa-seeds``).
 * ``matched_convergence`` the matched-convergence study: each (method, seed) at the budget that fits 1×, ASEntmax −
                          softmax at equal fit and the protocol's decision (``longsparse findings matched-convergence``).
+* ``per_method_lr``      the per-method lr study: the lr each method selects, then ASEntmax − softmax at those lrs
+                         and the protocol's decision (``longsparse findings per-method-lr``).
+* ``output``             the one-line per-seed summary and the analysis.json / analysis.md writer they share.
 
 ``cross-study`` and ``interval-coverage`` read committed files only, and their tests re-render the committed outputs
 byte for byte; ``mechanism measure`` reads run folders (trained models), the rest read its measured files.

@@ -19,14 +19,11 @@ A study still running is analysed as far as its records go: every count says of 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Optional, Sequence
 
-from longsparse.io import atomic_write_text, claim_outputs
-from longsparse.report import store
 from longsparse.report.paired import is_robust, seed_summary
 from longsparse.stats import wilson_interval
+from longsparse_experiments.findings.output import store_analysis_command, summary_text
 
 WRITER = "longsparse findings hsa-seeds"
 #: The study's run folder prefix in the records' run names.
@@ -190,16 +187,6 @@ def analyse(records: Sequence[dict]) -> dict:
     }
 
 
-def _ci(ci: Optional[Sequence[float]]) -> str:
-    return "–" if ci is None else f"[{ci[0]:+.1f}, {ci[1]:+.1f}]"
-
-
-def _summary(s: dict) -> str:
-    if not s["n"]:
-        return "no seeds"
-    return f"{s['mean']:+.1f} t {_ci(s['t_ci'])}, p = {s['p']:.3f}, {s['positive']}+ / {s['negative']}−, n = {s['n']}"
-
-
 def markdown(a: dict) -> str:
     """The analysis as markdown tables: training rates, per-run exact match, the trained seeds at 16× / 64×, rows."""
     lengths = sorted({int(L) for v in a["variants"].values() for r in v["runs"].values() for L in r})
@@ -244,23 +231,11 @@ def markdown(a: dict) -> str:
         ta, tb = r["training"]["a"], r["training"]["b"]
         lines.append(
             f"| {r['row']} | {r['a']} − {r['b']} ({r['what']}) | {ta['k']}/{ta['n']} vs {tb['k']}/{tb['n']} | "
-            f"{_summary(r['all_seeds'])} | {_summary(r['both_train'])} | {r['verdict']} | "
+            f"{summary_text(r['all_seeds'])} | {summary_text(r['both_train'])} | {r['verdict']} | "
             f"{'yes' if r['robust'] else 'no'} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def main(args) -> int:
-    records = store.read_records(Path(args.store))
-    if not records:
-        raise FileNotFoundError(f"no records in {args.store}")
-    a = analyse(records)
-    text = markdown(a)
-    print(text, end="")
-    if args.out:
-        out = Path(args.out)
-        claim_outputs(out, ["analysis.json", "analysis.md"], WRITER)
-        atomic_write_text(out / "analysis.json", json.dumps(a, indent=1) + "\n")
-        atomic_write_text(out / "analysis.md", f"Source: the records of {args.store}.\n\n" + text)
-        print(f"wrote {out / 'analysis.json'} and {out / 'analysis.md'}")
-    return 0
+    return store_analysis_command(args.store, args.out, analyse, markdown, WRITER)

@@ -20,12 +20,12 @@ reads the two study archives (``results.json``: the pre-registered runs at 4,000
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
-from longsparse.io import atomic_write_text, claim_outputs, read_json
-from longsparse.report.paired import is_robust, seed_summary
+from longsparse.io import read_json
+from longsparse.report.paired import is_robust, seed_difference, seed_summary
+from longsparse_experiments.findings.output import summary_text, write_analysis
 
 WRITER = "longsparse findings matched-convergence"
 METHODS = ("softmax", "asentmax", "adatemp")
@@ -95,16 +95,7 @@ def pair(runs: dict, status: dict, a: str, b: str, L: int) -> dict:
         ra, rb = runs[a][s][sa["steps"]]["by_length"].get(L), runs[b][s][sb["steps"]]["by_length"].get(L)
         if ra is None or rb is None:
             continue
-        per_seed.append(
-            {
-                "seed": s,
-                "a": 100 * ra["exact_match"],
-                "b": 100 * rb["exact_match"],
-                "d": 100 * (ra["exact_match"] - rb["exact_match"]),
-                "steps": [sa["steps"], sb["steps"]],
-                "disjoint": ra["ci"][0] > rb["ci"][1] or rb["ci"][0] > ra["ci"][1],
-            }
-        )
+        per_seed.append(seed_difference(s, ra, rb, steps=[sa["steps"], sb["steps"]]))
     summary = seed_summary([r["d"] for r in per_seed])
     return {"a": a, "b": b, "length": L, "per_seed": per_seed, **summary, "robust": is_robust(per_seed)}
 
@@ -184,14 +175,6 @@ def _x(L: int) -> str:
     return f"{L // ID_LENGTH:,}×"
 
 
-def _fmt(s: dict) -> str:
-    if not s["n"]:
-        return "no seeds"
-    ci = s["t_ci"]
-    interval = "–" if ci is None else f"[{ci[0]:+.1f}, {ci[1]:+.1f}]"
-    return f"{s['mean']:+.1f} t {interval}, p = {s['p']:.3f}, {s['positive']}+ / {s['negative']}−, n = {s['n']}"
-
-
 def markdown(a: dict) -> str:
     """The analysis as markdown: the runs and their status, the pairs, the gains and the decision."""
     lines = [
@@ -215,12 +198,12 @@ def markdown(a: dict) -> str:
         ("adatemp_softmax", "adaptive temperature − softmax"),
     ):
         for L, p in a[key].items():
-            lines.append(f"| {label} | {_x(int(L))} | {_fmt(p)} | {'yes' if p['robust'] else 'no'} |")
+            lines.append(f"| {label} | {_x(int(L))} | {summary_text(p)} | {'yes' if p['robust'] else 'no'} |")
     lines += ["", "Gain from more training (reported run − 4,000-step run, seeds retrained):", ""]
     lines += ["| method | length | gain |", "|---|---|---|"]
     for m, by_len in a["gain"].items():
         for L, g in by_len.items():
-            lines.append(f"| {m} | {_x(int(L))} | {_fmt(g)} |")
+            lines.append(f"| {m} | {_x(int(L))} | {summary_text(g)} |")
     lines += ["", f"**Decision** (primary, ASEntmax − softmax at {_x(a['endpoint'])}): {a['decision']}."]
     return "\n".join(lines) + "\n"
 
@@ -236,10 +219,5 @@ def main(args) -> int:
     text = markdown(a)
     print(text, end="")
     if args.out:
-        out = Path(args.out)
-        claim_outputs(out, ["analysis.json", "analysis.md"], WRITER)
-        atomic_write_text(out / "analysis.json", json.dumps(a, indent=1) + "\n")
-        source = f"Source: {args.prereg}/results.json and {args.matched}/results.json.\n\n"
-        atomic_write_text(out / "analysis.md", source + text)
-        print(f"wrote {out / 'analysis.json'} and {out / 'analysis.md'}")
+        write_analysis(args.out, a, text, f"{args.prereg}/results.json and {args.matched}/results.json", WRITER)
     return 0

@@ -17,14 +17,12 @@ reads the study's results store and prints, or writes into ``DIR`` as ``analysis
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Optional
 
-from longsparse.io import atomic_write_text, claim_outputs
-from longsparse.report.paired import is_robust, seed_summary
-from longsparse.report.store import by_run, merge_results, read_records
+from longsparse.report.paired import is_robust, seed_difference, seed_summary
+from longsparse.report.store import by_run, merge_results
+from longsparse_experiments.findings.output import store_analysis_command, summary_text
 
 WRITER = "longsparse findings per-method-lr"
 METHODS = ("softmax", "asentmax", "adatemp")
@@ -96,15 +94,7 @@ def pair(runs: dict, a: str, b: str, L: int) -> dict:
         xb = None if rb is None else rb["by_length"].get(L)
         if xa is None or xb is None:
             continue
-        per_seed.append(
-            {
-                "seed": s,
-                "a": 100 * xa["exact_match"],
-                "b": 100 * xb["exact_match"],
-                "d": 100 * (xa["exact_match"] - xb["exact_match"]),
-                "disjoint": xa["ci"][0] > xb["ci"][1] or xb["ci"][0] > xa["ci"][1],
-            }
-        )
+        per_seed.append(seed_difference(s, xa, xb))
     summary = seed_summary([r["d"] for r in per_seed])
     return {"a": a, "b": b, "length": L, "per_seed": per_seed, **summary, "robust": is_robust(per_seed)}
 
@@ -164,14 +154,6 @@ def _num(x: Optional[float], fmt: str = ".1f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
-def _fmt(s: dict) -> str:
-    if not s["n"]:
-        return "no seeds"
-    ci = s["t_ci"]
-    interval = "–" if ci is None else f"[{ci[0]:+.1f}, {ci[1]:+.1f}]"
-    return f"{s['mean']:+.1f} t {interval}, p = {s['p']:.3f}, {s['positive']}+ / {s['negative']}−, n = {s['n']}"
-
-
 def markdown(a: dict) -> str:
     """The analysis as markdown: the selection table and choices, then the confirmation stage where it has run."""
     sel = a["selection"]
@@ -208,23 +190,12 @@ def markdown(a: dict) -> str:
         ("adatemp_softmax", "adaptive temperature − softmax"),
     ):
         for L, p in conf[key].items():
-            lines.append(f"| {label} | {int(L) // ID_LENGTH:,}× | {_fmt(p)} | {'yes' if p['robust'] else 'no'} |")
+            lines.append(
+                f"| {label} | {int(L) // ID_LENGTH:,}× | {summary_text(p)} | {'yes' if p['robust'] else 'no'} |"
+            )
     lines += ["", f"**Decision** (primary, ASEntmax − softmax at {a['endpoint'] // ID_LENGTH}×): {conf['decision']}."]
     return "\n".join(lines) + "\n"
 
 
 def main(args) -> int:
-    store = Path(args.store)
-    records = read_records(store)
-    if not records:
-        raise FileNotFoundError(f"no records in the store {store}")
-    a = analyse(records)
-    text = markdown(a)
-    print(text, end="")
-    if args.out:
-        out = Path(args.out)
-        claim_outputs(out, ["analysis.json", "analysis.md"], WRITER)
-        atomic_write_text(out / "analysis.json", json.dumps(a, indent=1) + "\n")
-        atomic_write_text(out / "analysis.md", f"Source: {args.store}/records.jsonl.\n\n" + text)
-        print(f"wrote {out / 'analysis.json'} and {out / 'analysis.md'}")
-    return 0
+    return store_analysis_command(args.store, args.out, analyse, markdown, WRITER)
