@@ -111,6 +111,10 @@ def decide(primary: dict) -> str:
 
 
 def analyse(records: list[dict]) -> dict:
+    """The analysis of the study's store records (in store order: a later record of a run wins): {"selection": {"runs":
+    {method: {lr: {seed: {"1x", "16x"}}}}, "selected": {method: `select`}}, "confirmation": {"runs": {method: {seed:
+    {"final_loss", length: exact match %}}}, "asentmax_softmax" / "adatemp_softmax": {length: `pair`}, "decision"},
+    "endpoint"}; exact match in %, differences in points, None where a result is missing."""
     runs = runs_of(records)
     selection_runs = {
         m: {
