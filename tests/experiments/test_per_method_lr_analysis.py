@@ -35,7 +35,7 @@ def selection(method, cells):
 
 
 def chosen(cells, method="softmax"):
-    return plr.select(plr.runs_of(selection(method, cells)), method)
+    return plr.select(plr.selection_table(plr.runs_of(selection(method, cells)), method))
 
 
 def test_the_best_16x_among_the_lrs_that_fit_1x_wins_over_a_better_lr_that_does_not():
@@ -63,9 +63,9 @@ def test_a_missing_cell_or_length_leaves_the_method_pending():
     recs = selection(
         "softmax", {2e-3: ((100, 60), (100, 62)), 4e-3: ((100, 70), (100, 71)), 8e-3: ((100, 5), (100, 5))}
     )
-    assert plr.select(plr.runs_of(recs), "asentmax")["lr"] is None
+    assert plr.select(plr.selection_table(plr.runs_of(recs), "asentmax"))["lr"] is None
     recs[-1]["results"] = recs[-1]["results"][:1]  # 8e-3 s401 without its 16x result
-    s = plr.select(plr.runs_of(recs), "softmax")
+    s = plr.select(plr.selection_table(plr.runs_of(recs), "softmax"))
     assert s["lr"] is None and s["how"] == "pending" and s["mean16"]["8e-3"] is None and s["mean16"]["2e-3"] == 61
 
 
@@ -79,6 +79,9 @@ def test_a_later_record_wins_and_only_the_last_checkpoint_counts():
     assert runs["lr_select_8e-3", "adatemp", 400]["final_loss"] == 0.25
     assert plr._em(runs["lr_select_8e-3", "adatemp", 400], 1024) == 75
     assert runs["lr_select_8e-3", "adatemp", 401]["by_length"] == {}
+    table = plr.selection_table(runs, "adatemp")
+    assert table["8e-3"]["400"] == {"1x": 99.0, "16x": 75.0, "final_loss": 0.25}
+    assert table["8e-3"]["401"] == {"1x": None, "16x": None, "final_loss": 0.001}
 
 
 def confirmation(softmax64, asentmax64, seeds=(402, 403, 404), n=200):

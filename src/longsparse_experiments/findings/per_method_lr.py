@@ -62,26 +62,43 @@ def _em(run: Optional[dict], L: int) -> Optional[float]:
     return None if r is None else 100 * r["exact_match"]
 
 
-def select(runs: dict, method: str) -> dict:
-    """The selection stage of one method: {"lr": the selected lr or None while a cell is missing, "how", "mean16"
-    (per lr text, None while missing), "fits" (the lrs at which every seed reaches the bar)}."""
-    cells = {(lr, s): runs.get((f"{SELECTION_PREFIX}{lr_text(lr)}", method, s)) for lr in LRS for s in SELECTION_SEEDS}
-    em = {k: (_em(r, ID_LENGTH), _em(r, SELECTION_LENGTH)) for k, r in cells.items()}
-    complete = {lr: all(None not in em[lr, s] for s in SELECTION_SEEDS) for lr in LRS}
-    mean16 = {
-        lr: sum(em[lr, s][1] for s in SELECTION_SEEDS) / len(SELECTION_SEEDS) if complete[lr] else None for lr in LRS
+def selection_table(runs: dict, method: str) -> dict[str, dict[str, dict]]:
+    """One method's selection-stage runs: {lr text: {seed: {"1x", "16x": exact match % or None, "final_loss"}}}."""
+    table = {}
+    for lr in LRS:
+        table[lr_text(lr)] = {}
+        for s in SELECTION_SEEDS:
+            run = runs.get((f"{SELECTION_PREFIX}{lr_text(lr)}", method, s))
+            table[lr_text(lr)][str(s)] = {
+                "1x": _em(run, ID_LENGTH),
+                "16x": _em(run, SELECTION_LENGTH),
+                "final_loss": None if run is None else run["final_loss"],
+            }
+    return table
+
+
+def select(table: dict[str, dict[str, dict]]) -> dict:
+    """The protocol's choice from one method's `selection_table`: {"lr": the selected lr text, or None while a
+    cell is missing, "how", "mean16" (per lr, None while missing), "fits" (the lrs at which every seed reaches the
+    bar)}."""
+    complete = {
+        lr: all(c["1x"] is not None and c["16x"] is not None for c in by_seed.values()) for lr, by_seed in table.items()
     }
-    fit = [lr for lr in LRS if complete[lr] and all(em[lr, s][0] >= FIT_BAR for s in SELECTION_SEEDS)]
-    out = {"mean16": {lr_text(lr): mean16[lr] for lr in LRS}, "fits": [lr_text(lr) for lr in fit]}
+    mean16 = {
+        lr: sum(c["16x"] for c in by_seed.values()) / len(by_seed) if complete[lr] else None
+        for lr, by_seed in table.items()
+    }
+    fit = [lr for lr, by_seed in table.items() if complete[lr] and all(c["1x"] >= FIT_BAR for c in by_seed.values())]
+    out = {"mean16": mean16, "fits": fit}
     if not all(complete.values()):
         return {"lr": None, "how": "pending", **out}
-    pool, how = (fit, "the best 16× among the lrs fitting 1×") if fit else (list(LRS), "FLAGGED: no lr fits 1×")
+    pool, how = (fit, "the best 16× among the lrs fitting 1×") if fit else (list(table), "FLAGGED: no lr fits 1×")
     best = max(mean16[lr] for lr in pool)
     tied = [lr for lr in pool if mean16[lr] >= best - TIE]
-    chosen = min(tied, key=lambda lr: (abs(math.log(lr / SHARED_LR)), lr))
+    chosen = min(tied, key=lambda lr: (abs(math.log(float(lr) / SHARED_LR)), float(lr)))
     if len(tied) > 1:
-        how += f"; a tie within {TIE} points of {', '.join(map(lr_text, tied))}"
-    return {"lr": lr_text(chosen), "how": how, **out}
+        how += f"; a tie within {TIE} points of {', '.join(tied)}"
+    return {"lr": chosen, "how": how, **out}
 
 
 def pair(runs: dict, a: str, b: str, L: int) -> dict:
@@ -112,23 +129,11 @@ def decide(primary: dict) -> str:
 
 def analyse(records: list[dict]) -> dict:
     """The analysis of the study's store records (in store order: a later record of a run wins): {"selection": {"runs":
-    {method: {lr: {seed: {"1x", "16x"}}}}, "selected": {method: `select`}}, "confirmation": {"runs": {method: {seed:
+    {method: `selection_table`}, "selected": {method: `select`}}, "confirmation": {"runs": {method: {seed:
     {"final_loss", length: exact match %}}}, "asentmax_softmax" / "adatemp_softmax": {length: `pair`}, "decision"},
     "endpoint"}; exact match in %, differences in points, None where a result is missing."""
     runs = runs_of(records)
-    selection_runs = {
-        m: {
-            lr_text(lr): {
-                str(s): {
-                    "1x": _em(runs.get((f"{SELECTION_PREFIX}{lr_text(lr)}", m, s)), ID_LENGTH),
-                    "16x": _em(runs.get((f"{SELECTION_PREFIX}{lr_text(lr)}", m, s)), SELECTION_LENGTH),
-                }
-                for s in SELECTION_SEEDS
-            }
-            for lr in LRS
-        }
-        for m in METHODS
-    }
+    selection_runs = {m: selection_table(runs, m) for m in METHODS}
     confirmation = {
         m: {
             str(s): {
@@ -143,12 +148,12 @@ def analyse(records: list[dict]) -> dict:
     primary = pair(runs, "asentmax", "softmax", ENDPOINT)
     return {
         "format": "longsparse-per-method-lr-analysis",
-        "selection": {"runs": selection_runs, "selected": {m: select(runs, m) for m in METHODS}},
+        "selection": {"runs": selection_runs, "selected": {m: select(selection_runs[m]) for m in METHODS}},
         "confirmation": {
             "runs": confirmation,
             "asentmax_softmax": {str(L): pair(runs, "asentmax", "softmax", L) for L in LENGTHS},
             "adatemp_softmax": {str(L): pair(runs, "adatemp", "softmax", L) for L in LENGTHS},
-            "decision": decide(primary) if primary["n"] else "not run yet",
+            "decision": decide(primary),
         },
         "endpoint": ENDPOINT,
     }
@@ -162,19 +167,19 @@ def markdown(a: dict) -> str:
     """The analysis as markdown: the selection table and choices, then the confirmation stage where it has run."""
     sel = a["selection"]
     seeds = [str(s) for s in SELECTION_SEEDS]
+    header = [f"{k} s{s}" for k in ("1×", "16×") for s in seeds] + ["16× mean"] + [f"final loss s{s}" for s in seeds]
     lines = [
         "Selection stage (validation stream; exact match %, last checkpoint):",
         "",
-        "| method | lr | " + " | ".join(f"1× s{s}" for s in seeds) + " | " + " | ".join(f"16× s{s}" for s in seeds),
+        "| method | lr | " + " | ".join(header) + " |",
+        "|---|---|" + "---:|" * len(header),
     ]
-    lines[-1] += " | 16× mean |"
-    lines.append("|---|---|" + "---:|" * (2 * len(seeds) + 1))
     for m, by_lr in sel["runs"].items():
         for lr, by_seed in by_lr.items():
             cols = [_num(by_seed[s][k]) for k in ("1x", "16x") for s in seeds]
-            lines.append(
-                f"| {m} | {lr} | " + " | ".join(cols) + f" | {_num(sel['selected'][m]['mean16'][lr], '.2f')} |"
-            )
+            cols += [_num(sel["selected"][m]["mean16"][lr], ".2f")]
+            cols += [_num(by_seed[s]["final_loss"], ".5f") for s in seeds]
+            lines.append(f"| {m} | {lr} | " + " | ".join(cols) + " |")
     lines.append("")
     for m, s in sel["selected"].items():
         lines.append(f"- {m}: " + ("pending" if s["lr"] is None else f"**{s['lr']}** ({s['how']})"))
