@@ -1,11 +1,12 @@
 """``longsparse findings per-method-lr`` against the protocol's wording (docs/reports/2026-11-27-per-method-lr.md):
 the selection rule clause by clause (fit bar, 16x criterion, tie, flagged fallback, pending), reading the store
 (later record wins, last checkpoint only), the confirmation stage's pairs and each branch of its decision rule, and
-the command's outputs."""
+the command's outputs, and the committed analysis re-rendered from the committed store."""
 
 import json
 
 import pytest
+from helpers.paths import REPO_ROOT
 
 from longsparse.stats import wilson_interval
 from longsparse_experiments.cli import main
@@ -136,3 +137,16 @@ def test_the_command_prints_and_writes_the_analysis_and_bad_input_is_one_line(tm
     assert main(["findings", "per-method-lr", "--store", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no records in the store" in err
+
+
+def test_the_committed_analysis_rerenders(tmp_path, monkeypatch):
+    """`longsparse findings per-method-lr --out docs/findings/per_method_lr` made the committed files from the
+    committed store; the same command today makes them byte for byte, with every run of both stages in it."""
+    monkeypatch.chdir(REPO_ROOT)
+    assert main(["findings", "per-method-lr", "--out", str(tmp_path)]) == 0
+    for name in ("analysis.json", "analysis.md"):
+        committed = REPO_ROOT / "docs" / "findings" / "per_method_lr" / name
+        assert (tmp_path / name).read_bytes() == committed.read_bytes(), f"{committed} differs from its re-rendering"
+    a = json.loads((tmp_path / "analysis.json").read_text())
+    assert sum(len(seeds) for seeds in a["confirmation"]["runs"].values()) == 9
+    assert a["confirmation"]["decision"] == "inconclusive"
