@@ -25,7 +25,7 @@ from typing import Optional
 
 from longsparse.io import read_json
 from longsparse.report.paired import is_robust, seed_difference, seed_summary
-from longsparse_experiments.findings.output import summary_text, write_analysis
+from longsparse_experiments.findings.output import pair_table, summary_text, write_analysis
 
 WRITER = "longsparse findings matched-convergence"
 METHODS = ("softmax", "asentmax", "adatemp")
@@ -192,13 +192,7 @@ def markdown(a: dict) -> str:
                 mark = st["status"] if str(st["steps"]) == steps else ""
                 loss = "–" if b["final_loss"] is None else f"{b['final_loss']:.5f}"
                 lines.append(f"| {m} | {s} | {int(steps):,} | {cells} | {loss} | {mark} |")
-    lines += ["", "| pair | length | difference | robust |", "|---|---|---|---|"]
-    for key, label in (
-        ("asentmax_softmax", "ASEntmax − softmax"),
-        ("adatemp_softmax", "adaptive temperature − softmax"),
-    ):
-        for L, p in a[key].items():
-            lines.append(f"| {label} | {_x(int(L))} | {summary_text(p)} | {'yes' if p['robust'] else 'no'} |")
+    lines += ["", *pair_table(a, ID_LENGTH)]
     lines += ["", "Gain from more training (reported run − 4,000-step run, seeds retrained):", ""]
     lines += ["| method | length | gain |", "|---|---|---|"]
     for m, by_len in a["gain"].items():

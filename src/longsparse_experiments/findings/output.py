@@ -1,6 +1,6 @@
 """What the study analyses of ``longsparse findings`` (hsa-seeds, matched-convergence, per-method-lr) share in
-their outputs: the one-line text of a per-seed summary, writing ``analysis.json`` and ``analysis.md``, and the
-command of an analysis that reads one results store."""
+their outputs: the one-line text of a per-seed summary, the markdown table of the method pairs, writing
+``analysis.json`` and ``analysis.md``, and the command of an analysis that reads one results store."""
 
 from __future__ import annotations
 
@@ -22,6 +22,22 @@ def summary_text(s: dict) -> str:
     ci = s["t_ci"]
     interval = "–" if ci is None else f"[{ci[0]:+.1f}, {ci[1]:+.1f}]"
     return f"{s['mean']:+.1f} t {interval}, p = {s['p']:.3f}, {s['positive']}+ / {s['negative']}−, n = {s['n']}"
+
+
+#: The method pairs of the MQMTAR studies' analyses: the key of each pair's {length: summary} and its label.
+PAIR_LABELS = (("asentmax_softmax", "ASEntmax − softmax"), ("adatemp_softmax", "adaptive temperature − softmax"))
+
+
+def pair_table(pairs: dict, id_length: int) -> list[str]:
+    """Markdown lines of the table "pair | length | difference | robust" from ``pairs`` {`PAIR_LABELS` key: {length
+    (str): a seed summary with "robust"}}; lengths shown as multiples of ``id_length``."""
+    lines = ["| pair | length | difference | robust |", "|---|---|---|---|"]
+    for key, label in PAIR_LABELS:
+        for L, p in pairs[key].items():
+            lines.append(
+                f"| {label} | {int(L) // id_length:,}× | {summary_text(p)} | {'yes' if p['robust'] else 'no'} |"
+            )
+    return lines
 
 
 def write_analysis(out: str | Path, analysis: dict, text: str, source: str, writer: str) -> None:

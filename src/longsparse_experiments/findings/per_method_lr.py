@@ -22,7 +22,7 @@ from typing import Optional
 
 from longsparse.report.paired import is_robust, seed_difference, seed_summary
 from longsparse.report.store import by_run, merge_results
-from longsparse_experiments.findings.output import store_analysis_command, summary_text
+from longsparse_experiments.findings.output import pair_table, store_analysis_command
 
 WRITER = "longsparse findings per-method-lr"
 METHODS = ("softmax", "asentmax", "adatemp")
@@ -145,15 +145,15 @@ def analyse(records: list[dict]) -> dict:
         }
         for m in METHODS
     }
-    primary = pair(runs, "asentmax", "softmax", ENDPOINT)
+    asentmax_softmax = {str(L): pair(runs, "asentmax", "softmax", L) for L in LENGTHS}
     return {
         "format": "longsparse-per-method-lr-analysis",
         "selection": {"runs": selection_runs, "selected": {m: select(selection_runs[m]) for m in METHODS}},
         "confirmation": {
             "runs": confirmation,
-            "asentmax_softmax": {str(L): pair(runs, "asentmax", "softmax", L) for L in LENGTHS},
+            "asentmax_softmax": asentmax_softmax,
             "adatemp_softmax": {str(L): pair(runs, "adatemp", "softmax", L) for L in LENGTHS},
-            "decision": decide(primary),
+            "decision": decide(asentmax_softmax[str(ENDPOINT)]),
         },
         "endpoint": ENDPOINT,
     }
@@ -193,15 +193,7 @@ def markdown(a: dict) -> str:
         for s, r in by_seed.items():
             cells = " | ".join(_num(r[str(L)]) for L in (ID_LENGTH, *LENGTHS))
             lines.append(f"| {m} | {s} | {cells} | {_num(r['final_loss'], '.5f')} |")
-    lines += ["", "| pair | length | difference | robust |", "|---|---|---|---|"]
-    for key, label in (
-        ("asentmax_softmax", "ASEntmax − softmax"),
-        ("adatemp_softmax", "adaptive temperature − softmax"),
-    ):
-        for L, p in conf[key].items():
-            lines.append(
-                f"| {label} | {int(L) // ID_LENGTH:,}× | {summary_text(p)} | {'yes' if p['robust'] else 'no'} |"
-            )
+    lines += ["", *pair_table(conf, ID_LENGTH)]
     lines += ["", f"**Decision** (primary, ASEntmax − softmax at {a['endpoint'] // ID_LENGTH}×): {conf['decision']}."]
     return "\n".join(lines) + "\n"
 
